@@ -1,0 +1,88 @@
+"""Constants of the DSv4 formats, defined once.
+
+Every number here is cited to the project spec (``../shared/spec``): ``datapath.md`` (D) and
+``attention.md`` (A). Units are stated per constant: bytes, dims (elements), or plain values.
+No other module may re-state these numbers; import them from here.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# --------------------------------------------------------------------------- latent row (dims)
+HEAD_DIM = 512  # D1.1: latent K row, also the value row in DSv4 (V includes RoPE dims)
+NOPE_DIM = 448  # D1.1: dims [0, 448) are FP8-quantised ("NoPE")
+ROPE_DIM = 64  # D1.1: dims [448, 512) are bf16 RoPE dims (GPT-J interleaved pairs)
+ROPE_OFFSET = NOPE_DIM  # first RoPE dim
+TILE = 64  # D1.1: quantisation tile width (dims)
+N_TILES = NOPE_DIM // TILE  # 7 tiles per token
+
+# --------------------------------------------------------------------------- MODEL1 584-byte record (bytes)
+DATA_ROW_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 576: 448 FP8 codes + 64 bf16
+SCALE_ROW_BYTES = N_TILES + 1  # 8: 7 UE8M0 scale bytes + 1 pad byte
+RECORD_BYTES = DATA_ROW_BYTES + SCALE_ROW_BYTES  # 584
+PAD_BYTE_INDEX = N_TILES  # byte 7 of the scale row
+DEFINED_BYTES_PER_RECORD = RECORD_BYTES - 1  # 583: pad byte excluded (D7 H5)
+PAGE_ALIGNMENT = 576  # D1.2: vLLM allocates round_up(bs*584, 576) bytes per page
+
+# --------------------------------------------------------------------------- FP8 formats (values)
+E4M3_MAX = 448.0  # OCP E4M3FN largest finite, code 0x7E
+E4M3_BIAS = 7
+E4M3FNUZ_MAX = 240.0  # E4M3FNUZ largest finite, code 0x7F
+E4M3FNUZ_BIAS = 8
+FNUZ_GFX942_CLAMP = 224.0  # D2.1: gfx942 SWA writer clamps to +-224 before the FNUZ cast
+UE8M0_BIAS = 127  # value = 2**(byte - 127); byte 0xFF is NaN
+UE8M0_NAN = 0xFF
+
+# --------------------------------------------------------------------------- scale rules (fp32 values)
+# D2.0: the floor 1e-4 as an fp32 constant (0x38D1B717 ~= 9.99999975e-5).
+SCALE_FLOOR_BITS = 0x38D1B717
+SCALE_FLOOR_F32 = struct.unpack("<f", struct.pack("<I", SCALE_FLOOR_BITS))[0]
+# D2.0: Q_A and Q_S differ exactly when tile amax <= 448 * 2**-14.
+TINY_TILE_AMAX = E4M3_MAX * 2.0**-14  # 0.02734375
+# Scale byte ranges for finite bf16 input (D2.0).
+AMAX_CLAMP_SCALE_BYTE_RANGE = (105, 247)
+SCALE_CLAMP_SCALE_BYTE_RANGE = (114, 247)
+
+# --------------------------------------------------------------------------- output epilogue (A3.3)
+OUT_GROUP = 128  # output FP8 quantisation group width (dims)
+OUT_EPS = 1e-10  # amax floor of the output quantiser
+OUT_GROUPS_PER_HEAD = HEAD_DIM // OUT_GROUP  # 4
+OUT_HEADS_PER_GROUP = 8  # o_groups: heads per output group (8 heads -> D = 4096)
+OUT_TOKEN_ALIGN = 4  # SM90 fp32 MN-major scales pad T to round_up(T, 4)
+
+# --------------------------------------------------------------------------- attention (A1.1)
+SOFTMAX_SCALE = HEAD_DIM**-0.5  # 512**-0.5
+SWA_WINDOW = 128  # sliding window W (tokens)
+C4_RATIO = 4
+C128_RATIO = 128
+COMPRESS_RATIOS = (1, C4_RATIO, C128_RATIO)  # SWA-only, C4A, C128A
+C4_OVERLAP_COFF = 2  # D1.4: C4 state rows are 2*512 wide (overlap window 8)
+C128_COFF = 1
+PREFILL_WIDTH_ALIGN = 128  # D4.5: combined prefill rows are rounded up to a multiple of 128
+C128A_TOPK_ALIGN = 128  # D4.3
+FLASHINFER_ROW_ALIGN = 4  # D4.6: int32 per 16-byte row alignment
+
+# --------------------------------------------------------------------------- production geometry (D1.2)
+SWA_BLOCK_SIZE = 64  # entries per SWA page
+C4_BLOCK_SIZE = 64  # entries per C4 compressed page
+C128_BLOCK_SIZE = 2  # entries per C128 compressed page
+KV_BLOCK_SIZE = 256  # attention backend kernel block size (tokens)
+
+
+def production_page_stride(block_size: int) -> int:
+    """vLLM's page size in bytes for ``block_size`` entries: ``round_up(bs*584, 576)`` (D1.2).
+
+    37 440 for 64-entry pages, 1 728 for 2-entry pages.
+    """
+    raw = block_size * RECORD_BYTES
+    return -(-raw // PAGE_ALIGNMENT) * PAGE_ALIGNMENT
+
+
+# --------------------------------------------------------------------------- V3.2 656-byte row (D1.5)
+V32_NOPE_DIM = 512
+V32_ROPE_DIM = 64
+V32_HEAD_DIM = V32_NOPE_DIM + V32_ROPE_DIM  # 576 (value dim 512 = NoPE only)
+V32_TILE = 128
+V32_N_TILES = V32_NOPE_DIM // V32_TILE  # 4
+V32_ROW_BYTES = V32_NOPE_DIM + 4 * V32_N_TILES + 2 * V32_ROPE_DIM  # 656
