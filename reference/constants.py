@@ -86,3 +86,18 @@ V32_HEAD_DIM = V32_NOPE_DIM + V32_ROPE_DIM  # 576 (value dim 512 = NoPE only)
 V32_TILE = 128
 V32_N_TILES = V32_NOPE_DIM // V32_TILE  # 4
 V32_ROW_BYTES = V32_NOPE_DIM + 4 * V32_N_TILES + 2 * V32_ROPE_DIM  # 656
+# Byte offsets inside one 656-byte V3.2 row (D1.5; appended by the MLA-family module owner).
+V32_SCALE_BYTE_OFFSET = V32_NOPE_DIM  # 512: 4 little-endian fp32 scales start here
+V32_ROPE_BYTE_OFFSET = V32_SCALE_BYTE_OFFSET + 4 * V32_N_TILES  # 528: 64 bf16 RoPE values
+
+# --------------------------------------------------------------------------- dense MLA (A1.3, R1/V3/Kimi)
+# DeepSeek-R1/V3 (and Kimi K2) MLA decode works in the latent space: K row = [kv_lora_rank | rope],
+# V row = the first kv_lora_rank dims of the same row (FlashMLA dense decode d_qk 576, d_v 512).
+MLA_KV_LORA_RANK = V32_NOPE_DIM  # 512: the same latent geometry as V3.2 (V3.2 = V3 + sparse attention)
+MLA_QK_ROPE_DIM = V32_ROPE_DIM  # 64
+MLA_D_QK = MLA_KV_LORA_RANK + MLA_QK_ROPE_DIM  # 576
+MLA_D_V = MLA_KV_LORA_RANK  # 512
+# R1 per-head (non-absorbed) prefill dims: q/k = nope 128 + rope 64, v = 128 (vLLM tokenspeed_mla).
+R1_QK_NOPE_DIM = 128
+R1_V_HEAD_DIM = 128
+FLASHMLA_DENSE_BLOCK_SIZE = 64  # FlashMLA dense_decode: "Currently page_block_size must be 64"

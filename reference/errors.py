@@ -74,3 +74,10 @@ def check_int(fn: str, arg: str, v: object, minimum: int | None = None) -> int:
 
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class UnsupportedCase(Exception):
+    """A kernel adapter's signal that a canonical case lies outside the kernel's documented
+    contract (e.g. more query heads than the kernel supports, an SWA width other than the fixed
+    128 of FlashInfer trtllm-gen). Runners report it as a skip carrying this message -- never as a
+    pass, never as a failure of the kernel. Raise it before launching anything on the device."""

@@ -54,6 +54,10 @@ class NonFinite(_StrEnum):
     TORCH = "torch"
     CUDA_SATFINITE = "cuda_satfinite"
     TRITON = "triton"
+    # Appended by codecs: torch changed its float8_e4m3fn cast between 2.11 and 2.13. TORCH above
+    # is the 2.11 cast the spec measured (|v| rounding to >= 480, +-Inf, NaN -> 0x7F|sign);
+    # TORCH_SATURATING is the 2.13 cast (finite overflow and +-Inf -> 0x7E|sign, NaN -> 0x7F|sign).
+    TORCH_SATURATING = "torch_saturating"
 
 
 class SlotSkip(_StrEnum):
@@ -108,6 +112,11 @@ class RopeArithmetic(_StrEnum):
 
     FMA = "fma"
     SEPARATE = "separate"
+    # Appended by the attention work (reference/rope.py documents the exact formulas):
+    # the Triton contraction, where the *first* product written in each expression is fused
+    # (compressor forward ``odd*cos + even*sin`` -> ``fma(o, cos, fl32(e*sin))``;
+    # fused_inv_rope_fp8_quant ``x*cos +- x'*sin`` -> ``fma(x, cos, +-fl32(x'*sin))``).
+    FMA_TRITON = "fma_triton"
 
 
 class AttentionMode(_StrEnum):
@@ -115,3 +124,52 @@ class AttentionMode(_StrEnum):
 
     EXACT = "exact"
     BF16_P = "bf16_p"
+
+
+class Ue8m0Consumer(_StrEnum):
+    """How a consumer turns a UE8M0 scale byte into a multiplier (datapath 3 table, hazard H4).
+
+    All consumers agree on bytes 1..254 (``2**(b - 127)`` exactly); they differ on 0 and 255:
+
+    EXACT:       OCP MX E8M0 definition: 0 -> 2**-127, 255 -> NaN (torch.float8_e8m0fnu agrees).
+    FLASHMLA:    ``__nv_cvt_e8m0x2_to_bf162raw`` (FlashMLA SM90/SM100 MODEL1 decode):
+                 0 -> 2**-127 (bf16 0x0040), 255 -> NaN (bf16 0x7FFF).
+    SM120:       FlashInfer SM120 ``cvt.rn.bf16x2.ue8m0x2``: same as FLASHMLA.
+    TRITON:      vLLM Triton ``dequantize_and_gather_k_cache``: ``exp2(s - 127)`` with
+                 ``ex2.approx.ftz``: 0 -> 0.0 (flushed), 255 -> +Inf.
+    ROCM_TRITON: vLLM ROCm Triton decode, ``exp2(s - 127)`` -> bf16: same as TRITON.
+    CUTE:        vLLM CuTe-DSL ``DequantGatherKCacheKernel``: bf16 bits ``s << 7``: 0 -> +0.0, 255 -> +Inf.
+    ROCM_GFX950: ROCm gfx950 exact loader, fp32 bits ``s << 23`` with ``s = 0 -> 1 << 22``:
+                 0 -> 2**-127, 255 -> +Inf.
+    """
+
+    EXACT = "exact"
+    FLASHMLA = "flashmla"
+    SM120 = "sm120"
+    TRITON = "triton"
+    ROCM_TRITON = "rocm_triton"
+    CUTE = "cute"
+    ROCM_GFX950 = "rocm_gfx950"
+
+
+class V32ScaleDecode(_StrEnum):
+    """How a consumer applies a V3.2 656-byte row's fp32 tile scale ``s`` to an E4M3 code ``c``
+    (datapath 1.5, attention.md 6 and H11; appended by the MLA-family owner).
+
+    All three agree whenever ``s`` is a power of two in the normal range (FlashMLA's quantiser
+    only writes such scales); they differ on arbitrary fp32 scales, which the format allows.
+
+    EXACT:         ``c * s`` exactly (the fp32 multiplier as stored; FlashMLA ``tests/quant.py``
+                   dequantises ``code.float() * scale``).
+    BF16_RNE:      ``bf16(c * bf16(s))``: the scale is rounded to bf16 (RNE), then a bf16
+                   multiply (FlashMLA SM90 ``splitkv_mla.cuh`` V32 branch ``(bf16)scales_float``
+                   + ``cvt_fp8x8_bf16x8``; the fixed SM100 head64 decoder does the same).
+    SM100_RZ_E8M0: the scale goes through E8M0 with round-toward-zero, i.e. it is truncated to
+                   the power of two at or below it (``2**floor(log2 s)``), then ``c * 2**k`` is
+                   exact (FlashMLA SM100 head64 decoder at FM 9241ae3,
+                   ``csrc/sm100/decode/head64/kernel.cuh:705-709``; fixed upstream, FlashMLA#184).
+    """
+
+    EXACT = "exact"
+    BF16_RNE = "bf16_rne"
+    SM100_RZ_E8M0 = "sm100_rz_e8m0"

@@ -1,0 +1,296 @@
+"""Power-of-two (UE8M0) block quantisers, bit-exact (datapath 2.0-2.5, 2.8; attention 3.3;
+hazards H1, H2, H3, H16, H17).
+
+- ``tile_exponent``: the exponent ``e`` of one 64-wide tile under a ``ScaleRule`` (Q_A / Q_S).
+- ``quantize_tiles`` / ``dequantize_tiles``: the KV-cache tile quantiser (codes + scale bytes).
+- ``quantize_groups_ue8m0``: the 128-wide output epilogue quantiser of
+  ``fused_inv_rope_fp8_quant`` (attention 3.3).
+
+Exactness. Every step is either exact float64 arithmetic (power-of-two scaling, comparisons,
+``max``), a single correctly rounded fp32 operation emulated as "exact-or-float64 result, then
+one rounding to fp32" (justified where it is done), integer bit logic (``fp8.exact_ceil_log2``),
+or the FP8 RNE encoder of ``fp8``. No ``log2``/``exp2``/``pow`` library call decides a bit, so CPU
+and GPU agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .constants import OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
+from .errors import check_dtype, check_int, check_tensor, fail
+from .fp8 import (
+    _validate_flavour,
+    _validate_nonfinite,
+    decode_fp8,
+    decode_ue8m0,
+    encode_fp8,
+    exact_ceil_log2,
+    fp8_max,
+    pow2_f64,
+    ue8m0_from_exponent,
+)
+from .policies import Fp8Flavour, NonFinite, ScaleRule, Ue8m0Consumer
+
+__all__ = [
+    "tile_exponent",
+    "quantize_tiles",
+    "dequantize_tiles",
+    "quantize_groups_ue8m0",
+    "dequantize_groups_ue8m0",
+    "check_bf16_values",
+]
+
+_TORCH_POLICIES = (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
+_CHUNK_ELEMENTS = 1 << 16  # rows per internal chunk of quantize_tiles = this // D (results unchanged)
+
+
+def _fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
+    """Correctly rounded fp32 quotient ``fl32(a / m)`` of fp32 ``a`` by an fp32 constant ``m``.
+
+    Computed as the float64 quotient (itself correctly rounded) rounded once more to fp32. The
+    double rounding is innocuous: for IEEE division of p-bit operands, rounding a q-bit
+    correctly rounded quotient to p bits equals the direct p-bit rounding whenever q >= 2p + 2
+    (S. A. Figueroa, "When is double rounding innocuous?", SIGNUM Newsletter 30(3), 1995);
+    here p = 24, q = 53 >= 50. Concretely for m = 448 = 7 * 2**6: ``a / m = (A / 7) * 2**k`` with
+    an integer ``A < 2**24``; unless 7 divides ``A`` (then the quotient is exact in float64),
+    ``A / 7`` has a periodic binary expansion whose distance to any fp32 rounding midpoint is at
+    least 1/14 of an fp32 ulp, far more than the float64 rounding error (at most ``2**-29`` of an
+    fp32 ulp), so the float64 result cannot land on or cross a midpoint.
+    Results that are fp32 subnormals only occur below the 1e-4 floor of the rules, where the
+    value is discarded by ``max``.
+    """
+    return (a.to(torch.float64) / m).to(torch.float32)
+
+
+def _validate_rule(fn: str, rule: object) -> ScaleRule:
+    try:
+        return ScaleRule(rule)
+    except ValueError:
+        fail(fn, "rule", f"must be one of {[r.value for r in ScaleRule]}", rule)
+
+
+def tile_exponent(amax: torch.Tensor, rule: ScaleRule | str, fp8_max_value: float = E4M3_MAX) -> torch.Tensor:
+    """Exact tile exponent ``e`` (int32, same shape as ``amax``) of datapath 2.0.
+
+    amax: float32, non-negative, finite: the exact max ``|x|`` of each tile.
+    AMAX_CLAMP (Q_A):  ``r = fl32(max(a, 1e-4f) / M)``
+    SCALE_CLAMP (Q_S): ``r = max(fl32(a / M), 1e-4f)``
+    ``e = ceil(log2 r)`` exactly (smallest integer with ``2**e >= r``, ``fp8.exact_ceil_log2``).
+    ``M = fp8_max_value``: 448 for E4M3FN; the gfx942 FNUZ writers divide by their clamp, 224
+    (``V:models/deepseek_v4/common/ops/cache_utils.py:143,204-209``, datapath 2.1/2.2).
+    Ties ``a = 1.75 * 2**m`` give ``a / 448 = 2**(m-8)`` exactly, so ``e = m - 8`` (H16).
+    """
+    fn = "tile_exponent"
+    check_dtype(fn, "amax", amax, (torch.float32,))
+    rule = _validate_rule(fn, rule)
+    if isinstance(fp8_max_value, bool) or not isinstance(fp8_max_value, (int, float)) or not (
+        0.0 < float(fp8_max_value) <= E4M3_MAX
+    ):
+        fail(fn, "fp8_max_value", f"must be a float in (0, {E4M3_MAX}]", fp8_max_value)
+    bad = ~(torch.isfinite(amax) & (amax >= 0))
+    if bool(bad.any()):
+        fail(fn, "amax", "must be finite and >= 0 (non-finite tiles are handled by quantize_tiles "
+             "under a producer NonFinite policy)", f"{int(bad.sum())} offending elements")
+    floor = torch.tensor(SCALE_FLOOR_F32, dtype=torch.float32, device=amax.device)
+    m = float(fp8_max_value)
+    if rule is ScaleRule.AMAX_CLAMP:
+        r = _fl32_div(torch.maximum(amax, floor), m)
+    else:
+        r = torch.maximum(_fl32_div(amax, m), floor)
+    return exact_ceil_log2(r)
+
+
+def check_bf16_values(fn: str, arg: str, x: torch.Tensor) -> None:
+    """Require ``x`` to be bfloat16, or float32 whose every element is a bfloat16 value."""
+    check_dtype(fn, arg, x, (torch.bfloat16, torch.float32))
+    if x.dtype == torch.float32:
+        low = x.contiguous().view(torch.int32) & 0xFFFF
+        if bool((low != 0).any()):
+            fail(fn, arg, "float32 input must hold bfloat16 values (low 16 bits zero)",
+                 f"{int((low != 0).sum())} elements are not bfloat16")
+
+
+def quantize_tiles(
+    x: torch.Tensor,
+    rule: ScaleRule | str,
+    flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
+    nonfinite: NonFinite | str = NonFinite.FINITE,
+    clamp: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise ``x[..., D]`` in 64-wide tiles with power-of-two scales (datapath 2.0).
+
+    x: bfloat16, or float32 holding bfloat16 values; ``D`` a positive multiple of ``TILE`` (64).
+    Returns ``(codes uint8 [..., D], scale_bytes uint8 [..., D // 64])`` with, per tile,
+    ``e = tile_exponent(amax, rule, M)``, ``codes = fp8(clamp(x * 2**-e, -M, M))`` (RNE,
+    satfinite), ``scale byte = clamp(e + 127, 0, 255)``. ``M = clamp`` if given, else the
+    flavour's maximum (448 / 240); ``clamp=FNUZ_GFX942_CLAMP`` with E4M3FNUZ models the gfx942
+    SWA writer (M = 224 is both the divisor of the scale rule and the clamp, H8).
+    ``x * 2**-e`` is exact (float64); for finite bf16 input ``|x| * 2**-e <= M`` so the clamp never
+    bites and the codes are exact RNE of the scaled values; -0.0 -> 0x80 (E4M3FN) / 0x00 (FNUZ).
+
+    ``nonfinite`` (H3, datapath 2.8):
+      FINITE          NaN/Inf input raises InputError.
+      CUDA_SATFINITE  amax ignores NaN; an Inf tile gets scale byte 255 and ``x * exp2f(-inf) =
+                      x * 0``: finite elements -> +-0 (0x00/0x80), Inf elements -> NaN; every
+                      NaN after scaling -> -M (0xFE).
+      TRITON          as CUDA_SATFINITE but ``x / inf``, and NaN after scaling (canonical,
+                      positive) -> +M (0x7E).
+      TORCH, TORCH_SATURATING  the torch reference quantisers (FlashMLA ``tests/quant.py``):
+                      NaN-propagating ``amax``; a NaN tile gets scale byte 255 (torch's
+                      ``float8_e8m0fnu`` cast of NaN) and all codes NaN (0x7F; 0x80 for FNUZ);
+                      an Inf tile gets 255, finite elements +-0, Inf elements NaN (0x7F).
+                      NaN produced by arithmetic is taken as the canonical positive NaN (its sign
+                      is platform dependent in torch and is not modelled).
+    """
+    fn = "quantize_tiles"
+    check_tensor(fn, "x", x)
+    rule = _validate_rule(fn, rule)
+    flavour = _validate_flavour(fn, flavour)
+    nonfinite = _validate_nonfinite(fn, nonfinite)
+    check_bf16_values(fn, "x", x)
+    if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % TILE != 0:
+        fail(fn, "x", f"must have a last dimension that is a positive multiple of {TILE}",
+             f"shape {tuple(x.shape)}")
+    fmax = fp8_max(flavour)
+    if clamp is not None:
+        if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (0.0 < float(clamp) <= fmax):
+            fail(fn, "clamp", f"must be None or a value in (0, {fmax}] for {flavour.value}", clamp)
+    m = fmax if clamp is None else float(clamp)
+    d = x.shape[-1]
+    rows = x.reshape(-1, d)
+    step = max(1, _CHUNK_ELEMENTS // d)
+    if rows.shape[0] > step:  # bounded working set: float64 temporaries of big inputs thrash memory
+        parts = [quantize_tiles(rows[i : i + step], rule, flavour, nonfinite, clamp)
+                 for i in range(0, rows.shape[0], step)]
+        codes = torch.cat([p[0] for p in parts]).reshape(x.shape)
+        sbytes = torch.cat([p[1] for p in parts]).reshape(*x.shape[:-1], d // TILE)
+        return codes, sbytes
+
+    xf = x.to(torch.float32)
+    if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(xf).all()):
+        fail(fn, "x", "must be finite under nonfinite=FINITE (pick a producer NonFinite policy to "
+             "model NaN/Inf)", f"{int((~torch.isfinite(xf)).sum())} non-finite elements")
+    tiles = xf.reshape(*x.shape[:-1], d // TILE, TILE)
+    absx = tiles.abs()
+    if nonfinite in _TORCH_POLICIES:
+        amax = absx.amax(dim=-1)  # NaN-propagating like torch.amax
+    else:
+        amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=-1)  # fmaxf / tl.max
+    nan_tile = torch.isnan(amax)
+    inf_tile = torch.isinf(amax)
+    ok = ~(nan_tile | inf_tile)
+
+    e = tile_exponent(torch.where(ok, amax, torch.zeros_like(amax)), rule, m).to(torch.int64)
+    sbytes = ue8m0_from_exponent(e)
+    sbytes = torch.where(ok, sbytes, torch.full_like(sbytes, UE8M0_NAN))
+
+    t64 = tiles.to(torch.float64)
+    y = t64 * pow2_f64(-e).unsqueeze(-1)  # exact: power-of-two scaling in float64
+    y_bad = t64 * 0.0  # Inf tiles: x * exp2f(-inf) (CUDA) == x / inf (Triton) == x / inf (torch)
+    y = torch.where(ok.unsqueeze(-1), y, y_bad)
+    if nonfinite in _TORCH_POLICIES:
+        y = torch.where(nan_tile.unsqueeze(-1), torch.full_like(y, float("nan")), y)
+    # NaN produced by the scaling arithmetic is the canonical positive NaN on the GPU (the sign of
+    # a NaN element of x is not propagated; float64 CPU arithmetic would keep it): canonicalise.
+    y = torch.where(torch.isnan(y), torch.full_like(y, float("nan")), y)
+    if nonfinite in _TORCH_POLICIES:
+        codes = encode_fp8(y, flavour, nonfinite=nonfinite, clamp=None)
+    else:
+        codes = encode_fp8(y, flavour, nonfinite=nonfinite, clamp=m)
+    return codes.reshape(x.shape), sbytes
+
+
+def dequantize_tiles(
+    codes: torch.Tensor,
+    scale_bytes: torch.Tensor,
+    flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
+    consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+) -> torch.Tensor:
+    """``decode(code) * decode_ue8m0(scale byte)`` per 64-wide tile, float32 ``[..., D]``.
+
+    codes: uint8 ``[..., D]``; scale_bytes: uint8 ``[..., D // 64]``. The product is formed in
+    float64 (exact: a 4-bit significand times a power of two) and rounded once to float32, so it
+    is exact whenever the value is representable in fp32 (always for scale bytes 1..247 except
+    ``code >= 256`` with byte 247, which overflows to +-Inf like every consumer); scale bytes 0 and
+    255 follow ``consumer`` (H4).
+    """
+    fn = "dequantize_tiles"
+    check_dtype(fn, "codes", codes, (torch.uint8,))
+    check_dtype(fn, "scale_bytes", scale_bytes, (torch.uint8,))
+    flavour = _validate_flavour(fn, flavour)
+    if codes.dim() == 0 or codes.shape[-1] % TILE != 0 or codes.shape[-1] == 0:
+        fail(fn, "codes", f"must have a last dimension that is a positive multiple of {TILE}",
+             f"shape {tuple(codes.shape)}")
+    want = (*codes.shape[:-1], codes.shape[-1] // TILE)
+    if tuple(scale_bytes.shape) != want:
+        fail(fn, "scale_bytes", f"must have shape {list(want)} (one byte per 64-wide tile of codes)",
+             f"shape {tuple(scale_bytes.shape)}")
+    vals = decode_fp8(codes, flavour).to(torch.float64).reshape(*want, TILE)
+    mult = decode_ue8m0(scale_bytes, consumer).to(torch.float64).unsqueeze(-1)
+    return (vals * mult).reshape(codes.shape).to(torch.float32)
+
+
+def quantize_groups_ue8m0(
+    x: torch.Tensor, group: int = OUT_GROUP, eps: float = OUT_EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output epilogue quantiser of vLLM ``fused_inv_rope_fp8_quant`` (attention 3.3).
+
+    x: float32 (or bfloat16) ``[..., G * group]``, finite: the (inverse-roped) fp32 attention output.
+    Returns ``(codes uint8 [..., G * group] (E4M3FN), exponents int32 [..., G])``; the UE8M0 byte
+    is ``exponent + 127`` and the fp32 scale ``2**exponent``.
+    Order modelled (``V:models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py:150-162``):
+      ``a = max(max_i |x_i|, fl32(eps))``               (fp32 max, exact)
+      ``r = fl32(a * fl32(1/448))``                      (a multiply, not a division: ``1.0 / fp8_max``
+                                                          is folded to an fp32 constant)
+      ``e = ceil(log2 r)``                               (exact here, see below)
+      ``codes = e4m3(clamp(x / 2**e, -448, 448))``       (exact scaling, RNE satfinite)
+    ``fl32(a * c)``: the float64 product of two fp32 values is exact (48 significant bits), so its
+    one rounding to fp32 is the correctly rounded fp32 product. ``fl32(1/448)`` (0x3B124925) lies
+    ``1.5 * 2**-25`` (relative) above 1/448 and the first fp32 value above ``448 * 2**k`` lies
+    ``2**-23.8`` above it, so ``r`` never rounds onto ``2**k`` when ``a / 448 > 2**k``: the result
+    equals ``ceil(log2(a / 448))`` for ``a > 448 * 2**-43``, ``|x| / 2**e <= 448`` and the clamp never
+    bites for finite input (it is modelled anyway).
+    Divergence not modelled: the kernel takes ``ceil(tl.log2(r))`` with libdevice ``log2f``, which
+    is not correctly rounded; for ``r`` within about ``|e| * 2**-24`` (relative) above a power of
+    two it can return the integer and give ``e - 1``. Such ``r`` need ``a`` with more than 8
+    significant bits (an fp32 RoPE lane); bf16 ``a`` is always at least ``2**-8`` away.
+    """
+    fn = "quantize_groups_ue8m0"
+    check_dtype(fn, "x", x, (torch.float32, torch.bfloat16))
+    check_int(fn, "group", group, minimum=1)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0.0 < float(eps) < 1.0):
+        fail(fn, "eps", "must be a float in (0, 1)", eps)
+    if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % group != 0:
+        fail(fn, "x", f"must have a last dimension that is a positive multiple of group={group}",
+             f"shape {tuple(x.shape)}")
+    xf = x.to(torch.float32)
+    if not bool(torch.isfinite(xf).all()):
+        fail(fn, "x", "must be finite (non-finite attention outputs are out of contract)",
+             f"{int((~torch.isfinite(xf)).sum())} non-finite elements")
+    g = x.shape[-1] // group
+    groups = xf.reshape(*x.shape[:-1], g, group)
+    eps32 = torch.tensor(eps, dtype=torch.float32, device=x.device)
+    a = torch.maximum(groups.abs().amax(dim=-1), eps32)
+    inv = torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32).to(torch.float64)  # fl32(1/448)
+    r = (a.to(torch.float64) * inv.to(a.device)).to(torch.float32)
+    e = exact_ceil_log2(r).to(torch.int64)
+    y = groups.to(torch.float64) * pow2_f64(-e).unsqueeze(-1)
+    codes = encode_fp8(y, Fp8Flavour.E4M3FN, nonfinite=NonFinite.CUDA_SATFINITE, clamp=E4M3_MAX)
+    return codes.reshape(x.shape), e.to(torch.int32)
+
+
+def dequantize_groups_ue8m0(codes: torch.Tensor, exponents: torch.Tensor, group: int = OUT_GROUP) -> torch.Tensor:
+    """Exact float32 values ``decode_e4m3fn(code) * 2**exponent`` of ``quantize_groups_ue8m0`` output."""
+    fn = "dequantize_groups_ue8m0"
+    check_dtype(fn, "codes", codes, (torch.uint8,))
+    check_dtype(fn, "exponents", exponents, (torch.int32, torch.int64))
+    check_int(fn, "group", group, minimum=1)
+    if codes.dim() == 0 or codes.shape[-1] % group != 0 or codes.shape[-1] == 0:
+        fail(fn, "codes", f"must have a last dimension that is a positive multiple of group={group}",
+             f"shape {tuple(codes.shape)}")
+    want = (*codes.shape[:-1], codes.shape[-1] // group)
+    if tuple(exponents.shape) != want:
+        fail(fn, "exponents", f"must have shape {list(want)}", f"shape {tuple(exponents.shape)}")
+    vals = decode_fp8(codes, Fp8Flavour.E4M3FN).to(torch.float64).reshape(*want, group)
+    return (vals * pow2_f64(exponents.to(torch.int64)).unsqueeze(-1)).reshape(codes.shape).to(torch.float32)
