@@ -25,6 +25,7 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 prefill           sparse attention, prefill form (one combined segment)
                 v32_decode        DeepSeek V3.2 sparse decode (656-byte cache)
                 dense_mla_decode  dense paged MLA decode (R1/V3/Kimi)
+                dense_mla_prefill dense ragged causal MHA prefill (R1 per-head dims 192/128; TokenSpeed)
 """
 
 from __future__ import annotations
