@@ -138,3 +138,80 @@ def pytest_collection_modifyitems(config, items):
                 if reason:
                     item.add_marker(pytest.mark.skip(reason=reason))
                     break
+
+
+# --------------------------------------------------------------------------- matrix reporting
+# (oracles owner) Tests hand oracles.report.Result objects to the `matrix_results` fixture; each
+# Result is attached to the test as JUnit properties (key figures + the full Result as JSON).
+# The properties travel with the test report, so the session collector below sees results from
+# pytest-xdist workers too. At the end: a kernel x case table in the terminal summary, and the
+# JSON report with `--dsv4-report PATH`.
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("dsv4-numerics")
+    group.addoption(
+        "--dsv4-report", action="store", default=None, metavar="PATH",
+        help="write the matrix Results collected during the session as a JSON report to PATH",
+    )
+
+
+_DSV4_COLLECTOR = None
+
+
+def _dsv4_collector():
+    global _DSV4_COLLECTOR
+    if _DSV4_COLLECTOR is None:
+        from dsv4_numerics.oracles.report import ResultCollector
+
+        _DSV4_COLLECTOR = ResultCollector()
+    return _DSV4_COLLECTOR
+
+
+@pytest.fixture
+def matrix_results(record_property):
+    """Callable ``collect(results)``: attach Results (one or a list) to this test's report.
+
+    Returns the list it was given, so ``collect(run_entry(entry))`` can be asserted on directly.
+    """
+    from dsv4_numerics.oracles.report import Result, record
+
+    def collect(results):
+        rs = [results] if isinstance(results, Result) else list(results)
+        for r in rs:
+            record(r, record_property)
+        return rs
+
+    return collect
+
+
+def pytest_runtest_logreport(report):
+    # user properties accumulate on the item; read them once, from the teardown report
+    if report.when == "teardown" and report.user_properties:
+        _dsv4_collector().add_from_user_properties(report.user_properties)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    col = _DSV4_COLLECTOR
+    if col is None or not col.results:
+        return
+    terminalreporter.section("dsv4-numerics matrix")
+    terminalreporter.write_line(col.table())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
+        return
+    path = session.config.getoption("--dsv4-report", default=None)
+    if not path:
+        return
+    import platform
+
+    meta = {"exitstatus": int(exitstatus), "python": platform.python_version(), "hardware": hardware()}
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    _dsv4_collector().write(path, meta)

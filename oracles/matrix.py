@@ -1,0 +1,188 @@
+"""The one matrix runner: judge any entry-like object on its stage's cases (DESIGN.md).
+
+``run_entry(entry, cases=None, device=None, arch=None, tolerances=None) -> list[Result]``
+
+``entry`` is anything with the ``KernelEntry`` fields the runner uses: ``name``, ``stage``,
+``policies`` (dict), ``tolerance_scope``, ``probe()`` and ``call(case)``; ``family`` is read if
+present, and an optional ``supports(case) -> str | None`` lets an entry decline a case. Mutants,
+the reference positive control, recorded-fixture replays and real kernels all go through here.
+
+Per case:
+
+1. ``probe()`` returns a reason -> every case is a ``skip`` carrying it (a probe that raises is an
+   ``error``);
+2. ``supports(case)`` returns a reason, or ``call`` raises ``reference.errors.UnsupportedCase``
+   -> ``skip`` with that reason (outside the kernel's documented contract);
+3. ``call`` raises anything else -> ``error`` with the exception type and message;
+4. the reference (``StageSpec.expected`` under the stage defaults overridden by the entry's
+   policies) is computed on CPU; if it rejects the case (``InputError``) -> ``error`` naming it;
+5. otherwise ``StageSpec.judge`` decides ``pass``/``fail`` (an exception in the judge is an
+   ``error``, never a pass).
+
+Outputs are moved to CPU before judging; the case handed to ``call`` is moved to ``device``.
+The tolerance arch is ``arch`` if given, else the device's (``sm90``, ``sm100``, ``gfx942`` ...,
+``cpu``).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Iterable
+
+import torch
+
+from dsv4_numerics.reference.cases import Case, default_cases
+from dsv4_numerics.reference.errors import InputError, UnsupportedCase
+
+from . import stages as st
+from .report import Result
+from .tolerances import Tolerances
+
+
+def device_arch(device: str | torch.device | None) -> str:
+    """Architecture tag of ``device``: ``sm<major><minor>`` (``sm90``, ``sm100``, ``sm120``),
+    the ROCm gfx name, or ``cpu``."""
+    if device is None:
+        return "cpu"
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return dev.type
+    props = torch.cuda.get_device_properties(dev)
+    if getattr(torch.version, "hip", None):
+        return str(getattr(props, "gcnArchName", "rocm")).split(":")[0]
+    return f"sm{props.major}{props.minor}"
+
+
+def _cpu_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU with its sizes, strides and storage offset kept: a gapped view (a paged
+    cache ``[nb, bs, 584]`` with ``stride(0) > bs*584``) keeps its page stride, so the judge sees
+    the geometry the kernel wrote."""
+    t = t.detach()
+    if t.device.type == "cpu":
+        return t
+    if t.is_contiguous():
+        return t.cpu()
+    storage = t.untyped_storage().cpu()
+    out = torch.empty(0, dtype=t.dtype)
+    out.set_(storage, t.storage_offset(), t.size(), t.stride())
+    return out
+
+
+def _cpu(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _cpu_tensor(x)
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cpu(v) for v in x)
+    return x
+
+
+def _msg(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".strip()
+
+
+def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
+              arch: str | None = None, tolerances: Tolerances | None = None,
+              expected_cache: dict | None = None) -> list[Result]:
+    """Judge ``entry`` on ``cases`` (default: ``default_cases(entry.stage)``); one Result per case.
+
+    ``expected_cache``: a dict shared between calls that judge the *same case objects* (e.g. a
+    test running many entries over one list of default cases); reference outputs are memoised in
+    it by ``(stage, case name, policies)``. Never share it across differently built cases.
+    """
+    name = getattr(entry, "name", "?")
+    stage = getattr(entry, "stage", "?")
+    family = getattr(entry, "family", "")
+    policies = dict(getattr(entry, "policies", {}) or {})
+    dev_str = str(device) if device is not None else "cpu"
+    arch = arch or device_arch(device)
+
+    def res(case_name: str, verdict: str, **kw: Any) -> Result:
+        return Result(entry=name, stage=stage, case=case_name, verdict=verdict, family=family,
+                      device=dev_str, policies={k: str(v) for k, v in policies.items()}, **kw)
+
+    try:
+        spec = st.get(stage)
+    except KeyError as e:
+        spec, spec_err = None, str(e.args[0]) if e.args else str(e)
+    else:
+        spec_err = ""
+    try:
+        case_list = list(cases) if cases is not None else default_cases(stage)
+    except KeyError as e:
+        return [res("-", "error", rule="no_cases", message=str(e.args[0]) if e.args else str(e))]
+    try:
+        reason = entry.probe()
+    except Exception as e:  # noqa: BLE001 - a broken probe is reported, not raised
+        return [res(c.name, "error", rule="probe", message=f"probe raised {_msg(e)}") for c in case_list]
+    if reason:
+        return [res(c.name, "skip", rule="probe", message=str(reason)) for c in case_list]
+    if spec is None:
+        return [res(c.name, "error", rule="no_stage_spec", message=spec_err) for c in case_list]
+    pol = spec.policies(policies)
+    scope = st.JudgeScope(kernel=getattr(entry, "tolerance_scope", name), arch=arch, policies=pol,
+                          tolerances=tolerances)
+    supports = getattr(entry, "supports", None)
+    out: list[Result] = []
+    for case in case_list:
+        t0 = time.perf_counter()
+        if callable(supports):
+            why = supports(case)
+            if why:
+                out.append(res(case.name, "skip", rule="unsupported", message=str(why)))
+                continue
+        try:
+            dcase = case.to(device) if device is not None else case
+            got = entry.call(dcase)
+        except UnsupportedCase as e:
+            out.append(res(case.name, "skip", rule="unsupported", message=str(e),
+                           duration_s=time.perf_counter() - t0))
+            continue
+        except Exception as e:  # noqa: BLE001 - the kernel's failure is the result
+            out.append(res(case.name, "error", rule="call", message=f"call raised {_msg(e)}",
+                           details={"traceback": traceback.format_exc(limit=6)},
+                           duration_s=time.perf_counter() - t0))
+            continue
+        got = _cpu(got)
+        if not isinstance(got, dict):
+            out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",
+                           duration_s=time.perf_counter() - t0))
+            continue
+        key = (stage, case.name, tuple(sorted((k, str(v)) for k, v in pol.items())))
+        try:
+            if expected_cache is not None and key in expected_cache:
+                exp = expected_cache[key]
+            else:
+                exp = spec.expected(case, pol)
+                if expected_cache is not None:
+                    expected_cache[key] = exp
+        except UnsupportedCase as e:
+            out.append(res(case.name, "skip", rule="unsupported", message=f"reference: {e}",
+                           duration_s=time.perf_counter() - t0))
+            continue
+        except InputError as e:
+            out.append(res(case.name, "error", rule="reference",
+                           message=f"the reference rejects this case under policies {pol}: {e}",
+                           duration_s=time.perf_counter() - t0))
+            continue
+        except Exception as e:  # noqa: BLE001 - a harness bug; reported, never a pass
+            out.append(res(case.name, "error", rule="reference", message=f"reference raised {_msg(e)}",
+                           details={"traceback": traceback.format_exc(limit=6)},
+                           duration_s=time.perf_counter() - t0))
+            continue
+        try:
+            v = spec.judge(case, exp, got, scope)
+        except Exception as e:  # noqa: BLE001 - never a silent pass
+            out.append(res(case.name, "error", rule="judge", message=f"judge raised {_msg(e)}",
+                           details={"traceback": traceback.format_exc(limit=6)},
+                           duration_s=time.perf_counter() - t0))
+            continue
+        out.append(res(case.name, "pass" if v.passed else "fail", rule=v.rule, worst_ulps=v.worst_ulps,
+                       headroom=v.headroom, message=v.message, details=v.details,
+                       duration_s=time.perf_counter() - t0))
+    return out
+
+
+__all__ = ["device_arch", "run_entry"]

@@ -1,0 +1,510 @@
+"""Deliberately wrong implementations of the pipeline stages (the mutation suite, issue 5).
+
+Each mutant is a small function over the reference that reproduces one real bug class (cited),
+wrapped as an entry-like object with the fields of ``kernels.registry.KernelEntry`` (family
+``"mutant"``), so it is judged by exactly the runner, comparators and tolerance records the kernel
+matrix uses (``oracles.matrix.run_entry``). ``tests/test_mutants.py`` requires every mutant to be
+caught on the default case set, and the reference itself (``reference_entry``) to pass.
+
+A mutant that survives means a default case or a judge is too weak -- never a reason to weaken
+the mutant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from dsv4_numerics.oracles import stages as st
+from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference.attention import Segment, sparse_attention
+from dsv4_numerics.reference.cases import Case
+from dsv4_numerics.reference.constants import DATA_ROW_BYTES, E4M3_MAX, NOPE_DIM, RECORD_BYTES, SCALE_FLOOR_F32, TILE
+from dsv4_numerics.reference.fp8 import encode_fp8, pow2_f64
+from dsv4_numerics.reference.policies import Fp8Flavour, RopeArithmetic, ScaleRule
+
+
+@dataclass(frozen=True)
+class MutantEntry:
+    """Entry-like wrapper (the ``KernelEntry`` fields ``run_entry`` reads)."""
+
+    name: str
+    stage: str
+    bug: str  # the bug class and where it was seen
+    call: Callable[[Case], dict]
+    policies: dict[str, str] = field(default_factory=dict)
+    family: str = "mutant"
+    source: str = "tests/mutants.py"
+    archs: tuple[str, ...] = ("cpu",)
+    dtypes: tuple[str, ...] = ("bfloat16",)
+
+    @property
+    def tolerance_scope(self) -> str:
+        return f"mutant.{self.name}"
+
+    def probe(self) -> str | None:
+        return None
+
+
+def _outputs(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not k.startswith("_")}
+
+
+def reference_entry(stage: str, policies: dict | None = None, bf16_p: bool = False,
+                    memo: dict | None = None) -> MutantEntry:
+    """The reference wrapped as an entry (positive control). ``bf16_p``: a numeric stage returns
+    the oracle's bf16-kernel emulation instead (must pass the same tolerance tier). ``memo``: the
+    ``expected_cache`` dict given to ``run_entry`` (same key), so the reference runs once."""
+    spec = st.get(stage)
+    pol = dict(policies or {})
+    if bf16_p:
+        pol["attention_mode"] = "bf16_p"
+
+    def call(case: Case) -> dict:
+        full = spec.policies(pol)
+        key = (stage, case.name, tuple(sorted((k, str(v)) for k, v in full.items())))
+        if memo is not None and key in memo:
+            e = memo[key]
+        else:
+            e = spec.expected(case, full)
+            if memo is not None:
+                memo[key] = e
+        out = _outputs(e)
+        if bf16_p:
+            out["out"] = e["_same_precision"].to(torch.bfloat16)
+        elif spec.kind == "numeric" and "out" in out and stage != "rope":
+            out["out"] = out["out"].to(torch.bfloat16)  # what a bf16 kernel returns
+        return out
+
+    return MutantEntry(f"reference.{stage}" + (".bf16_p" if bf16_p else ""), stage, "none (positive control)",
+                       call, pol, family="reference")
+
+
+def fp32_compressor_entry() -> MutantEntry:
+    """The fp32 producer model the compressor tolerance was derived from (positive control)."""
+    from dsv4_numerics.oracles.derive import compressor_fp32
+    from dsv4_numerics.reference.compressor import state_windows
+
+    def call(case: Case) -> dict:
+        inp = case.inputs
+        kv, score, valid = state_windows(inp["state"], inp["positions"], inp["ratio"])
+        return {"normed": compressor_fp32(kv, score, valid, inp["norm_weight"], inp["eps"])}
+
+    return MutantEntry("reference.compressor.fp32_model", "compressor", "none (positive control)", call,
+                       family="reference")
+
+
+# --------------------------------------------------------------------------- cache writers
+
+
+def _flat(cache: torch.Tensor) -> torch.Tensor:
+    return cache.view(-1) if cache.is_contiguous() else cache.reshape(-1)
+
+
+def _write_records(case: Case, data: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor,
+                   layout: str = "planar") -> dict:
+    """Write record parts at ``slots`` under a (possibly wrong) layout into a copy of the cache."""
+    inp = case.inputs
+    out = inp["cache"].clone()
+    flat = _flat(out)
+    bs, P = inp["block_size"], inp["cache"].stride(0)
+    for t, s in enumerate(slots.tolist()):
+        page, e = divmod(s, bs)
+        if layout == "interleaved":  # V4.1-style per-token records (vFMLA :119-131, H10)
+            base = page * P + e * RECORD_BYTES
+            flat[base:base + DATA_ROW_BYTES] = data[t]
+            flat[base + DATA_ROW_BYTES:base + RECORD_BYTES] = scales[t]
+            continue
+        pstride = bs * RECORD_BYTES if layout == "packed" else P  # packed: stride(0) ignored (H12)
+        d0 = page * pstride + e * DATA_ROW_BYTES
+        s0 = page * pstride + bs * DATA_ROW_BYTES + e * 8
+        flat[d0:d0 + DATA_ROW_BYTES] = data[t]
+        flat[s0:s0 + 8] = scales[t]
+    return {"cache": out}
+
+
+def _kept(case: Case):
+    s = case.inputs["slot_mapping"].to(torch.int64)
+    keep = s >= 0
+    return case.inputs["k"][: s.shape[0]][keep], s[keep]
+
+
+def _layout_mutant(layout: str, rule: str = ScaleRule.AMAX_CLAMP.value):
+    def call(case: Case) -> dict:
+        k, slots = _kept(case)
+        data, scales = cache_model1.encode_records(k, rule)
+        return _write_records(case, data, scales, slots, layout)
+    return call
+
+
+def _insert_with(rule: str, **kw):
+    def call(case: Case) -> dict:
+        inp = case.inputs
+        return {"cache": cache_model1.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"], rule, **kw)}
+    return call
+
+
+def _minus1_as_slot0(case: Case) -> dict:
+    """Every ``-1`` token written to slot 0 (a writer that clamps the sentinel to 0 instead of
+    skipping it; datapath 2.1 step 1 / 2.2: only ``slot >= 0`` may be written)."""
+    inp = case.inputs
+    out = cache_model1.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"], ScaleRule.AMAX_CLAMP)
+    s = inp["slot_mapping"].to(torch.int64)
+    for t in (s == -1).nonzero().reshape(-1).tolist():
+        data, scales = cache_model1.encode_records(inp["k"][t:t + 1], ScaleRule.AMAX_CLAMP)
+        out = _write_records(Case(case.name, case.stage, {**inp, "cache": out}), data, scales, torch.tensor([0]))["cache"]
+    return {"cache": out}
+
+
+def _approx_log2_writer(case: Case) -> dict:
+    """Q_A with ``log2`` computed approximately in float32 (``ln(r) * fl32(1/ln 2)``) before the ceil:
+    the fast-math bug class of datapath 2.8 / H2 (exact ties ``amax = 1.75 * 2**m`` go to m - 7)."""
+    k, slots = _kept(case)
+    x = k[:, :NOPE_DIM].to(torch.float32).reshape(-1, NOPE_DIM // TILE, TILE)
+    a = x.abs().amax(-1)
+    r = torch.maximum(a, torch.tensor(SCALE_FLOOR_F32, dtype=torch.float32)) / torch.tensor(E4M3_MAX, dtype=torch.float32)
+    e = torch.ceil(torch.log(r) * torch.tensor(1.0 / math.log(2.0), dtype=torch.float32)).to(torch.int64)
+    y = x.to(torch.float64) * pow2_f64(-e).unsqueeze(-1)
+    codes = encode_fp8(y, Fp8Flavour.E4M3FN, clamp=E4M3_MAX).reshape(-1, NOPE_DIM)
+    data, scales = cache_model1.encode_records(k, ScaleRule.AMAX_CLAMP)
+    data[:, :NOPE_DIM] = codes
+    scales[:, : NOPE_DIM // TILE] = torch.clamp(e + 127, 0, 255).to(torch.uint8)
+    return _write_records(case, data, scales, slots)
+
+
+# --------------------------------------------------------------------------- gather
+
+
+def _gather_as(flavour: str):
+    def call(case: Case) -> dict:
+        inp = case.inputs
+        out, _ = cache_model1.gather(inp["cache"], inp["block_table"], inp["seq_lens"], inp["block_size"],
+                                     inp.get("gather_lens"), flavour=flavour)
+        return {"out": out}
+    return call
+
+
+# --------------------------------------------------------------------------- index stages
+
+
+def _index(case: Case, **override: Any) -> dict:
+    from dsv4_numerics.reference.cases_index import INDEX_BUILDERS
+
+    fn, names = INDEX_BUILDERS[override.pop("_builder", case.params["builder"])]
+    res = fn(**{**case.inputs, **override})
+    return dict(zip(names, res if isinstance(res, tuple) else (res,)))
+
+
+def _topk_minus1_as_local0(case: Case) -> dict:
+    """``-1`` local indices mapped through the block table as local index 0 (no sentinel check,
+    datapath 4.1 / H10: a valid slot of the request appears where the row is empty)."""
+    if case.params["builder"] != "compute_global_topk_indices_and_lens":
+        return _index(case)
+    out = _index(case)
+    topk = case.inputs["topk_indices"].to(torch.int64)
+    zero = _index(case, topk_indices=torch.zeros_like(case.inputs["topk_indices"]))
+    out["global_topk_indices"] = torch.where(topk == -1, zero["global_topk_indices"], out["global_topk_indices"])
+    return out
+
+
+def _topk_wrong_request_row(case: Case) -> dict:
+    """Block-table row chosen by the token index instead of ``token_to_req_indices``."""
+    if "token_to_req_indices" not in case.inputs:
+        return _index(case)
+    t2r = case.inputs["token_to_req_indices"]
+    R = case.inputs["block_table"].shape[0]
+    return _index(case, token_to_req_indices=(torch.arange(t2r.shape[0]) % R).to(t2r.dtype))
+
+
+def _swa_lens_forced_to_window(case: Case) -> dict:
+    """``swa_lens`` forced to the window size for every valid token (vLLM#41757, H18)."""
+    out = _index(case)
+    if "swa_lens" in out:
+        ln = out["swa_lens"]
+        out["swa_lens"] = torch.where(ln > 0, torch.full_like(ln, case.inputs["window_size"]), ln)
+    return out
+
+
+def _swa_window_off_by_one(case: Case) -> dict:
+    """Window start ``p - W`` instead of ``p - (W - 1)``: one stale token in, the newest one out."""
+    W = case.inputs["window_size"]
+    out = _index(case, window_size=W + 1)
+    if "swa_indices" in out:
+        out["swa_indices"] = out["swa_indices"][:, :W]
+        out["swa_lens"] = torch.clamp(out["swa_lens"], max=W)
+    return out
+
+
+def _combine_without_request_offset(case: Case) -> dict:
+    """Request ``r``'s workspace offset ``M * r`` forgotten (every request reads request 0's rows)."""
+    out = _index(case)
+    if case.params["builder"] not in ("combine_topk_swa_indices", "combine_topk_swa_indices_rocm"):
+        return out
+    qsl = case.inputs["query_start_loc"].to(torch.int64)
+    M = case.inputs["M"]
+    idx = out["combined_indices"].to(torch.int64).clone()
+    for r in range(qsl.shape[0] - 1):
+        rows = slice(int(qsl[r]), int(qsl[r + 1]))
+        idx[rows] = torch.where(idx[rows] >= 0, idx[rows] - M * r, idx[rows])
+    out["combined_indices"] = idx.to(out["combined_indices"].dtype)
+    return out
+
+
+def _combine_common_validates(case: Case) -> dict:
+    """The common combine validating ``-1`` like the ROCm twin: it must not (datapath 4.5, H10:
+    the common kernel turns an interior ``-1`` into ``M*r - 1``)."""
+    if case.params["builder"] == "combine_topk_swa_indices":
+        return _index(case, _builder="combine_topk_swa_indices_rocm")
+    return _index(case)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _oracle(case: Case, segs: list, **kw: Any):
+    inp = case.inputs
+    return sparse_attention(inp["q"], segs, kw.pop("scale", inp["scale"]), kw.pop("sink", inp.get("sink")), **kw)
+
+
+def _attn_out(res, lse: torch.Tensor | None = None) -> dict:
+    return {"out": res.out.to(torch.bfloat16), "lse": (res.lse if lse is None else lse).to(torch.float32),
+            "max_logits": res.max_logits.to(torch.float32)}
+
+
+def _segs(case: Case) -> list:
+    if case.stage == "decode":
+        return st.decode_segments(case, {})
+    return st.prefill_segments(case, {"index_rule": case.params.get("index_rule", "minus1_only")})
+
+
+def _extra_dropped(case: Case) -> dict:
+    """The compressed (extra) segment not attended: main-only decode."""
+    return _attn_out(_oracle(case, _segs(case)[:1]))
+
+
+def _separate_softmaxes(case: Case) -> dict:
+    """Each segment softmaxed on its own and the outputs added (attention 2.6 requires one softmax
+    over the union)."""
+    segs = _segs(case)
+    if len(segs) == 1:
+        return _attn_out(_oracle(case, segs))
+    parts = [_oracle(case, [s]) for s in segs]
+    out = sum(p.out for p in parts)
+    return {"out": out.to(torch.bfloat16), "lse": parts[0].lse.to(torch.float32)}
+
+
+def _sink_negated(case: Case) -> dict:
+    """Sink applied with the wrong sign (``sigmoid(lse + sink)``)."""
+    sink = case.inputs.get("sink")
+    return _attn_out(_oracle(case, _segs(case), sink=None if sink is None else -sink))
+
+
+def _sink_scaled(case: Case) -> dict:
+    """Sink multiplied by the softmax scale (attention 1.1, H14: the sink is never scaled)."""
+    sink = case.inputs.get("sink")
+    return _attn_out(_oracle(case, _segs(case), sink=None if sink is None else sink * case.inputs["scale"]))
+
+
+def _lse_base2(case: Case) -> dict:
+    """LSE returned in base 2 (FlashMLA README's stale claim, attention 2.1; FI SM120's convention)."""
+    r = _oracle(case, _segs(case))
+    return _attn_out(r, r.lse / math.log(2.0))
+
+
+def _lonely_nan(case: Case) -> dict:
+    """A query with no valid key gives 0/0 = NaN instead of exact 0 (attention 2.4)."""
+    r = _oracle(case, _segs(case))
+    lonely = (r.n_valid == 0).reshape(-1, 1, 1)
+    out = torch.where(lonely, torch.full_like(r.out, float("nan")), r.out)
+    return {"out": out.to(torch.bfloat16), "lse": r.lse.to(torch.float32)}
+
+
+def _lse_plus_inf_lonely(case: Case) -> dict:
+    """FlashMLA's ``+inf`` empty-row LSE passed through without conversion (H1)."""
+    r = _oracle(case, _segs(case))
+    lse = torch.where(r.lse == -math.inf, torch.full_like(r.lse, math.inf), r.lse)
+    return _attn_out(r, lse)
+
+
+def _rope_dims_not_in_v(case: Case) -> dict:
+    """V taken as the 448 NoPE dims only (the V3.2 convention; DSv4's V is the full 512-dim row)."""
+    r = _oracle(case, _segs(case))
+    out = r.out.clone()
+    out[..., NOPE_DIM:] = 0.0
+    return {"out": out.to(torch.bfloat16), "lse": r.lse.to(torch.float32)}
+
+
+def _topk_length_ignored(case: Case) -> dict:
+    """``topk_length`` / segment lengths ignored: every column is attended (vLLM#36616)."""
+    segs = [Segment(s.rows, s.idx, None, s.rule) for s in _segs(case)]
+    return _attn_out(_oracle(case, segs))
+
+
+def _dense(case: Case, *, zero_invalid: bool = True, sum_bf16: bool = False) -> dict:
+    """A plain dense attention over the gathered rows (float64), with two bug switches:
+    ``zero_invalid=False``: invalid slots are masked in the logits but their (clamped) rows are
+    not zeroed, so NaN in unreferenced rows leaks through ``0 * NaN`` (attention 2.7; FlashMLA
+    zero-fills them for this reason); ``sum_bf16``: the softmax row sum is accumulated in bf16."""
+    from dsv4_numerics.reference.attention import segment_validity
+
+    inp = case.inputs
+    segs = _segs(case)
+    q = inp["q"].to(torch.float64)
+    T = q.shape[0]
+    valid = segment_validity(segs, T)
+    rows = torch.cat([s.rows.index_select(0, s.idx.to(torch.int64).clamp(0, s.rows.shape[0] - 1).reshape(-1))
+                      .reshape(T, -1, s.rows.shape[1]) for s in segs], dim=1).to(torch.float64)
+    if zero_invalid:
+        rows = rows.masked_fill(~valid.unsqueeze(-1), 0.0)
+    s = torch.einsum("thd,tkd->thk", q, torch.nan_to_num(rows, nan=0.0) if not zero_invalid else rows) * inp["scale"]
+    s = s.masked_fill(~valid.unsqueeze(1), -math.inf)
+    m = s.amax(-1, keepdim=True)
+    has = torch.isfinite(m)
+    p = torch.exp(s - torch.where(has, m, torch.zeros_like(m)))
+    if sum_bf16:
+        acc = torch.zeros(p.shape[:-1], dtype=torch.bfloat16, device=p.device)
+        for k in range(p.shape[-1]):
+            acc = acc + p[..., k].to(torch.bfloat16)
+        L = acc.to(torch.float64).unsqueeze(-1)
+    else:
+        L = p.sum(-1, keepdim=True)
+    sink = inp.get("sink")
+    den = L if sink is None else L + torch.exp(sink.to(torch.float64).view(1, -1, 1) - torch.where(has, m, torch.zeros_like(m)))
+    out = torch.einsum("thk,tkd->thd", p, rows) / den
+    out = torch.where(has, out, torch.zeros_like(out))
+    if sink is not None:
+        out = torch.where(torch.isposinf(sink.view(1, -1, 1)), torch.zeros_like(out), out)
+    lse = torch.where(has, m + torch.log(L), torch.full_like(m, -math.inf)).squeeze(-1)
+    return {"out": out.to(torch.bfloat16), "lse": lse.to(torch.float32)}
+
+
+def _oob_clamped(case: Case) -> dict:
+    """An any-out-of-range consumer that clamps out-of-range indices into ``[0, N)`` instead of
+    masking them (FlashMLA#184 class: positive OOB indices must be masked)."""
+    s = _segs(case)[0]
+    n = s.rows.shape[0]
+    idx = s.idx.to(torch.int64)
+    ln = s.length.to(torch.int64) if s.length is not None else torch.full((idx.shape[0],), idx.shape[1])
+    inpre = torch.arange(idx.shape[1])[None, :] < ln[:, None]
+    clamped = torch.where(inpre & (idx != -1), idx.clamp(0, n - 1), idx)
+    return _attn_out(_oracle(case, [Segment(s.rows, clamped, s.length, s.rule)]))
+
+
+# --------------------------------------------------------------------------- rope / epilogue
+
+
+def _rope_separate(case: Case) -> dict:
+    """Separate fp32 multiplies instead of the FMA-contracted RoPE (datapath 2.1 step 3, H6)."""
+    from dsv4_numerics.reference.rope import apply_rope
+
+    inp = case.inputs
+    return {"out": apply_rope(inp["x"], inp["positions"], inp["cos_sin"], bool(inp.get("inverse", False)),
+                              RopeArithmetic.SEPARATE)}
+
+
+def _epilogue(case: Case, skip_inverse_rope: bool = False, token_major: bool = False) -> dict:
+    from dsv4_numerics.reference.epilogue import inv_rope_fp8_quant
+
+    inp = case.inputs
+    pos = inp["positions"]
+    cs = inp["cos_sin"]
+    if skip_inverse_rope:  # identity table row at position 0: cos = 1, sin = 0
+        pos = torch.zeros_like(pos)
+        cs = st.identity_cos_sin()
+    r = inv_rope_fp8_quant(inp["o"], pos, cs, inp["heads_per_group"])
+    codes = r.codes.reshape(r.codes_tgd.shape) if token_major else r.codes_tgd.contiguous()
+    return {"codes": codes, "exponents": r.exponents, "deq": r.dequantized}
+
+
+def _compressor_masked_rows_scored(case: Case) -> dict:
+    """Window rows before position 0 kept with score 0 (kv 0) instead of score -inf: they still
+    take softmax weight (datapath 5.1 step 3 masks them)."""
+    from dsv4_numerics.reference.compressor import compress_windows, state_windows
+
+    inp = case.inputs
+    kv, score, valid = state_windows(inp["state"], inp["positions"], inp["ratio"])
+    score = torch.where(valid[..., None], score, torch.zeros_like(score))
+    normed = compress_windows(kv, score, torch.ones_like(valid), inp["norm_weight"], inp["eps"])
+    return {"normed": normed}
+
+
+def _compressor_bf16_normed(case: Case) -> dict:
+    """``normed`` rounded to bf16 before it leaves the compressor (the RoPE lanes must see the
+    unrounded fp32 values, H9)."""
+    from dsv4_numerics.reference.compressor import compressor_boundary
+
+    inp = case.inputs
+    b = compressor_boundary(inp["state"], inp["positions"], inp["ratio"], inp["norm_weight"], inp["eps"], inp["cos_sin"])
+    return {"normed": b.normed.to(torch.bfloat16).to(torch.float32)}
+
+
+# --------------------------------------------------------------------------- the list
+
+
+def _m(name: str, stage: str, bug: str, call: Callable, **policies: str) -> MutantEntry:
+    return MutantEntry(name, stage, bug, call, dict(policies))
+
+
+MUTANTS: list[MutantEntry] = [
+    # cache bytes
+    _m("planar_as_interleaved", "swa_write", "per-token interleaved data+scales instead of the V4 planar page "
+       "(V4.1 layout switch, vFMLA :119-131, H10)", _layout_mutant("interleaved")),
+    _m("page_stride_ignored", "swa_write", "page base bs*584 instead of cache.stride(0) (H12)", _layout_mutant("packed")),
+    _m("minus1_written_to_slot0", "swa_write", "-1 slot clamped to slot 0 instead of skipped (datapath 2.1/2.2)",
+       _minus1_as_slot0),
+    _m("swa_scale_rule_swapped", "swa_write", "Q_S where the SWA writer uses Q_A (H1)", _insert_with(ScaleRule.SCALE_CLAMP.value)),
+    _m("approx_log2", "swa_write", "float32 ln(r)/ln 2 then ceil instead of the exact exponent (fast-math, H2/H16)",
+       _approx_log2_writer),
+    _m("fnuz_clamp_240_not_224", "swa_write", "gfx942 FNUZ writer dividing/clamping by 240 (older source) instead of "
+       "224 (H8)", _insert_with(ScaleRule.AMAX_CLAMP.value, flavour=Fp8Flavour.E4M3FNUZ.value),
+       fp8=Fp8Flavour.E4M3FNUZ.value, fp8_clamp="224.0"),
+    _m("compressed_scale_rule_swapped", "compressed_write", "Q_A where the CuTe compressor uses Q_S (H1)",
+       _insert_with(ScaleRule.AMAX_CLAMP.value)),
+    # gather
+    _m("fnuz_codes_read_as_ocp", "gather", "FNUZ cache decoded as OCP (vLLM#42893: dropped use_fnuz, H9)",
+       _gather_as(Fp8Flavour.E4M3FN.value), fp8=Fp8Flavour.E4M3FNUZ.value),
+    _m("ocp_codes_read_as_fnuz", "gather", "OCP cache decoded as FNUZ (one IS_FNUZ flag for both caches, vLLM#42893)",
+       _gather_as(Fp8Flavour.E4M3FNUZ.value)),
+    # index plumbing
+    _m("topk_minus1_as_local0", "topk_global", "-1 local index mapped through the block table (H10)", _topk_minus1_as_local0),
+    _m("topk_wrong_request_row", "topk_global", "block-table row by token index, not token_to_req", _topk_wrong_request_row),
+    _m("swa_lens_forced_to_window", "swa_indices", "decode_swa_lens = window_size (vLLM#41757, H18)", _swa_lens_forced_to_window),
+    _m("swa_window_off_by_one", "swa_indices", "window start p-W instead of p-(W-1)", _swa_window_off_by_one),
+    _m("combine_missing_request_offset", "combine_prefill", "workspace offset M*r not added (datapath 4.5)",
+       _combine_without_request_offset),
+    _m("combine_common_validates_minus1", "combine_prefill", "common combine modelled with the ROCm twin's -1 "
+       "validation; production turns an interior -1 into M*r-1 (H10)", _combine_common_validates),
+    # attention
+    _m("extra_segment_dropped", "decode", "compressed segment not attended (attention 2.6)", _extra_dropped),
+    _m("segments_separate_softmax", "decode", "one softmax per segment instead of over the union (attention 2.6)",
+       _separate_softmaxes),
+    _m("sink_wrong_sign", "decode", "sigmoid(lse + sink) (attention 2.3)", _sink_negated),
+    _m("sink_scaled", "decode", "sink multiplied by the softmax scale (H14)", _sink_scaled),
+    _m("lse_base2", "decode", "LSE returned in base 2 (FlashMLA README, H1)", _lse_base2),
+    _m("lse_plus_inf_lonely_unconverted", "decode", "FlashMLA's +inf empty-row LSE not converted (H1)", _lse_plus_inf_lonely),
+    _m("lonely_query_nan", "decode", "0/0 for a query with no valid key (attention 2.4)", _lonely_nan),
+    _m("rowsum_in_bf16", "decode", "softmax row sum accumulated in bf16 (attention 4.1: L stays fp32)",
+       lambda c: _dense(c, sum_bf16=True)),
+    _m("rope_dims_excluded_from_v", "decode", "V = NoPE dims only (V3.2 convention; DSv4 V is 512 wide)", _rope_dims_not_in_v),
+    _m("invalid_rows_not_zeroed", "decode", "unreferenced NaN rows leak through 0*NaN (attention 2.7, FMLA zero-fill)",
+       lambda c: _dense(c, zero_invalid=False)),
+    _m("topk_length_ignored", "decode", "segment lengths ignored: columns past the prefix attended (vLLM#36616)",
+       _topk_length_ignored),
+    _m("prefill_topk_length_ignored", "prefill", "topk_length not passed to the prefill kernel (vLLM#36616)",
+       _topk_length_ignored),
+    _m("oob_index_clamped", "prefill", "out-of-range index clamped into range instead of masked (FlashMLA#184 class)",
+       _oob_clamped, index_rule="any_out_of_range_invalid"),
+    _m("compressor_masked_rows_scored", "compressor", "rows before position 0 keep softmax weight (datapath 5.1 step 3)",
+       _compressor_masked_rows_scored),
+    _m("compressor_normed_rounded_bf16", "compressor", "normed rounded to bf16 in the producer (H9)",
+       _compressor_bf16_normed),
+    # rope / output epilogue
+    _m("rope_separate_multiplies", "rope", "separate fp32 multiplies instead of the FMA contraction (H6)", _rope_separate),
+    _m("inverse_rope_skipped", "inv_rope_fp8", "output quantised without the inverse RoPE (attention 3.3)",
+       lambda c: _epilogue(c, skip_inverse_rope=True)),
+    _m("group_major_read_as_token_major", "inv_rope_fp8", "group-major [G, T, D] codes reinterpreted as [T, G, D] "
+       "(attention 3.3 layout)", lambda c: _epilogue(c, token_major=True)),
+]

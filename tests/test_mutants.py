@@ -1,0 +1,93 @@
+"""The mutation suite: every deliberately wrong implementation in ``tests/mutants.py`` must be
+caught by the kernel matrix's own runner and judges (``oracles.matrix.run_entry``) on the default
+case set of its stage; the reference itself must pass every default case (positive control).
+
+A mutant is *caught* when some default case of its stage gives a ``fail`` verdict (a comparator
+or tolerance said no). Errors and skips do not count: a mutant that crashes proves nothing about
+the judges. Cases are tried in default order and the first failing one is reported.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from dsv4_numerics.oracles import matrix
+from dsv4_numerics.oracles import stages as st
+from dsv4_numerics.reference.cases import default_cases, stages_with_cases
+
+from .mutants import MUTANTS, fp32_compressor_entry, reference_entry
+
+
+@functools.lru_cache(maxsize=None)
+def _cases(stage):
+    return tuple(default_cases(stage))
+
+
+_EXPECTED: dict = {}  # reference outputs shared by every entry judged on the same case objects
+
+
+def _hunt(entry):
+    """(verdict of the catching case or None, rule, case name, results so far)."""
+    seen = []
+    for case in _cases(entry.stage):
+        r = matrix.run_entry(entry, cases=[case], expected_cache=_EXPECTED)[0]
+        seen.append(r)
+        if r.verdict == "fail":
+            return r, seen
+    return None, seen
+
+
+def _table(rows):
+    w = max(len(r[0]) for r in rows)
+    lines = [f"{'mutant':<{w}}  {'stage':<16} {'caught by':<34} case"]
+    lines += [f"{m:<{w}}  {s:<16} {rule:<34} {case}" for m, s, rule, case in rows]
+    return "\n".join(lines)
+
+
+def test_every_mutant_is_caught(matrix_results, capsys):
+    assert len(MUTANTS) >= 20
+    rows, survivors = [], []
+    for m in MUTANTS:
+        caught, seen = _hunt(m)
+        if caught is not None:
+            matrix_results(caught)
+            rows.append((m.name, m.stage, caught.rule, caught.case))
+        else:
+            why = "; ".join(f"{r.case}: {r.verdict} {r.rule} {r.message[:80]}" for r in seen if r.verdict != "pass")
+            rows.append((m.name, m.stage, "SURVIVED", why or "passed every default case"))
+            survivors.append(m)
+    score = (len(MUTANTS) - len(survivors)) / len(MUTANTS)
+    with capsys.disabled():
+        print(f"\nmutation score {score:.0%} ({len(MUTANTS) - len(survivors)}/{len(MUTANTS)})\n" + _table(rows))
+    assert not survivors, (
+        f"{len(survivors)} mutant(s) survived -- the default cases or judges are too weak for: "
+        + ", ".join(f"{m.name} ({m.bug})" for m in survivors) + "\n" + _table(rows))
+
+
+@pytest.mark.parametrize("stage", [s for s in stages_with_cases() if s in st.STAGES])
+def test_reference_passes_every_default_case(stage, matrix_results):
+    results = matrix_results(matrix.run_entry(reference_entry(stage, memo=_EXPECTED), cases=_cases(stage),
+                                                    expected_cache=_EXPECTED))
+    bad = [r.line() for r in results if r.verdict != "pass"]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [s for s in ("decode", "prefill", "v32_decode", "dense_mla_decode",
+                                               "dense_mla_prefill") if s in st.STAGES])
+def test_same_precision_emulation_passes_its_tier(stage, matrix_results):
+    # the oracle's bf16_p mode is the precision model the tier-A records were derived from: it must
+    # pass them (and the three-output rule) on every default case, or the records are too tight
+    results = matrix_results(matrix.run_entry(reference_entry(stage, bf16_p=True, memo=_EXPECTED), cases=_cases(stage),
+                                              expected_cache=_EXPECTED))
+    bad = [r.line() for r in results if r.verdict != "pass"]
+    assert not bad, "\n".join(bad)
+
+
+def test_fp32_compressor_model_passes_its_tolerance(matrix_results):
+    results = matrix_results(matrix.run_entry(fp32_compressor_entry(), cases=_cases("compressor"),
+                                              expected_cache=_EXPECTED))
+    bad = [r.line() for r in results if r.verdict != "pass"]
+    assert not bad, "\n".join(bad)
