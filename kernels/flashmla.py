@@ -1,0 +1,270 @@
+"""FlashMLA sparse attention (MODEL1 = DSv4) as vLLM 0.33.0 ships and calls it.
+
+Source: ``vllm.third_party.flashmla.flash_mla_interface`` (vendored FlashMLA, "vFMLA"; the
+compiled ops live in ``vllm/_flashmla_C.abi3.so``), reachable on a GPU machine without vLLM via
+``shared/tools/stage-vllm-kernels DEST --parts flashmla`` and ``PYTHONPATH=DEST``.
+
+Entries (one canonical call per stage; attention.md 5 gives the argument mapping):
+
+``flashmla.sparse_decode.sm90`` / ``.sm100`` -- ``flash_mla_with_kvcache`` (stage ``decode``).
+    Called as vLLM's ``DeepseekV4FlashMLAAttention._forward_decode`` does
+    (``V:models/deepseek_v4/nvidia/flashmla.py:174-264``): every query token is its own batch row
+    (``q.unsqueeze(1)``: ``b = T``, ``s_q = 1``), so ``topk_length [b]`` and
+    ``extra_topk_length [b]`` are per token (FlashMLA decode lengths are per batch row,
+    ``sparse_decode.h:307,310``); main cache = SWA cache ``[nb, bs, 1, 584]`` (stride(1) must be
+    584, ``sparse_decode.h:296-303``), extra cache = compressed cache; ``head_dim_v = 512``,
+    ``is_fp8_kvcache = True``, ``block_table = cache_seqlens = None``, a fresh
+    ``get_mla_metadata()`` schedule per call (a schedule may only be reused for identical shapes
+    *and* lengths, ``flash_mla_interface.py:89``, H17).
+``flashmla.sparse_prefill.sm90`` / ``.sm100`` -- ``flash_mla_sparse_fwd`` (stage ``prefill``).
+    On the gathered bf16 rows ``kv [S, 1, 512]`` with ``indices [T, 1, K]`` and
+    ``topk_length [T]`` (``V:.../nvidia/flashmla.py:390-398``).
+
+Conversions both ways (done here, so the judge sees the oracle's conventions):
+    * heads padded to 64 or 128 (vLLM ``get_padded_num_q_heads``, ``flashmla.py:77-85``) with
+      zero q and ``-inf`` sink, padded heads sliced off the outputs;
+    * index tables padded with ``-1`` to a multiple of 64 (decode main and extra,
+      ``splitkv_mla.cuh:689`` ``topk % TOPK_BLOCK_SIZE``) or 128 (prefill; vLLM pads the
+      combined width to 128, ``flashmla.py:316``), indices cast to int32;
+    * LSE: decode returns a ``[b, h_q, s_q]`` transposed view, prefill ``[s_q, h_q]``; both
+      natural log, sink-free, ``+inf`` for a query without any valid key (attention 2.2).
+      Returned as ``lse [T, H]`` float32 with ``-inf`` for lonely queries (the oracle's
+      convention); prefill also returns ``max_logits [T, H]`` (already ``-inf`` when lonely);
+    * ``out`` is the kernel's bf16 ``[T, H, 512]``.
+
+Cases outside the kernels' contract raise ``UnsupportedCase`` (a skip, never a pass):
+    * decode: an index inside a row's length prefix that is neither ``-1`` nor a slot of the
+      cache -- FlashMLA decode uses it as an address (``splitkv_mla.cuh:531-540``, H2);
+    * prefill: a *valid* index after ``topk_length`` pointing at a row with NaN -- the documented
+      "extremely rare" NaN leak (``flash_mla_interface.py:239-240``);
+    * more than 128 query heads.
+Page starts must be 16-byte aligned for the kernel's 128-bit loads; a case whose page stride is
+not a multiple of 16 is repacked (same record bytes, different inter-page padding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4_numerics.reference.cache_model1 import kernel_view
+from dsv4_numerics.reference.errors import UnsupportedCase
+from dsv4_numerics.reference.policies import IndexRule, LseConvention, NanPolicy, Ue8m0Consumer
+
+from . import probe as P
+from .canonical import PagedSegment, decode_inputs, prefill_inputs
+from .convert import (
+    FLASHMLA_HEADS,
+    aligned_pages,
+    lengths_int32,
+    lse_plus_inf_to_minus_inf,
+    out_of_contract_indices,
+    pad_heads,
+    pad_topk,
+    padded_heads,
+)
+from .registry import KernelEntry
+
+INTERFACE = "vllm.third_party.flashmla.flash_mla_interface"
+SO_MODULE = "vllm._flashmla_C"
+DECODE_TOPK_BLOCK = 64  # SM90 decode TOPK_BLOCK_SIZE; SM100 head64 B_TOPK (kernel.cuh:859-860)
+PREFILL_TOPK_BLOCK = 128  # SM90 prefill phase1.cuh:577; vLLM rounds the combined width to 128
+
+
+def _probe(*archs: str) -> P.Probe:
+    return P.chain(
+        P.needs_arch(*archs),
+        P.needs_staged_vllm(INTERFACE),
+        P.needs_import(SO_MODULE),  # the .so loads into this torch (OSError reported verbatim)
+        P.needs_import(INTERFACE),
+    )
+
+
+def _interface():
+    from importlib import import_module
+
+    return import_module(INTERFACE)
+
+
+def _cache_for_kernel(seg: PagedSegment) -> torch.Tensor:
+    """``[nb, bs, 1, 584]`` view (stride(1) == 584), 16-byte aligned pages."""
+    view = kernel_view(seg.cache, seg.block_size).unsqueeze(2)
+    return aligned_pages(view)
+
+
+def _check_minus1_only(seg: PagedSegment, name: str) -> None:
+    bad = out_of_contract_indices(seg.idx, seg.length, seg.num_slots, allow_minus1_only=True)
+    if bad:
+        raise UnsupportedCase(
+            f"FlashMLA decode treats only -1 as an invalid index (IndexRule.minus1_only); {bad} "
+            f"{name} index value(s) inside the length prefix are neither -1 nor a slot in "
+            f"[0, {seg.num_slots}) and would be used as addresses (attention 2.4, H2)")
+
+
+def sparse_decode_call(case) -> dict[str, torch.Tensor]:
+    """Canonical ``decode`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H]}`` via
+    ``flash_mla_with_kvcache`` (module docstring)."""
+    fn = "flashmla.sparse_decode"
+    d = decode_inputs(case, fn)
+    t, h = d.q.shape[0], d.q.shape[1]
+    _check_minus1_only(d.main, "SWA")
+    if d.extra is not None:
+        _check_minus1_only(d.extra, "compressed")
+    hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse decode")
+    if d.main.idx.shape[1] == 0:
+        raise UnsupportedCase("FlashMLA sparse decode needs a main segment with topk > 0 "
+                              "(sparse_decode.h TORCH_CHECK(topk > 0))")
+    q, sink = pad_heads(d.q, d.sink, hp)
+    q = q.unsqueeze(1)  # [b=T, s_q=1, hp, 512], contiguous
+    indices = pad_topk(d.main.idx, DECODE_TOPK_BLOCK).unsqueeze(1)  # [T, 1, K']
+    topk_length = lengths_int32(d.main.length, t, fn, "swa_lens")
+    kw = {}
+    if d.extra is not None and d.extra.idx.shape[1] > 0:
+        kw = dict(
+            extra_k_cache=_cache_for_kernel(d.extra),
+            extra_indices_in_kvcache=pad_topk(d.extra.idx, DECODE_TOPK_BLOCK).unsqueeze(1),
+            extra_topk_length=lengths_int32(d.extra.length, t, fn, "extra_lens"),
+        )
+    fm = _interface()
+    sched, _ = fm.get_mla_metadata()
+    out, lse = fm.flash_mla_with_kvcache(
+        q=q,
+        k_cache=_cache_for_kernel(d.main),
+        block_table=None,
+        cache_seqlens=None,
+        head_dim_v=q.shape[-1],
+        tile_scheduler_metadata=sched,
+        softmax_scale=d.scale,
+        is_fp8_kvcache=True,
+        indices=indices,
+        attn_sink=sink,
+        topk_length=topk_length,
+        **kw,
+    )
+    # out [T, 1, hp, 512]; lse is a [b=T, hp, s_q=1] view of a [T, 1, hp] buffer
+    return {
+        "out": out[:, 0, :h],
+        "lse": lse_plus_inf_to_minus_inf(lse[:, :h, 0].float()),
+    }
+
+
+def _check_prefill_nan_leak(kv: torch.Tensor, idx: torch.Tensor, length: torch.Tensor | None) -> None:
+    if length is None or idx.numel() == 0:
+        return
+    s = kv.shape[0]
+    k = idx.shape[1]
+    cols = torch.arange(k, device=idx.device).unsqueeze(0)
+    beyond = cols >= length.to(idx.device).unsqueeze(1)
+    i64 = idx.to(torch.int64)
+    valid = (i64 >= 0) & (i64 < s) & beyond
+    if not bool(valid.any()):
+        return
+    nan_rows = torch.isnan(kv.float()).any(dim=1)
+    hits = nan_rows[i64.clamp(0, max(s - 1, 0))] & valid
+    if bool(hits.any()):
+        raise UnsupportedCase(
+            f"{int(hits.sum())} valid index(es) after topk_length point at rows containing NaN: "
+            "FlashMLA prefill documents that its output may then contain NaN "
+            "(flash_mla_interface.py:239-240, attention 2.5) -- outside the kernel's contract")
+
+
+def sparse_prefill_call(case) -> dict[str, torch.Tensor]:
+    """Canonical ``prefill`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H],
+    "max_logits": f32 [T,H]}`` via ``flash_mla_sparse_fwd`` (module docstring)."""
+    fn = "flashmla.sparse_prefill"
+    p = prefill_inputs(case, fn)
+    t, h = p.q.shape[0], p.q.shape[1]
+    _check_prefill_nan_leak(p.kv, p.idx, p.length)
+    hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse prefill")
+    q, sink = pad_heads(p.q, p.sink, hp)
+    if p.kv.shape[0] == 0:
+        raise UnsupportedCase("FlashMLA sparse prefill needs at least one kv row (s_kv > 0)")
+    lo, hi = int(torch.iinfo(torch.int32).min), int(torch.iinfo(torch.int32).max)
+    if p.idx.numel() and (int(p.idx.min()) < lo or int(p.idx.max()) > hi):
+        raise UnsupportedCase("FlashMLA sparse prefill takes int32 indices; the case has values "
+                              "outside int32")
+    idx = pad_topk(p.idx, PREFILL_TOPK_BLOCK, minimum=PREFILL_TOPK_BLOCK).unsqueeze(1)  # [T, 1, K']
+    kv = p.kv
+    if kv.stride(-1) != 1:
+        kv = kv.contiguous()
+    fm = _interface()
+    out, max_logits, lse = fm.flash_mla_sparse_fwd(
+        q=q,
+        kv=kv.unsqueeze(1),
+        indices=idx,
+        sm_scale=p.scale,
+        d_v=q.shape[-1],
+        attn_sink=sink,
+        topk_length=lengths_int32(p.length, t, fn, "topk_length"),
+    )
+    return {
+        "out": out[:, :h],
+        "lse": lse_plus_inf_to_minus_inf(lse[:, :h].float()),
+        "max_logits": max_logits[:, :h].float(),
+    }
+
+
+_COMMON = {
+    "lse": LseConvention.NATURAL_SINKFREE.value,
+    "nan": NanPolicy.PROPAGATE.value,
+    "output_inv_roped": "false",
+}
+_DECODE_POLICIES = {**_COMMON, "index_rule": IndexRule.MINUS1_ONLY.value,
+                    "ue8m0": Ue8m0Consumer.FLASHMLA.value}
+_PREFILL_POLICIES = {**_COMMON, "index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value}
+
+_SM100 = ("sm100", "sm103")
+
+ENTRIES: list[KernelEntry] = [
+    KernelEntry(
+        name="flashmla.sparse_decode.sm90",
+        stage="decode",
+        family="CUDA",
+        source=f"{INTERFACE}.flash_mla_with_kvcache (sm90/decode/sparse_fp8, MODEL1)",
+        archs=("sm90",),
+        dtypes=("bfloat16", "uint8"),
+        policies=dict(_DECODE_POLICIES),
+        tolerance_scope="flashmla.sparse_decode",
+        probe=_probe("sm90"),
+        call=sparse_decode_call,
+        notes="h_q padded to 64/128; b = T tokens with s_q = 1 (vLLM's call); lengths per batch row",
+    ),
+    KernelEntry(
+        name="flashmla.sparse_decode.sm100",
+        stage="decode",
+        family="CUDA",
+        source=f"{INTERFACE}.flash_mla_with_kvcache (sm100/decode/head64, head128 small-topk)",
+        archs=_SM100,
+        dtypes=("bfloat16", "uint8"),
+        policies=dict(_DECODE_POLICIES),
+        tolerance_scope="flashmla.sparse_decode",
+        probe=_probe(*_SM100),
+        call=sparse_decode_call,
+        notes="SM100 uses lazy rescaling (attention 4.1); same call as sm90",
+    ),
+    KernelEntry(
+        name="flashmla.sparse_prefill.sm90",
+        stage="prefill",
+        family="CUDA",
+        source=f"{INTERFACE}.flash_mla_sparse_fwd (sm90/prefill/sparse)",
+        archs=("sm90",),
+        dtypes=("bfloat16",),
+        policies=dict(_PREFILL_POLICIES),
+        tolerance_scope="flashmla.sparse_prefill",
+        probe=_probe("sm90"),
+        call=sparse_prefill_call,
+        notes="top-k padded to a multiple of 128 with -1",
+    ),
+    KernelEntry(
+        name="flashmla.sparse_prefill.sm100",
+        stage="prefill",
+        family="CUDA",
+        source=f"{INTERFACE}.flash_mla_sparse_fwd (sm100/prefill/sparse head64/head128)",
+        archs=_SM100,
+        dtypes=("bfloat16",),
+        policies=dict(_PREFILL_POLICIES),
+        tolerance_scope="flashmla.sparse_prefill",
+        probe=_probe(*_SM100),
+        call=sparse_prefill_call,
+        notes="top-k padded to a multiple of 128 with -1",
+    ),
+]

@@ -1,0 +1,256 @@
+"""Availability probes for kernel entries: ``None`` means "can run here", a string says why not.
+
+A probe answers one question honestly and names the missing piece: the Python package (and the
+version that is installed, when one is), the staged vLLM kernels, the GPU, its architecture, or a
+shared library that is present but does not load. Probes compose with :func:`first_reason`.
+
+Rules every probe here follows:
+
+* importing this module initialises nothing: no CUDA context, no production import. All work
+  happens when a probe is *called*;
+* results are cached per process (``functools.lru_cache``): the answer cannot change while the
+  process lives, and a probe may be asked once per test item;
+* a probe never raises for "not available"; it returns the reason. A probe that raises is a bug
+  (:meth:`kernels.registry.KernelEntry.available` still turns it into a reason that says so).
+
+Architecture names used by registry entries (``KernelEntry.archs``):
+``sm90`` (H100/H200, CC 9.x), ``sm100`` (B200/GB200, CC 10.0), ``sm103`` (B300, CC 10.3),
+``sm107`` (CC 10.7), ``sm120`` (RTX Pro 6000, CC 12.0), ``sm121`` (DGX Spark, CC 12.1),
+``gfx942`` / ``gfx950`` (ROCm MI300 / MI355), ``any-cuda`` (any NVIDIA GPU) and ``any-gpu``
+(any CUDA or ROCm GPU; Triton kernels that also run on NVIDIA).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+Probe = Callable[[], "str | None"]
+
+# Compute capability -> architecture name (spec README section 5; FlashInfer
+# `_resolve_dsv4_sparse_mla_backend`, FI mla/_core.py:1293-1333, uses exactly these pairs).
+CC_ARCH = {
+    (9, 0): "sm90",
+    (10, 0): "sm100",
+    (10, 3): "sm103",
+    (10, 7): "sm107",
+    (12, 0): "sm120",
+    (12, 1): "sm121",
+}
+CUDA_ARCHS = frozenset(CC_ARCH.values()) | {"any-cuda"}
+ROCM_ARCHS = frozenset({"gfx942", "gfx950"})
+ALL_ARCHS = CUDA_ARCHS | ROCM_ARCHS | {"any-gpu", "cpu"}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the visible device 0 is. ``present`` False means no usable GPU (``why`` says why)."""
+
+    present: bool
+    vendor: str = ""  # "cuda" or "rocm"
+    name: str = ""
+    capability: tuple[int, int] | None = None
+    arch: str = ""  # "sm90", "gfx942", ... ("" if unknown)
+    why: str = ""
+
+    def describe(self) -> str:
+        if not self.present:
+            return self.why or "no GPU visible"
+        if self.vendor == "rocm":
+            return f"{self.arch or 'unknown gfx'} {self.name}".strip()
+        cc = f"sm{self.capability[0]}{self.capability[1]}" if self.capability else "sm??"
+        return f"{cc} {self.name}".strip()
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_info() -> GpuInfo:
+    """Describe GPU 0 of this process (after ``CUDA_VISIBLE_DEVICES``). Cached; never raises."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a hard dependency
+        return GpuInfo(False, why=f"torch not importable ({e})")
+    try:
+        if not torch.cuda.is_available():
+            if torch.version.cuda is None and torch.version.hip is None:
+                return GpuInfo(False, why=f"no GPU visible; torch {torch.__version__} is a CPU-only build")
+            return GpuInfo(False, why=f"no GPU visible to torch {torch.__version__} "
+                                      f"(CUDA {torch.version.cuda}, HIP {torch.version.hip})")
+        name = torch.cuda.get_device_name(0)
+        cap = tuple(torch.cuda.get_device_capability(0))
+        if torch.version.hip is not None:
+            props = torch.cuda.get_device_properties(0)
+            gcn = str(getattr(props, "gcnArchName", "")).split(":")[0]
+            return GpuInfo(True, "rocm", name, cap, gcn)
+        return GpuInfo(True, "cuda", name, cap, CC_ARCH.get(cap, f"sm{cap[0]}{cap[1]}"))
+    except Exception as e:  # a broken driver is a reason, not a crash
+        return GpuInfo(False, why=f"GPU query failed: {type(e).__name__}: {e}")
+
+
+def arch_reason(archs: Iterable[str]) -> str | None:
+    """``None`` if GPU 0 matches one of ``archs``; otherwise e.g.
+    ``"needs sm100/sm103 (found sm90 NVIDIA H200)"`` or ``"needs ROCm gfx942 (found CUDA ...)"``."""
+    archs = tuple(archs)
+    unknown = [a for a in archs if a not in ALL_ARCHS]
+    if unknown:
+        return f"unknown architecture name(s) {unknown} in the entry (known: {sorted(ALL_ARCHS)})"
+    if "cpu" in archs:
+        return None
+    info = gpu_info()
+    want = "/".join(archs)
+    rocm_only = all(a in ROCM_ARCHS for a in archs)
+    if not info.present:
+        return f"needs {'ROCm ' if rocm_only else ''}{want} GPU ({info.describe()})"
+    if "any-gpu" in archs:
+        return None
+    if info.vendor == "rocm":
+        if info.arch in archs:
+            return None
+        return f"needs {want} (found ROCm {info.describe()})"
+    if "any-cuda" in archs or info.arch in archs:
+        return None
+    if rocm_only:
+        return f"needs ROCm {want} (found CUDA {info.describe()})"
+    return f"needs {want} (found {info.describe()})"
+
+
+def dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _find_spec(module: str):
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a missing parent package raises here
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def module_reason(module: str, dist: str | None = None, min_version: str | None = None) -> str | None:
+    """``None`` if ``module`` can be found (without importing it); else ``"<dist> not installed
+    (module <module>)"``. With ``min_version``, an older installed distribution is a reason too."""
+    label = dist or module
+    if _find_spec(module) is None:
+        return f"{label} not installed (module {module} not importable)"
+    if dist and min_version:
+        have = dist_version(dist)
+        if have is not None and _version_tuple(have) < _version_tuple(min_version):
+            return f"{dist} {have} installed, needs >= {min_version}"
+    return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.replace("+", ".").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if digits == "":
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def staged_vllm_reason(module: str) -> str | None:
+    """The vLLM file ``module`` is importable, either from an installed vLLM or from a folder
+    staged by ``shared/tools/stage-vllm-kernels`` on ``PYTHONPATH``. Found without importing."""
+    if _find_spec(module) is not None:
+        return None
+    have = dist_version("vllm")
+    if have is not None:
+        return f"vllm {have} installed but {module} not importable (needs vllm 0.33.0 DSv4 sources)"
+    return (f"vllm not installed and no staged vLLM kernels on PYTHONPATH ({module} not importable;"
+            f" stage with shared/tools/stage-vllm-kernels)")
+
+
+@functools.lru_cache(maxsize=None)
+def import_reason(module: str) -> str | None:
+    """Actually import ``module`` (e.g. a compiled ``.so``); ``None`` on success, else the loader's
+    message (``OSError`` from ``dlopen``, undefined symbols, missing CUDA runtime, ...).
+
+    Call this last in a probe chain: it has the side effects of an import."""
+    try:
+        importlib.import_module(module)
+    except OSError as e:
+        return f"{module} failed to load: OSError: {e}"
+    except ImportError as e:
+        return f"{module} failed to import: {e}"
+    except Exception as e:  # a library whose init raises (e.g. no driver) is "not available"
+        return f"{module} failed to import: {type(e).__name__}: {e}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def torch_op_reason(namespace: str, op: str) -> str | None:
+    """``torch.ops.<namespace>.<op>`` is registered (after the library was loaded)."""
+    import torch
+
+    try:
+        getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError) as e:
+        return f"torch.ops.{namespace}.{op} is not registered ({type(e).__name__})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_reason(name: str) -> str | None:
+    """This torch build has ``torch.<name>`` (e.g. ``float8_e4m3fnuz``)."""
+    import torch
+
+    if getattr(torch, name, None) is None:
+        return f"torch {torch.__version__} has no torch.{name}"
+    return None
+
+
+def first_reason(*probes: Probe) -> str | None:
+    """Run ``probes`` in order; the first non-``None`` reason wins (cheap checks first)."""
+    for p in probes:
+        r = p()
+        if r:
+            return r
+    return None
+
+
+def chain(*probes: Probe) -> Probe:
+    """A cached probe that is the conjunction of ``probes`` (see :func:`first_reason`)."""
+
+    @functools.lru_cache(maxsize=None)
+    def probe() -> str | None:
+        return first_reason(*probes)
+
+    return probe
+
+
+def needs_arch(*archs: str) -> Probe:
+    return lambda: arch_reason(archs)
+
+
+def needs_module(module: str, dist: str | None = None, min_version: str | None = None) -> Probe:
+    return lambda: module_reason(module, dist, min_version)
+
+
+def needs_staged_vllm(module: str) -> Probe:
+    return lambda: staged_vllm_reason(module)
+
+
+def needs_import(module: str) -> Probe:
+    return lambda: import_reason(module)
+
+
+def needs_torch_op(namespace: str, op: str) -> Probe:
+    return lambda: torch_op_reason(namespace, op)
+
+
+def needs_dtype(name: str) -> Probe:
+    return lambda: dtype_reason(name)
+
+
+def reset_caches() -> None:
+    """Forget cached answers (tests only)."""
+    for f in (gpu_info, module_reason, staged_vllm_reason, import_reason, torch_op_reason, dtype_reason):
+        f.cache_clear()

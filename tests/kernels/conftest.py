@@ -1,0 +1,81 @@
+"""Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
+
+``kernel_results(entry_name)`` runs every default case of the entry's stage in child processes
+(``fixtures/kernel_worker.py``) the first time it is asked, caches the per-case results for the
+session, and returns ``{case name: result dict}``. A kernel crash fails the case that crashed and
+nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
+xdist worker), so ``cuda:0`` in the child is this worker's GPU.
+
+``run_cases_isolated(entry_name, cases, mode="raw")`` is the same mechanism for an explicit list of
+cases (GPU fuzz tests draw a batch of cases, run them in one child, and compare the outputs in
+their own process): it returns ``{case name: result}``; in ``raw`` mode each result carries
+``outputs_file`` (``torch.load`` it) or an ``error`` verdict with the crash message.
+
+Environment: ``DSV4_KERNEL_DEVICE`` (default ``cuda:0``), ``DSV4_KERNEL_CASE_TIMEOUT`` (seconds,
+default 180), ``DSV4_KERNEL_WORKDIR`` (keep the child logs there instead of a temp folder).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    # pytest-xdist registers xdist_group itself; register it too so --strict-markers never
+    # rejects the matrix when xdist is absent (plain `pytest tests/kernels`).
+    config.addinivalue_line("markers", "xdist_group(name): run all items of a group on one xdist worker")
+
+
+_CACHE: dict[str, dict[str, dict]] = {}
+
+
+def _workdir(tag: str) -> str:
+    base = os.environ.get("DSV4_KERNEL_WORKDIR")
+    if base:
+        p = Path(base) / tag
+        p.mkdir(parents=True, exist_ok=True)
+        return str(p)
+    return tempfile.mkdtemp(prefix=f"dsv4-{tag}-")
+
+
+def _device() -> str:
+    return os.environ.get("DSV4_KERNEL_DEVICE", "cuda:0")
+
+
+@pytest.fixture(scope="session")
+def kernel_results():
+    from dsv4_numerics.fixtures.kernel_worker import run_isolated
+    from dsv4_numerics.kernels import registry
+    from dsv4_numerics.reference.cases import default_cases
+
+    def get(entry_name: str) -> dict[str, dict]:
+        if entry_name not in _CACHE:
+            entry = registry.get(entry_name)
+            names = [c.name for c in default_cases(entry.stage)]
+            _CACHE[entry_name] = run_isolated(entry_name, names, device=_device(),
+                                              workdir=_workdir(entry_name))
+        return _CACHE[entry_name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def run_cases_isolated():
+    from dsv4_numerics.fixtures.kernel_worker import run_isolated
+
+    counter = [0]
+
+    def run(entry_name: str, cases, mode: str = "raw", case_timeout_s: float | None = None):
+        counter[0] += 1
+        wd = _workdir(f"{entry_name}-batch{counter[0]}")
+        path = os.path.join(wd, "cases.pt")
+        torch.save(list(cases), path)
+        return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
+                            mode=mode, case_timeout_s=case_timeout_s, workdir=wd)
+
+    return run
