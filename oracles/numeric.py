@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from dsv4_numerics.reference.detmath import fixed_sum
 from dsv4_numerics.reference.errors import InputError, check_tensor, fail
 
 # Format name -> (fraction bits, minimum normal exponent). Used for ulp arithmetic only.
@@ -191,10 +192,10 @@ def cos_diff(got: torch.Tensor, ref: torch.Tensor) -> float:
     """
     a = got.detach().to(torch.float64)
     r = ref.detach().to(torch.float64)
-    den = float((a * a).sum() + (r * r).sum())
+    den = float(fixed_sum(a * a) + fixed_sum(r * r))  # fixed order: same figure on every host
     if den == 0.0:
         return 0.0
-    return 1.0 - 2.0 * float((a * r).sum()) / den
+    return 1.0 - 2.0 * float(fixed_sum(a * r)) / den
 
 
 def compare(

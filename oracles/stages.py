@@ -62,6 +62,7 @@ import torch
 from dsv4_numerics.reference import cache_model1, cache_plain
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, ROPE_DIM
+from dsv4_numerics.reference.detmath import fixed_sum
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
@@ -431,7 +432,7 @@ def v_rms(segments: list, num_tokens: int, d_v: int) -> float:
             continue
         x = seg.rows.index_select(0, ids.to(seg.rows.device))[:, :d_v].to(torch.float64)
         x = x[torch.isfinite(x)]
-        sq += float((x * x).sum())
+        sq += float(fixed_sum(x * x))  # fixed order (derive.py records depend on it)
         n += x.numel()
     return math.sqrt(sq / n) if n else 0.0
 

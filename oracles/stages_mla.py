@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from dsv4_numerics.reference.attention import _logits
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import check_tensor, fail
 from dsv4_numerics.reference.mla_dense import dense_kv_rows, dense_token_indices
@@ -95,7 +96,8 @@ def fp8_logit_magnitude(case: Case) -> float:
         if n == 0:
             continue
         k = rows[idx[t, :n].long()]  # [n, d], all finite (visible positions are never poisoned)
-        worst = max(worst, float((qa[t] @ k.T).max()) * bmm1)
+        # sum_i |q_i k_ji| accumulated over i = 0..d-1 in order (fixed order: no matmul)
+        worst = max(worst, float(_logits(qa[t][None], k[None], 1.0).max()) * bmm1)
     return worst
 
 

@@ -300,9 +300,10 @@ def logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _seq_sum_last(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last axis in the fixed order k = 0, 1, ... (x: [c, H, K] float64)."""
+    """Sum over the last axis in the fixed order k = 0, 1, ... (x: [c, H, K] float64; the
+    accumulator has x's dtype, so float32 input gives an fp32 chain: ``oracles/derive.py``)."""
     xt = x.permute(2, 0, 1).contiguous()
-    acc = torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
+    acc = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for k in range(xt.shape[0]):
         acc.add_(xt[k])
     return acc
@@ -311,11 +312,12 @@ def _seq_sum_last(x: torch.Tensor) -> torch.Tensor:
 def _seq_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``sum_k p[:, :, k, None] * v[:, k, None, :]`` in the fixed order k = 0, 1, ...
 
-    p: [c, H, K] float64; v: [c, K, dv] float64 -> [c, H, dv]."""
+    p: [c, H, K] float64; v: [c, K, dv] float64 -> [c, H, dv] (both float32: each product is
+    rounded to fp32, then added to an fp32 accumulator; ``oracles/derive.py``)."""
     c, H, K = p.shape
     dv = v.shape[2]
     pt = p.permute(2, 0, 1).contiguous()  # [K, c, H]
-    acc = torch.zeros(c, H, dv, dtype=torch.float64, device=p.device)
+    acc = torch.zeros(c, H, dv, dtype=p.dtype, device=p.device)
     tmp = torch.empty_like(acc)
     for k in range(K):
         torch.mul(pt[k].unsqueeze(2), v[:, k].unsqueeze(1), out=tmp)
@@ -346,12 +348,13 @@ def _gather(segs: list[_Seg], t0: int, t1: int, nan_policy: NanPolicy) -> tuple[
 
 def _logits(qc: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale * <q, K>`` with the dot product accumulated over d = 0..D-1 in order.
-    qc [c, H, D], g [c, K, D] (float64) -> [c, H, K]."""
+    qc [c, H, D], g [c, K, D] (float64) -> [c, H, K] (float32 operands: an fp32 chain,
+    ``oracles/derive.py``)."""
     c, H, D = qc.shape
     K = g.shape[1]
     qt = qc.permute(2, 0, 1).contiguous()  # [D, c, H]
     gt = g.permute(2, 0, 1).contiguous()  # [D, c, K]
-    acc = torch.zeros(c, H, K, dtype=torch.float64, device=qc.device)
+    acc = torch.zeros(c, H, K, dtype=qc.dtype, device=qc.device)
     tmp = torch.empty_like(acc)
     for d in range(D):
         torch.mul(qt[d].unsqueeze(2), gt[d].unsqueeze(1), out=tmp)

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["det_exp", "det_log", "det_log1p_exp_neg", "pow2_int"]
+__all__ = ["det_exp", "det_log", "det_log1p_exp_neg", "pow2_int", "fixed_sum"]
 
 _LOG2E = 1.4426950408889634  # fl64(1/ln 2)
 # fdlibm's split of ln 2: LN2_HI has 32 significant bits, so k*LN2_HI is exact for |k| < 2**21.
@@ -103,3 +103,21 @@ def det_log(y: torch.Tensor) -> torch.Tensor:
 def det_log1p_exp_neg(d: torch.Tensor) -> torch.Tensor:
     """``log(1 + exp(-d))`` for float64 ``d >= 0`` (the softplus tail of a logaddexp)."""
     return det_log(1.0 + det_exp(-d))
+
+
+def fixed_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of all elements of ``x`` (0-dim, x's dtype) in a fixed pairwise order: the flattened
+    tensor is zero-padded to a power of two and halved, ``v[:h] + v[h:]``, until one element is
+    left. Only elementwise IEEE additions, so the bits are the same on every device, thread
+    count, BLAS and torch version (``torch.sum`` picks its order per backend)."""
+    v = x.reshape(-1)
+    n = v.numel()
+    if n == 0:
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    size = 1 << (n - 1).bit_length()
+    if size != n:
+        v = torch.cat([v, v.new_zeros(size - n)])
+    while v.numel() > 1:
+        h = v.numel() // 2
+        v = v[:h] + v[h:]
+    return v[0]
