@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 from typing import Any, Callable
 
 import torch
@@ -71,7 +70,7 @@ from dsv4_numerics.reference.policies import (
 from .canonical import decode_inputs, prefill_inputs
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, readable_pages
-from .vllm_triton import bool_flags, index_case_builder, int32, staged_triton_probe
+from .vllm_triton import bool_flags, index_case_builder, int32, staged_triton_probe, unstaged_vllm_probe
 
 __all__ = [
     "ENTRIES",
@@ -306,15 +305,8 @@ def _call_builder(module: str, func: str, args: Callable[[dict], dict], names: t
     return call
 
 
-def _layer_probe() -> str | None:
-    try:
-        spec = importlib.util.find_spec(ROCM_LAYER)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return (f"{ROCM_LAYER} not staged: needs a full vLLM ROCm install (it imports the ROCm "
-                "platform, the engine config and aiter)")
-    return staged_triton_probe(ROCM_LAYER)()
+_layer_probe = unstaged_vllm_probe(
+    ROCM_LAYER, "not staged: needs a full vLLM ROCm install (it imports the ROCm platform, the engine config and aiter)")
 
 
 # --------------------------------------------------------------------------- entries

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.util
 from typing import Any, Callable
 
 import torch
@@ -51,7 +50,7 @@ from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP, HEAD_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmetic, ScaleRule, SlotSkip, Ue8m0Consumer
 
-from .probe import chain, needs_arch, needs_import, needs_module, needs_staged_vllm
+from .probe import _find_spec, chain, needs_arch, needs_import, needs_module, needs_staged_vllm
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages, writable_pages
 
@@ -90,6 +89,19 @@ def staged_triton_probe(module: str) -> Callable[[], str | None]:
     and importable (the last step imports it, with the staged stand-ins)."""
     return chain(needs_module("triton"), needs_arch("any-gpu"), needs_staged_vllm(module),
                  needs_import(module))
+
+
+def unstaged_vllm_probe(module: str, missing: str) -> Callable[[], str | None]:
+    """Probe for a vLLM file that ``stage-vllm-kernels`` does not stage (it needs a full vLLM
+    install): ``f"{module} {missing}"`` while ``module`` cannot be found, else
+    :func:`staged_triton_probe` (uncached: the find is repeated on every call)."""
+
+    def probe() -> str | None:
+        if _find_spec(module) is None:
+            return f"{module} {missing}"
+        return staged_triton_probe(module)()
+
+    return probe
 
 
 @functools.lru_cache(maxsize=None)
@@ -563,15 +575,9 @@ def _call_inv_rope(tma_aligned_scales: bool):
     return call
 
 
-def _sparse_swa_probe() -> str | None:
-    try:
-        spec = importlib.util.find_spec(SPARSE_SWA)
-    except (ImportError, ValueError):  # a missing parent package
-        spec = None
-    if spec is None:
-        return (f"{SPARSE_SWA} is not staged (stage-vllm-kernels copies only the DSv4 ops; the SWA "
-                "window kernel lives with the engine's metadata builders): needs a full vLLM 0.33.0 install")
-    return staged_triton_probe(SPARSE_SWA)()
+_sparse_swa_probe = unstaged_vllm_probe(
+    SPARSE_SWA, "is not staged (stage-vllm-kernels copies only the DSv4 ops; the SWA window kernel lives with "
+    "the engine's metadata builders): needs a full vLLM 0.33.0 install")
 
 
 # --------------------------------------------------------------------------- entries

@@ -83,6 +83,20 @@ def _msg(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".strip()
 
 
+def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: dict | None = None) -> dict:
+    """``spec.expected(case, policies)`` (``policies``: the full set, ``spec.policies(...)``),
+    memoised in ``cache`` (when given) under ``(stage, case name, sorted policies)``: the key of
+    :func:`run_entry`'s ``expected_cache``, so any caller sharing that dict computes a reference
+    output once. Exceptions of ``spec.expected`` propagate and nothing is stored."""
+    key = (stage, case.name, tuple(sorted((k, str(v)) for k, v in policies.items())))
+    if cache is not None and key in cache:
+        return cache[key]
+    exp = spec.expected(case, policies)
+    if cache is not None:
+        cache[key] = exp
+    return exp
+
+
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
               expected_cache: dict | None = None) -> list[Result]:
@@ -150,14 +164,8 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
             out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",
                            duration_s=time.perf_counter() - t0))
             continue
-        key = (stage, case.name, tuple(sorted((k, str(v)) for k, v in pol.items())))
         try:
-            if expected_cache is not None and key in expected_cache:
-                exp = expected_cache[key]
-            else:
-                exp = spec.expected(case, pol)
-                if expected_cache is not None:
-                    expected_cache[key] = exp
+            exp = expected_outputs(spec, stage, case, pol, expected_cache)
         except UnsupportedCase as e:
             out.append(res(case.name, "skip", rule="unsupported", message=f"reference: {e}",
                            duration_s=time.perf_counter() - t0))
@@ -185,4 +193,4 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     return out
 
 
-__all__ = ["device_arch", "run_entry"]
+__all__ = ["device_arch", "expected_outputs", "run_entry"]

@@ -113,6 +113,18 @@ def _check_o(fn: str, o: torch.Tensor, heads_per_group: int) -> tuple[int, int, 
     return T, H, H // heads_per_group
 
 
+def _check_exponents(fn: str, exponents: torch.Tensor, heads_per_group: int) -> tuple[int, int]:
+    """Validate the scale packers' arguments (int exponents ``[T, H, 4]``, ``H`` a multiple of
+    ``heads_per_group`` >= 1); returns ``(T, H)``."""
+    check_dtype(fn, "exponents", exponents, (torch.int32, torch.int64))
+    check_int(fn, "heads_per_group", heads_per_group, minimum=1)
+    if exponents.dim() != 3 or exponents.shape[2] != OUT_GROUPS_PER_HEAD or exponents.shape[1] % heads_per_group:
+        fail(fn, "exponents", f"must have shape [T, H, {OUT_GROUPS_PER_HEAD}] with H a multiple of heads_per_group",
+             f"shape {tuple(exponents.shape)}")
+    T, H, _ = exponents.shape
+    return T, H
+
+
 def _token_aligned(T: int) -> int:
     return -(-T // OUT_TOKEN_ALIGN) * OUT_TOKEN_ALIGN
 
@@ -121,12 +133,7 @@ def pack_scales_sm90(exponents: torch.Tensor, heads_per_group: int) -> torch.Ten
     """fp32 MN-major scale view ``[G, T, 4*hpg]`` (strides ``(4*hpg*T_al, 1, T_al)``) from
     exponents ``[T, H, 4]``; padding token columns of the storage are 0.0."""
     fn = "pack_scales_sm90"
-    check_dtype(fn, "exponents", exponents, (torch.int32, torch.int64))
-    check_int(fn, "heads_per_group", heads_per_group, minimum=1)
-    if exponents.dim() != 3 or exponents.shape[2] != OUT_GROUPS_PER_HEAD or exponents.shape[1] % heads_per_group:
-        fail(fn, "exponents", f"must have shape [T, H, {OUT_GROUPS_PER_HEAD}] with H a multiple of heads_per_group",
-             f"shape {tuple(exponents.shape)}")
-    T, H, _ = exponents.shape
+    T, H = _check_exponents(fn, exponents, heads_per_group)
     G, inner, Tal = H // heads_per_group, OUT_GROUPS_PER_HEAD * heads_per_group, _token_aligned(T)
     e = exponents.to(torch.int64)
     # 2**e as fp32 bits (normal range only: e >= -126; eps 1e-10 bounds e >= -42)
@@ -140,12 +147,7 @@ def pack_scales_sm100(exponents: torch.Tensor, heads_per_group: int) -> torch.Te
     """int32 MN-major scale view ``[G, T, hpg]`` (strides ``(hpg*T_al, 1, T_al)``): per head the
     four UE8M0 bytes ``e_i + 127`` packed little-end first; padding columns are 0."""
     fn = "pack_scales_sm100"
-    check_dtype(fn, "exponents", exponents, (torch.int32, torch.int64))
-    check_int(fn, "heads_per_group", heads_per_group, minimum=1)
-    if exponents.dim() != 3 or exponents.shape[2] != OUT_GROUPS_PER_HEAD or exponents.shape[1] % heads_per_group:
-        fail(fn, "exponents", f"must have shape [T, H, {OUT_GROUPS_PER_HEAD}] with H a multiple of heads_per_group",
-             f"shape {tuple(exponents.shape)}")
-    T, H, _ = exponents.shape
+    T, H = _check_exponents(fn, exponents, heads_per_group)
     G, Tal = H // heads_per_group, _token_aligned(T)
     b = (exponents.to(torch.int64) + UE8M0_BIAS) & 0xFF  # [T, H, 4]
     shifts = torch.arange(OUT_GROUPS_PER_HEAD, device=b.device, dtype=torch.int64) * 8

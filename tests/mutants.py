@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from dsv4_numerics.oracles import stages as st
+from dsv4_numerics.oracles.matrix import expected_outputs
 from dsv4_numerics.reference import cache_model1
 from dsv4_numerics.reference.attention import Segment, sparse_attention
 from dsv4_numerics.reference.cases import Case
@@ -65,13 +66,7 @@ def reference_entry(stage: str, policies: dict | None = None, bf16_p: bool = Fal
 
     def call(case: Case) -> dict:
         full = spec.policies(pol)
-        key = (stage, case.name, tuple(sorted((k, str(v)) for k, v in full.items())))
-        if memo is not None and key in memo:
-            e = memo[key]
-        else:
-            e = spec.expected(case, full)
-            if memo is not None:
-                memo[key] = e
+        e = expected_outputs(spec, stage, case, full, memo)
         out = _outputs(e)
         if bf16_p:
             out["out"] = e["_same_precision"].to(torch.bfloat16)

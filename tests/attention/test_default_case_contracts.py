@@ -147,13 +147,38 @@ def test_triton_compressor_adapter_on_default_cases_with_reference_fake(monkeypa
     assert not v.passed and v.rule == "cache:clobber", v
 
 
-def test_compressor_tier_matches_the_fuzz_derivation():
-    """oracles.compressor_tier is E2's test_fuzz_writers model, not a new one: same bound."""
+def test_compressor_tier_is_the_fuzz_tests_tier(monkeypatch):
+    """oracles.compressor_tier is E2's test_fuzz_writers model and the fuzz test judges with it,
+    not with a copy: its bound ``A`` is ``compressor_error_bound``'s rows and its assertion is
+    ``judge_compressed_records``' verdict."""
+    import tests.kernels.test_fuzz_writers as fw
+    from dsv4_numerics.oracles import compressor_tier as ct
     from dsv4_numerics.oracles.compressor_tier import compressor_error_bound
     from dsv4_numerics.reference.compressor import compressor_boundary
     from tests.kernels.test_fuzz_writers import C4_PROD, compressor_expected
 
-    _, _, A = compressor_expected(C4_PROD)
+    assert fw.compressor_error_bound is ct.compressor_error_bound
+    assert fw.judge_compressed_records is ct.judge_compressed_records
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append(ct.compressor_error_bound(*args, **kwargs))
+        return calls[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(fw, "compressor_error_bound", recorded)
+        want, slots, A = compressor_expected(C4_PROD)
+    assert calls and torch.equal(torch.cat(calls), A)
+    init = C4_PROD.case().inputs["cache"]
+    rep = ct.judge_compressed_records(want, want, init, slots, C4_PROD.kv_block_size, A)
+    assert rep.passed and fw.assert_compressor_within_tier(want, want, init, slots, C4_PROD.kv_block_size, A) == \
+        rep.details["bit_identical_records"] == slots.numel()
+    with monkeypatch.context() as m:
+        m.setattr(fw, "judge_compressed_records", lambda *a: ct.TierReport(False, "cache:sentinel", "judge says no"))
+        with pytest.raises(AssertionError, match="cache:sentinel: judge says no"):
+            fw.assert_compressor_within_tier(want, want, init, slots, C4_PROD.kv_block_size, A)
+
+    # and the bound is the model recomputed independently from the reference's boundary rows
     inp, dense = C4_PROD.build()
     pos, req = inp["positions"], inp["token_to_req_indices"].long()
     fires = (inp["slot_mapping"] >= 0) & ((pos + 1) % 4 == 0) & (inp["compressed_slot_mapping"] >= 0)

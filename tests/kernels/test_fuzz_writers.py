@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages
+from dsv4_numerics.oracles.compressor_tier import compressor_error_bound, judge_compressed_records
 from dsv4_numerics.reference.cache_model1 import defined_byte_mask, insert, page_bytes, read_records
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE, TINY_TILE_AMAX
@@ -246,17 +247,10 @@ def test_writer_bytes_match_reference_nonfinite(entry_name, spec):
 # writes compressed 584-byte records from the paged compressor state. Its fp32 ``normed`` differs
 # from the reference's (float64, fixed order, one rounding) because it reduces in fp32 in its own
 # order (tl.softmax, the weighted window sum, the 512-term sum of squares, rsqrt.approx; H7), so
-# its bytes are NOT bit-exact. The judge is a tolerance tier from a rounding-error model of those
-# steps (``compressor_error_bounds``): per dim ``d`` of an entry with window weights ``p_k``,
-#     A[d] = 2**-24 * ((W + 8) * sum_k p_k |kv_k[d]| * rrms * |w[d]| + 520 * |normed[d]|)
-# (W-term weighted sum + softmax and rsqrt error; 512-term variance sum), and
-#   * bytes outside the written records unchanged, pad byte 0;
-#   * RoPE lanes: |got - want| <= A[e] + A[o] + 2**-22 (|e| + |o|) + 1 bf16 ulp (a rotation
-#     does not amplify input errors; one fp32 product rounding for the contraction; the bf16
-#     store rounding);
-#   * UE8M0 scale bytes within 1 (the tile amax moving across a power of two);
-#   * dequantised NoPE values: |got - want| <= A[d] + 1 bf16 ulp + one FP8 step at the coarser
-#     of the two tile scales (an RNE FP8 code moves by at most one step per input step).
+# its bytes are NOT bit-exact. The judge is the compressor tolerance tier of
+# ``oracles.compressor_tier`` (the rounding-error model ``compressor_error_bound`` and the judge
+# ``judge_compressed_records``, documented there) -- the same tier the ``compressor`` StageSpec
+# judges the kernel matrix with.
 
 
 @dataclass(frozen=True)
@@ -344,16 +338,14 @@ def compressor_expected(spec: CompressorSpec) -> tuple[torch.Tensor, torch.Tenso
     """``(cache, written compressed slots, error bound A [M, 512] float64)`` of the reference:
     per request, ``compressor_boundary`` (FMA_TRITON RoPE) of its firing tokens, then
     ``cache_model1.insert`` under Q_A (the Triton compressor's rule, datapath 2.3); ``A`` is the
-    rounding-error model of the section comment, in the order of the written slots."""
-    from dsv4_numerics.reference.compressor import compressor_boundary, state_windows
+    rounding-error model ``oracles.compressor_tier.compressor_error_bound``, in the order of the written slots."""
+    from dsv4_numerics.reference.compressor import compressor_boundary
 
     inp, dense = spec.build()
     pos, slots, cs = inp["positions"], inp["slot_mapping"], inp["compressed_slot_mapping"]
     req = inp["token_to_req_indices"].long()
     fires = (slots >= 0) & ((pos + 1) % spec.ratio == 0) & (cs >= 0)
     cache = inp["cache"]
-    w = inp["rms_norm_weight"].to(torch.float64)
-    W = 8 if spec.ratio == 4 else 128
     all_slots, bounds = [], []
     for r in range(len(spec.seq_lens)):
         sel = fires & (req == r)
@@ -362,73 +354,21 @@ def compressor_expected(spec: CompressorSpec) -> tuple[torch.Tensor, torch.Tenso
         b = compressor_boundary(dense[r], pos[sel], spec.ratio, inp["rms_norm_weight"], inp["rms_norm_eps"],
                                 inp["cos_sin_cache"], "fma_triton")
         cache = insert(cache, b.row_bf16, cs[sel], spec.kv_block_size, "amax_clamp")
-        kv, score, valid = state_windows(dense[r], pos[sel], spec.ratio)
-        p = torch.softmax(torch.where(valid[..., None], score.to(torch.float64),
-                                      torch.tensor(float("-inf"), dtype=torch.float64)), dim=1)
-        comp = (p * kv.to(torch.float64)).sum(1)
-        rrms = 1.0 / torch.sqrt((comp * comp).mean(1, keepdim=True) + inp["rms_norm_eps"])
-        mag = (p * kv.to(torch.float64).abs()).sum(1)
-        bounds.append(2.0**-24 * ((W + 8) * mag * rrms * w.abs() + 520 * b.normed.to(torch.float64).abs()))
+        bounds.append(compressor_error_bound(dense[r], pos[sel], spec.ratio, inp["rms_norm_weight"],
+                                             inp["rms_norm_eps"], b.normed))
         all_slots.append(cs[sel])
     slots_w = torch.cat(all_slots) if all_slots else torch.zeros(0, dtype=torch.int64)
     A = torch.cat(bounds) if bounds else torch.zeros(0, HEAD_DIM, dtype=torch.float64)
     return cache, slots_w, A
 
 
-def _bf16_values(b: torch.Tensor) -> torch.Tensor:
-    """float64 values of little-endian bf16 byte pairs ``[..., 2n]`` -> ``[..., n]``."""
-    bits = (b[..., 0::2].to(torch.int32) | (b[..., 1::2].to(torch.int32) << 8)) << 16
-    return bits.view(torch.float32).to(torch.float64)
-
-
-def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    e = torch.floor(torch.log2(torch.where(x > 0, x, torch.ones_like(x))))
-    return torch.pow(2.0, torch.maximum(e, torch.full_like(e, -126.0)) - 7)
-
-
 def assert_compressor_within_tier(got: torch.Tensor, want: torch.Tensor, initial: torch.Tensor,
                                   slots: torch.Tensor, block_size: int, A: torch.Tensor, what: str = "") -> int:
-    """The compressor tolerance tier (section comment above). Returns the number of records that
-    are bit-identical to the reference (informative)."""
-    from dsv4_numerics.reference.fp8 import decode_e4m3fn
-
-    before = page_bytes(initial.cpu(), block_size)
-    got_b = page_bytes(got.cpu(), block_size)
-    mask = defined_byte_mask(before, slots, block_size, include_pad=True)
-    moved = ~mask & (got_b != before)
-    assert not bool(moved.any()), f"compressor changed {int(moved.sum())} bytes outside its records {what}"
-    if slots.numel() == 0:
-        return 0
-    gd, gs = read_records(got.cpu(), slots, block_size)
-    wd, ws = read_records(want, slots, block_size)
-    assert bool((gs[:, 7] == 0).all()), f"pad byte not 0 {what}"
-    rg, rw = _bf16_values(gd[:, NOPE_DIM:]), _bf16_values(wd[:, NOPE_DIM:])
-    Ar = A[:, NOPE_DIM:]
-    pair = (Ar[:, 0::2] + Ar[:, 1::2]).repeat_interleave(2, dim=1)
-    mag = (rw[:, 0::2].abs() + rw[:, 1::2].abs()).repeat_interleave(2, dim=1)
-    rbound = pair + 2.0**-22 * mag + _ulp_bf16(torch.maximum(rg.abs(), rw.abs()))
-    rover = (rg - rw).abs() > rbound
-    assert not bool(rover.any()), (
-        f"{int(rover.sum())} RoPE lanes beyond the tier, first record/lane {rover.nonzero()[0].tolist()}: got "
-        f"{float(rg[rover][0])} want {float(rw[rover][0])} bound {float(rbound[rover][0])} {what}")
-    ds = (gs[:, :N_TILES].to(torch.int64) - ws[:, :N_TILES].to(torch.int64)).abs()
-    assert int(ds.max()) <= 1, f"scale bytes differ by {int(ds.max())} (> 1) {what}"
-
-    def deq(d, s):
-        v = decode_e4m3fn(d[:, :NOPE_DIM]).to(torch.float64).reshape(-1, N_TILES, TILE)
-        return v * torch.pow(2.0, s[:, :N_TILES].to(torch.float64) - 127).unsqueeze(-1)
-
-    xg, xw = deq(gd, gs), deq(wd, ws)
-    smax = torch.maximum(gs[:, :N_TILES], ws[:, :N_TILES]).to(torch.float64).unsqueeze(-1) - 127
-    m = torch.maximum(xg.abs(), xw.abs())
-    ex = torch.where(m > 0, torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))), smax - 6)
-    step = torch.pow(2.0, torch.maximum(ex, smax - 6) - 3)
-    nbound = step + _ulp_bf16(m) + A[:, :NOPE_DIM].reshape(-1, N_TILES, TILE)
-    over = (xg - xw).abs() > nbound
-    assert not bool(over.any()), (
-        f"{int(over.sum())} NoPE values beyond the tier, first record/tile/elem {over.nonzero()[0].tolist()}: "
-        f"got {float(xg[over][0])} want {float(xw[over][0])} bound {float(nbound[over][0])} {what}")
-    return int(((gd == wd).all(1) & (gs == ws).all(1)).sum())
+    """The compressor tolerance tier (``oracles.compressor_tier.judge_compressed_records``) as an
+    assertion. Returns the number of records that are bit-identical to the reference (informative)."""
+    rep = judge_compressed_records(got, want, initial, slots, block_size, A)
+    assert rep.passed, f"{rep.rule}: {rep.message} {what}"
+    return rep.details.get("bit_identical_records", 0)
 
 
 @st.composite
