@@ -199,6 +199,25 @@ def _writer_clamp(v: torch.Tensor, m: float, nonfinite: NonFinite) -> torch.Tens
 # --------------------------------------------------------------------------- E4M3FN
 
 
+def _encoder_input(fn: str, x, nonfinite, clamp, fmt_max: float):
+    """Validated float64 input of an FP8 encoder, already clamped as the producer clamps it.
+
+    Writer policies apply the writer's ``fminf(fmaxf(v, -M), M)`` with ``M = clamp`` or the
+    format maximum ``fmt_max``; the TORCH policies model a bare cast, clamped only if ``clamp``
+    is given. Returns ``(v, nonfinite, torch_mode)``.
+    """
+    check_tensor(fn, "x", x)
+    nonfinite = _validate_nonfinite(fn, nonfinite)
+    clamp = _validate_clamp(fn, clamp, fmt_max)
+    v = _to_f64(fn, x, nonfinite)
+    torch_mode = nonfinite in (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
+    if not torch_mode:
+        v = _writer_clamp(v, fmt_max if clamp is None else clamp, nonfinite)
+    elif clamp is not None:
+        v = torch.clamp(v, -clamp, clamp)
+    return v, nonfinite, torch_mode
+
+
 def encode_e4m3fn(x: torch.Tensor, nonfinite: NonFinite | str = NonFinite.FINITE,
                   clamp: float | None = None) -> torch.Tensor:
     """Encode ``x`` (any shape; float32/float64/float16/bfloat16) as OCP E4M3FN codes (uint8).
@@ -208,15 +227,7 @@ def encode_e4m3fn(x: torch.Tensor, nonfinite: NonFinite | str = NonFinite.FINITE
     behaviour of each ``nonfinite`` policy and the meaning of ``clamp``. Bit-exact on CPU and GPU.
     """
     fn = "encode_e4m3fn"
-    check_tensor(fn, "x", x)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
-    clamp = _validate_clamp(fn, clamp, E4M3_MAX)
-    v = _to_f64(fn, x, nonfinite)
-    torch_mode = nonfinite in (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
-    if not torch_mode:
-        v = _writer_clamp(v, E4M3_MAX if clamp is None else clamp, nonfinite)
-    elif clamp is not None:
-        v = torch.clamp(v, -clamp, clamp)
+    v, nonfinite, torch_mode = _encoder_input(fn, x, nonfinite, clamp, E4M3_MAX)
     sign = _sign_bit(v).to(torch.int64) << 7
     a = v.abs()
     finite = torch.isfinite(a)
@@ -284,15 +295,7 @@ def encode_e4m3fnuz(x: torch.Tensor, clamp: float | None = None,
     policies: NaN, +-Inf and overflow -> 0x80).
     """
     fn = "encode_e4m3fnuz"
-    check_tensor(fn, "x", x)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
-    clamp = _validate_clamp(fn, clamp, E4M3FNUZ_MAX)
-    v = _to_f64(fn, x, nonfinite)
-    torch_mode = nonfinite in (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
-    if not torch_mode:
-        v = _writer_clamp(v, E4M3FNUZ_MAX if clamp is None else clamp, nonfinite)
-    elif clamp is not None:
-        v = torch.clamp(v, -clamp, clamp)
+    v, nonfinite, torch_mode = _encoder_input(fn, x, nonfinite, clamp, E4M3FNUZ_MAX)
     neg = _sign_bit(v)
     a = v.abs()
     finite = torch.isfinite(a)
