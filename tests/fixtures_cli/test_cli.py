@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from dsv4_numerics.fixtures import catalog as catalog_mod
-from dsv4_numerics.fixtures import check as check_mod
+from dsv4_numerics import check as check_mod
 from dsv4_numerics.fixtures import golden, store
-from dsv4_numerics.fixtures.cli import main
+from dsv4_numerics.cli import main
 
 from .fakes import toy_catalog
 
@@ -137,7 +137,7 @@ def test_import_and_list_via_cli(tmp_path, toy, capsys):
 
 
 def _run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "dsv4_numerics.fixtures.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dsv4_numerics.cli", *args], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
 
 
@@ -187,9 +187,9 @@ def test_bench_delegates_argv_to_the_module(monkeypatch):
     import types
 
     seen = {}
-    fake = types.ModuleType("dsv4_numerics.fixtures.bench_cpu")
+    fake = types.ModuleType("dsv4_numerics.bench_cpu")
     fake.main = lambda argv: seen.setdefault("argv", argv) and 0
-    monkeypatch.setitem(sys.modules, "dsv4_numerics.fixtures.bench_cpu", fake)
+    monkeypatch.setitem(sys.modules, "dsv4_numerics.bench_cpu", fake)
     assert main(["bench", "cpu", "--sizes", "64", "--repeats", "1"]) == 0
     assert seen["argv"] == ["--sizes", "64", "--repeats", "1"]
 

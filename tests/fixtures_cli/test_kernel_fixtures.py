@@ -13,7 +13,7 @@ import torch
 
 from dsv4_numerics.fixtures import catalog as catalog_mod
 from dsv4_numerics.fixtures import golden, store
-from dsv4_numerics.fixtures.cli import main
+from dsv4_numerics.cli import main
 from dsv4_numerics.kernels import probe, registry
 from dsv4_numerics.oracles import stages
 

@@ -1,7 +1,7 @@
 """Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
 
 ``kernel_results(entry_name)`` runs every default case of the entry's stage in child processes
-(``fixtures/kernel_worker.py``) the first time it is asked, caches the per-case results for the
+(``dsv4_numerics/kernel_worker.py``) the first time it is asked, caches the per-case results for the
 session, and returns ``{case name: result dict}``. A kernel crash fails the case that crashed and
 nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
 xdist worker), so ``cuda:0`` in the child is this worker's GPU.
@@ -49,7 +49,7 @@ def _device() -> str:
 
 @pytest.fixture(scope="session")
 def kernel_results():
-    from dsv4_numerics.fixtures.kernel_worker import run_isolated
+    from dsv4_numerics.kernel_worker import run_isolated
     from dsv4_numerics.kernels import registry
     from dsv4_numerics.reference.cases import default_cases
 
@@ -66,7 +66,7 @@ def kernel_results():
 
 @pytest.fixture(scope="session")
 def run_cases_isolated():
-    from dsv4_numerics.fixtures.kernel_worker import run_isolated
+    from dsv4_numerics.kernel_worker import run_isolated
 
     counter = [0]
 

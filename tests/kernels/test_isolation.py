@@ -1,4 +1,4 @@
-"""Crash isolation (fixtures/kernel_worker.py), proved on CPU with fake kernels that abort,
+"""Crash isolation (dsv4_numerics/kernel_worker.py), proved on CPU with fake kernels that abort,
 segfault, hang or raise: the crash fails exactly its own case, the cases after it still run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from dsv4_numerics.fixtures.kernel_worker import run_isolated
+from dsv4_numerics.kernel_worker import run_isolated
 from dsv4_numerics.reference.cases import Case
 
 FAKE = "tests.kernels._fake_entries:FAKE"

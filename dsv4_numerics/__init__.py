@@ -1,0 +1,67 @@
+"""dsv4-numerics: a reference-first numerics and correctness suite for DeepSeek-V4 sparse attention.
+
+Start here. This top-level package is the front door: the public API and the command line.
+
+For kernel authors (judge your own kernel, from your own repository and CI)::
+
+    import dsv4_numerics as dn
+
+    dn.cases("swa_write")                          # the canonical cases of a stage
+    dn.judge(my_writer, "swa_write")               # -> list[Result], same runner as the matrix
+    dn.assert_matches_reference(my_writer, "swa_write")   # AssertionError explaining the diff
+    dn.explain(my_writer, "swa_write")             # which declared policy set the kernel matches
+
+The public API lives in :mod:`dsv4_numerics.testing` (re-exported here, imported lazily so that
+``import dsv4_numerics.reference`` stays light); hypothesis strategies in
+:mod:`dsv4_numerics.strategies`; the pytest plugin (registered through ``pytest11``) in
+:mod:`dsv4_numerics.pytest_plugin`; the ``dsv4-numerics`` command in :mod:`dsv4_numerics.cli`.
+
+The layers, each importing only the ones above it:
+
+==========================  =====================================================================
+``dsv4_numerics.reference`` the bit-exact model: codecs, cache layouts, index plumbing, fp64 attention
+``dsv4_numerics.oracles``   how a kernel is judged: decoded diffs, comparators, tolerance records, runner
+``dsv4_numerics.kernels``   one registry entry per production kernel: probe + canonical call
+``dsv4_numerics.fixtures``  golden fixtures: manifest, deterministic safetensors store, regen/verify
+``dsv4_numerics`` (this)    the application: public API, pytest plugin, CLI, ``check``, staging,
+                            crash-isolated kernel worker, benchmarks
+==========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("dsv4-numerics")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0+unknown"
+
+# name -> module that defines it; resolved on first attribute access (PEP 562)
+_LAZY = {
+    "cases": "dsv4_numerics.testing",
+    "judge": "dsv4_numerics.testing",
+    "assert_matches_reference": "dsv4_numerics.testing",
+    "explain": "dsv4_numerics.testing",
+    "stages": "dsv4_numerics.testing",
+    "Result": "dsv4_numerics.oracles.report",
+    "KernelEntry": "dsv4_numerics.kernels.registry",
+    "Case": "dsv4_numerics.reference.cases",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'dsv4_numerics' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
