@@ -4,7 +4,7 @@
 Each entry (``kernels/vllm_triton.py``, ``kernels/rocm_triton.py``) runs drawn inputs through
 its canonical ``call`` and is judged EXACTLY by the same ``oracles.stages`` judge as the kernel
 matrix (``reference.cases_index.run_index_case`` of the case's builder, ``bytes_diff.diff_index``).
-Inputs come from ``tests/strategies_index.py`` (batches with permuted block tables, top-k rows with
+Inputs come from ``dsv4_numerics.strategies_index`` (batches with permuted block tables, top-k rows with
 interior ``-1``) plus other negative values, non-zero ``query_start_loc`` bases and windows other
 than 128.
 
@@ -32,7 +32,7 @@ from dsv4_numerics.oracles import stages
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.cases_index import INDEX_BUILDERS
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
-from tests.strategies_index import batches, topk_rows
+from dsv4_numerics.strategies_index import batches, topk_rows
 
 pytestmark = [pytest.mark.gpu]
 

@@ -43,7 +43,7 @@ from dsv4_numerics.reference.cache_model1 import defined_byte_mask, insert, page
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE, TINY_TILE_AMAX
 from dsv4_numerics.reference.errors import UnsupportedCase
-from tests.strategies import boundary_amax, cache_geometries, slot_mappings, tie_amax
+from dsv4_numerics.strategies import boundary_amax, cache_geometries, slot_mappings, tie_amax
 
 pytestmark = [pytest.mark.gpu]
 

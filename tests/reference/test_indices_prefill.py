@@ -17,7 +17,7 @@ from dsv4_numerics.reference.indices_prefill import (
     get_prefill_chunk_plan,
     prefill_workspace_rows,
 )
-from tests.strategies_index import batches
+from dsv4_numerics.strategies_index import batches
 
 M1 = -1
 

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for the index plumbing tests (engineer "index").
+"""Public hypothesis strategies for the index plumbing (datapath 4): the ones behind this suite's
+own index fuzz tests, for kernel authors' own properties. Needs hypothesis
+(``pip install "dsv4-numerics[test]"``).
 
 - :func:`batches`: a batch of 1-3 requests with sequence lengths, query lengths (the last
   ``query_len`` positions of each request are its query tokens), a *permuted* block table (physical
@@ -13,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import strategies as st
+except ImportError as _e:  # hypothesis is an optional dependency (the ``test`` extra)
+    raise ImportError(
+        "dsv4_numerics.strategies_index needs hypothesis, an optional dependency: "
+        'pip install "dsv4-numerics[test]"') from _e
 
 BLOCK_SIZES = (2, 53, 61, 64, 256)
 

@@ -1,4 +1,15 @@
-"""Hypothesis strategies shared by the CPU and GPU tests (datapath 1.2-1.3, 2.0).
+"""Public hypothesis strategies for the cache-format inputs (datapath 1.2-1.3, 2.0): the ones
+behind this suite's own fuzz tests, for kernel authors' own properties::
+
+    from hypothesis import given
+    from dsv4_numerics.strategies import bf16_rows, cache_geometries, slot_mappings
+
+    @given(rows=bf16_rows(max_rows=8), geom=cache_geometries())
+    def test_my_writer(rows, geom): ...
+
+Needs hypothesis (``pip install "dsv4-numerics[test]"``); importing this module without it
+raises an ``ImportError`` saying so. Index-plumbing strategies (batches with permuted block
+tables, top-k rows) are in :mod:`dsv4_numerics.strategies_index`.
 
 Hypothesis has no bfloat16: bf16 tensors are drawn as raw uint16 bit patterns and viewed as
 bfloat16, so every bit pattern (subnormals, signed zeros, the largest finite values, and - unless
@@ -13,7 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import strategies as st
+except ImportError as _e:  # hypothesis is an optional dependency (the ``test`` extra)
+    raise ImportError(
+        "dsv4_numerics.strategies needs hypothesis, an optional dependency: "
+        'pip install "dsv4-numerics[test]"') from _e
 from hypothesis.extra import numpy as hnp
 
 from dsv4_numerics.reference.constants import (
