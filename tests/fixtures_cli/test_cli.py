@@ -82,13 +82,18 @@ def test_corrupt_byte_fails_verify_and_check_naming_fixture_file_offset(tmp_path
 
 
 def _check_schema(d):
-    assert d["schema"] == "dsv4-numerics/check/1"
-    assert set(d) == {"schema", "ok", "exit_code", "meta", "summary", "rows", "fixtures", "results"}
+    assert d["schema"] == "dsv4-numerics/check/2"
+    assert set(d) == {"schema", "ok", "exit_code", "meta", "summary", "judged", "failures", "requirements", "rows",
+                      "fixtures", "results"}
     assert isinstance(d["ok"], bool) and d["exit_code"] in (0, 1)
+    assert isinstance(d["judged"], int) and d["judged"] == sum(r["judged"] for r in d["rows"])
+    assert d["ok"] is (d["exit_code"] == 0) and (d["judged"] > 0 or not d["ok"])
     assert {"dsv4_numerics", "torch", "python", "device", "hardware", "fixtures_root", "duration_s"} <= set(d["meta"])
     assert set(d["summary"]) == set(check_mod.ROW_VERDICTS)
     for r in d["rows"]:
-        assert set(r) == {"entry", "kind", "stage", "cases", "verdict", "worst_ulps", "headroom", "note"}
+        assert set(r) == {"entry", "kind", "package", "stage", "cases", "judged", "verdict", "worst_ulps", "headroom",
+                          "note"}
+        assert 0 <= r["judged"] <= max(r["cases"], 0) and (r["verdict"] != "unavailable" or r["judged"] == 0)
         assert r["kind"] in ("kernel", "reference-fixtures", "recorded-fixtures")
         assert r["verdict"] in check_mod.ROW_VERDICTS and isinstance(r["cases"], int)
         for k in ("worst_ulps", "headroom"):
@@ -112,7 +117,9 @@ def test_check_json_schema_and_table(tmp_path, toy, capsys):
     assert out.splitlines()[0].split() == ["entry", "stage", "cases", "verdict", "worst", "ulp", "headroom", "note"]
     rows = {(r["entry"], r["stage"]): r for r in d["rows"]}
     ref = rows[("fixtures:reference", "toy_bytes")]
-    assert ref["cases"] == 4 and ref["verdict"] == "pass" and ref["worst_ulps"] == 0
+    assert ref["cases"] == 4 and ref["judged"] == 4 and ref["verdict"] == "pass" and ref["worst_ulps"] == 0
+    assert ref["package"] == "dsv4-numerics" and d["judged"] >= 5
+    assert f"rows; {d['judged']} cases judged" in next(l for l in out.splitlines() if l.startswith("summary: "))
     assert rows[("fixtures:reference", "toy_numeric")]["cases"] == 1
     # every registered kernel entry is listed (available or with the probe's reason)
     from dsv4_numerics.kernels import registry
@@ -203,6 +210,8 @@ def test_kernels_listing_names_every_entry(capsys):
         ok, reason = e.available()
         line = next(l for l in out.splitlines() if l.startswith(e.name + " "))
         assert ("available" in line) if ok else (f"unavailable: {reason}" in line)
+        assert " dsv4-numerics " in line  # the package column
     assert main(["kernels", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {r["name"] for r in rows} == set(registry.names())
+    # installed external packages (e.g. the example project in CI) add rows of their own
+    assert {r["name"] for r in rows if r["package"] == "dsv4-numerics"} == set(registry.names())
