@@ -12,9 +12,20 @@
   (``vllm_triton.compressor_args``), called as ``compressor.py:429-523`` calls it.
 
 Both run only where ``cutlass`` (nvidia-cutlass-dsl), ``quack`` (quack-kernels) and the vLLM
-Python package with these modules import; the staged kernel folder of
-``shared/tools/stage-vllm-kernels`` does not carry them (its ``has_cutedsl()`` stand-in returns
-False), so on the project's H200 these entries skip with the missing package as the reason.
+modules import. Without a vLLM install: ``dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR
+--parts cutedsl`` stages the two modules with ``vllm/cute_utils`` and the CuTe JIT-warmup helper,
+and ``dsv4-numerics stage-vllm DIR --cutedsl-wheels WHEELS`` installs the CuTe-DSL wheels into
+``DIR/site`` (read through its ``.pth`` files); ``DSV4_STAGED=DIR`` activates both.
+
+Checked against the real kernels (vLLM 0.33.0): both are called with the keyword arguments of
+their production call sites (``cache_utils.dequantize_and_gather_k_cache``; ``compressor.py``
+``DeepseekCompressor.forward``), and every tensor meets the alignment the kernels are compiled
+for (``warmup_inputs``: ``make_fake_tensor(..., divisibility=d)`` promises ``d`` elements of
+alignment -- Int64 ``positions``/slot mappings 64 bytes, Int32 ``token_to_req_indices`` 16
+bytes, the fp32 state cache and the uint8 K cache 16 bytes; the gather's K-cache page stride
+32 bytes). vLLM's buffers are fresh allocations and always meet them; a case's tensor that is a
+view at an odd offset would not, so such inputs are copied to a fresh (aligned) buffer first
+(:func:`aligned`; ``tests/kernels/test_cutedsl_adapters.py`` holds the case).
 """
 
 from __future__ import annotations
@@ -55,8 +66,8 @@ def _cute_probe(module: str) -> P.Probe:
     return P.chain(
         P.needs_arch("sm90", "sm100", "sm103", "sm120", "sm121"),
         _CUTE_PACKAGES,
-        P.needs_staged_vllm("vllm.cute_utils"),
-        P.needs_staged_vllm(module),
+        P.needs_staged_vllm("vllm.cute_utils", "cutedsl"),
+        P.needs_staged_vllm(module, "cutedsl"),
         P.needs_import(module),
     )
 
@@ -66,6 +77,25 @@ def _module(name: str):
     from importlib import import_module
 
     return import_module(name)
+
+
+def aligned(t: torch.Tensor | None, nbytes: int) -> torch.Tensor | None:
+    """``t`` contiguous and starting on an ``nbytes`` boundary: itself when it already is, else a
+    copy in a fresh allocation (the CUDA caching allocator hands out 512-byte aligned blocks).
+    The CuTe kernels are compiled assuming this alignment and do not check it at launch."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    if t.data_ptr() % nbytes == 0:
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+# Alignment (bytes) the compiled CuTe compressor assumes per argument (warmup_inputs).
+COMPRESSOR_ALIGN = {"positions": 64, "slot_mapping": 64, "token_to_req_indices": 16, "state_cache": 16,
+                    "rms_norm_weight": 8, "cos_sin_cache": 4, "block_table": 4}
 
 
 def _gather_call(case) -> dict[str, torch.Tensor]:
@@ -144,6 +174,10 @@ def _compressor_call(case) -> dict[str, torch.Tensor]:
         buf = torch.zeros((nb, new_page), dtype=torch.uint8, device=kv.device)
         buf[:, :used] = torch.as_strided(kv, (nb, used), (page, 1), kv.storage_offset())
         a["kv_cache"] = torch.as_strided(buf, (nb, bs, RECORD_BYTES), (new_page, RECORD_BYTES, 1))
+    for name, nbytes in COMPRESSOR_ALIGN.items():
+        a[name] = aligned(a[name], nbytes)
+    meta = a["k_cache_metadata"]
+    meta.slot_mapping = aligned(meta.slot_mapping, 64)
     kernel = _module(COMPRESS_MODULE)._SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL
     kernel(**a, store_full_kv=False, store_full_fp8=False, fp8_scale=None)
     if buf is not None:

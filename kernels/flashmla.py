@@ -2,7 +2,7 @@
 
 Source: ``vllm.third_party.flashmla.flash_mla_interface`` (vendored FlashMLA, "vFMLA"; the
 compiled ops live in ``vllm/_flashmla_C.abi3.so``), reachable on a GPU machine without vLLM via
-``shared/tools/stage-vllm-kernels DEST --parts flashmla`` and ``PYTHONPATH=DEST``.
+``dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DEST --parts flashmla`` and ``DSV4_STAGED=DEST``.
 
 Entries (one canonical call per stage; attention.md 5 gives the argument mapping):
 

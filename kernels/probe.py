@@ -1,7 +1,8 @@
 """Availability probes for kernel entries: ``None`` means "can run here", a string says why not.
 
 A probe answers one question honestly and names the missing piece: the Python package (and the
-version that is installed, when one is), the staged vLLM kernels, the GPU, its architecture, or a
+version that is installed, when one is), the staged vLLM kernels (``DSV4_STAGED``, activated by
+:func:`kernels.staged.activate` before any lookup), the GPU, its architecture, or a
 shared library that is present but does not load. Probes compose with :func:`first_reason`.
 
 Rules every probe here follows:
@@ -28,6 +29,8 @@ import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
 from typing import Callable, Iterable
+
+from . import staged
 
 Probe = Callable[[], "str | None"]
 
@@ -125,6 +128,7 @@ def dist_version(dist: str) -> str | None:
 
 
 def _find_spec(module: str):
+    staged.activate()  # DSV4_STAGED folders first (idempotent)
     try:
         return importlib.util.find_spec(module)
     except (ImportError, ValueError):  # a missing parent package raises here
@@ -156,16 +160,19 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def staged_vllm_reason(module: str) -> str | None:
+def staged_vllm_reason(module: str, part: str | None = None) -> str | None:
     """The vLLM file ``module`` is importable, either from an installed vLLM or from a folder
-    staged by ``shared/tools/stage-vllm-kernels`` on ``PYTHONPATH``. Found without importing."""
+    staged by ``dsv4-numerics stage-vllm`` (part ``part``) and named by ``DSV4_STAGED``. Found
+    without importing; the reason names the command that stages it."""
     if _find_spec(module) is not None:
         return None
+    problems = staged.activate()
+    if problems:
+        return "; ".join(problems)
     have = dist_version("vllm")
-    if have is not None:
+    if have is not None and not staged.folders():
         return f"vllm {have} installed but {module} not importable (needs vllm 0.33.0 DSv4 sources)"
-    return (f"vllm not installed and no staged vLLM kernels on PYTHONPATH ({module} not importable;"
-            f" stage with shared/tools/stage-vllm-kernels)")
+    return staged.missing_hint(module, part)
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,6 +181,7 @@ def import_reason(module: str) -> str | None:
     message (``OSError`` from ``dlopen``, undefined symbols, missing CUDA runtime, ...).
 
     Call this last in a probe chain: it has the side effects of an import."""
+    staged.activate()
     try:
         importlib.import_module(module)
     except OSError as e:
@@ -234,8 +242,8 @@ def needs_module(module: str, dist: str | None = None, min_version: str | None =
     return lambda: module_reason(module, dist, min_version)
 
 
-def needs_staged_vllm(module: str) -> Probe:
-    return lambda: staged_vllm_reason(module)
+def needs_staged_vllm(module: str, part: str | None = None) -> Probe:
+    return lambda: staged_vllm_reason(module, part)
 
 
 def needs_import(module: str) -> Probe:

@@ -41,8 +41,9 @@ they judge the attention kernels alone; the builders have their own entries (sta
 ``rocm_ragged``).
 
 ``amd/rocm.py`` (the ROCm combine and ``compute_global_topk_ragged_indices_and_indptr``) imports
-the ROCm platform and the engine; it is not staged, so those entries run only with a full vLLM
-ROCm install and their probe says so.
+the ROCm platform and the engine: ``dsv4-numerics stage-vllm --parts engine`` stages it with
+placeholder stand-ins for the engine names (they raise if used) and an NVIDIA platform
+(``_ON_GFX950`` False), so both Triton builders run from the staged folder on any GPU.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from dsv4_numerics.reference.policies import (
 from .canonical import decode_inputs, prefill_inputs
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, readable_pages
-from .vllm_triton import bool_flags, index_case_builder, int32, staged_triton_probe, unstaged_vllm_probe
+from .vllm_triton import bool_flags, index_case_builder, int32, staged_triton_probe
 
 __all__ = [
     "ENTRIES",
@@ -305,8 +306,7 @@ def _call_builder(module: str, func: str, args: Callable[[dict], dict], names: t
     return call
 
 
-_layer_probe = unstaged_vllm_probe(
-    ROCM_LAYER, "not staged: needs a full vLLM ROCm install (it imports the ROCm platform, the engine config and aiter)")
+_layer_probe = staged_triton_probe(ROCM_LAYER)  # stage-vllm --parts engine
 
 
 # --------------------------------------------------------------------------- entries

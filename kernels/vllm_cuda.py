@@ -102,8 +102,11 @@ RMS_EPS = 1e-6
 
 
 def _vllm_dirs() -> list[Path]:
-    """Folders of the importable ``vllm`` package (installed or staged on PYTHONPATH), found
-    without importing it."""
+    """Folders of the importable ``vllm`` package (installed, or staged and named by
+    ``DSV4_STAGED``), found without importing it."""
+    from .staged import activate
+
+    activate()
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
@@ -134,8 +137,9 @@ def cuda_ops_library_reason() -> str | None:
         pass
     dirs = _vllm_dirs()
     if not dirs:
-        return ("vllm not importable: put a folder staged with `stage-vllm-kernels DEST --parts cuda` "
-                "on PYTHONPATH (or install vllm 0.33.0)")
+        from .staged import missing_hint
+
+        return missing_hint("vllm._C_stable_libtorch", "cuda")
     for d in dirs:
         lib = d / LIBRARY
         if lib.exists():
@@ -145,10 +149,10 @@ def cuda_ops_library_reason() -> str | None:
                 return f"{lib} failed to load: {type(e).__name__}: {e}"
             return None
         if (d / (LIBRARY + ".xz")).exists():
-            return (f"{lib} is staged xz-compressed only: run `python3 {d.parent / 'unpack.py'}` "
-                    "on this machine first")
+            return (f"{lib} is staged xz-compressed only and could not be unpacked here: run "
+                    f"`dsv4-numerics stage-vllm --unpack {d.parent}` on this machine")
     return (f"vllm/{LIBRARY} not found in {', '.join(map(str, dirs))}: stage with "
-            "`stage-vllm-kernels DEST --parts cuda` (the default parts omit it)")
+            "`dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR --parts cuda` (the default parts omit it)")
 
 
 def _op_probe(key: str):

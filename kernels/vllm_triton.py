@@ -3,8 +3,8 @@
 4.4-4.6, 6).
 
 The Triton files reach a GPU machine without a vLLM install through
-``shared/tools/stage-vllm-kernels`` (its stand-ins describe an NVIDIA platform: OCP FP8, no PDL,
-no CuTe-DSL). Each adapter converts the canonical ``Case`` inputs exactly as vLLM's call sites
+``dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR`` and ``DSV4_STAGED=DIR`` (its stand-ins
+describe an NVIDIA platform: OCP FP8, no PDL). Each adapter converts the canonical ``Case`` inputs exactly as vLLM's call sites
 do (int32 index tensors, int64 slot mappings, contiguous rows, the caller-allocated output
 buffers, a COPY of any cache a kernel writes in place) and returns canonical outputs.
 
@@ -29,8 +29,9 @@ Index stages hold cases of several production builders (``case.params["builder"]
 entry runs the cases of its own builder and raises ``UnsupportedCase`` (reported as a skip) for
 the others.
 
-``sparse_swa.py`` is not staged (it imports the engine's metadata builders): its entry's probe
-says so and it runs only where a full vLLM 0.33.0 is importable. The ``use_fnuz=True`` writer
+``sparse_swa.py`` imports the engine's metadata builders: ``stage-vllm --parts engine`` stages it
+with placeholder stand-ins for those engine names (they raise if an engine path is used), so its
+entry runs from the staged folder too. The ``use_fnuz=True`` writer
 needs Triton's ``fp8e4b8``, which Triton 3.6 offers only on AMD targets: its probe says so on
 NVIDIA. Page strides a kernel would fault on (odd, for the bf16 lanes) are repacked for the call
 and copied back (``vllm_cuda.writable_pages``/``readable_pages``); vLLM's strides never are.
@@ -50,7 +51,7 @@ from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP, HEAD_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmetic, ScaleRule, SlotSkip, Ue8m0Consumer
 
-from .probe import _find_spec, chain, needs_arch, needs_import, needs_module, needs_staged_vllm
+from .probe import chain, needs_arch, needs_import, needs_module, needs_staged_vllm
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages, writable_pages
 
@@ -85,23 +86,11 @@ COMPRESS = "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache"
 
 
 def staged_triton_probe(module: str) -> Callable[[], str | None]:
-    """Probe: Triton importable, a GPU, the vLLM file ``module`` findable (installed or staged),
-    and importable (the last step imports it, with the staged stand-ins)."""
+    """Probe: Triton importable, a GPU, the vLLM file ``module`` findable (installed, or staged
+    by ``dsv4-numerics stage-vllm`` and named by ``DSV4_STAGED``; the reason names the part to
+    stage), and importable (the last step imports it, with the staged stand-ins)."""
     return chain(needs_module("triton"), needs_arch("any-gpu"), needs_staged_vllm(module),
                  needs_import(module))
-
-
-def unstaged_vllm_probe(module: str, missing: str) -> Callable[[], str | None]:
-    """Probe for a vLLM file that ``stage-vllm-kernels`` does not stage (it needs a full vLLM
-    install): ``f"{module} {missing}"`` while ``module`` cannot be found, else
-    :func:`staged_triton_probe` (uncached: the find is repeated on every call)."""
-
-    def probe() -> str | None:
-        if _find_spec(module) is None:
-            return f"{module} {missing}"
-        return staged_triton_probe(module)()
-
-    return probe
 
 
 @functools.lru_cache(maxsize=None)
@@ -575,9 +564,7 @@ def _call_inv_rope(tma_aligned_scales: bool):
     return call
 
 
-_sparse_swa_probe = unstaged_vllm_probe(
-    SPARSE_SWA, "is not staged (stage-vllm-kernels copies only the DSv4 ops; the SWA window kernel lives with "
-    "the engine's metadata builders): needs a full vLLM 0.33.0 install")
+_sparse_swa_probe = staged_triton_probe(SPARSE_SWA)  # stage-vllm --parts engine
 
 
 # --------------------------------------------------------------------------- entries
@@ -634,7 +621,8 @@ ENTRIES: list[KernelEntry] = [
         tolerance_scope="vllm_triton.dequantize_and_gather_k_cache",
         probe=_probe_cache_utils,
         call=_call_gather,
-        notes="Triton path (the staged platform has no CuTe-DSL, so the CuTe gather is not taken). "
+        notes="Triton path: the kernel is called directly, so the wrapper's CuTe-DSL branch (taken when "
+              "cutlass imports) is never entered; cutedsl.dequant_gather judges that one. "
               "Scale byte 0 -> 0.0 (ex2.approx.ftz), 255 -> +Inf (datapath 3, H4). Output rows the "
               "kernel does not write stay 0 (the reference gather's convention).",
     ),
@@ -690,7 +678,8 @@ ENTRIES: list[KernelEntry] = [
         tolerance_scope="vllm_triton.compute_swa_indices_and_lens",
         probe=_sparse_swa_probe,
         call=_call_swa_indices,
-        notes="Not in the staged folder: runs only with a full vLLM 0.33.0 install.",
+        notes="Engine-bound file (sparse_swa.py): staged with `stage-vllm --parts engine`, its engine "
+              "imports replaced by placeholder stand-ins.",
     ),
     KernelEntry(
         name="vllm_triton.fused_inv_rope_fp8_quant.sm90",

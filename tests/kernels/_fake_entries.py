@@ -2,7 +2,10 @@
 
 Each case's ``params["action"]`` says what the fake kernel does: return a value, abort the
 process (``os.abort``, as a failed C++ check does), dereference NULL (a segfault, as an illegal
-address does on the host side), hang, raise, or report the inherited ``CUDA_VISIBLE_DEVICES``.
+address does on the host side), hang, raise, or report the inherited ``CUDA_VISIBLE_DEVICES``;
+``meet`` waits (at most ``params["wait_s"]``) until ``params["peers"]`` processes have reached a
+``meet`` in the folder ``params["dir"]`` and raises if they do not: it passes only when that
+many children run at the same time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ def _call(case):
         raise ValueError("fake kernel rejected its input")
     if action == "env":
         return {"cvd": torch.tensor([int(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))])}
+    if action == "meet":
+        folder = case.params["dir"]
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        deadline = time.monotonic() + float(case.params["wait_s"])
+        while len(os.listdir(folder)) < int(case.params["peers"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(os.listdir(folder))} of {case.params['peers']} children met")
+            time.sleep(0.02)
+        return {"y": case.inputs["x"] * 2,
+                "cvd": torch.tensor([int(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))]),
+                "threads": torch.tensor([torch.get_num_threads()])}
     raise AssertionError(f"unknown action {action}")
 
 

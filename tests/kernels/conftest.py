@@ -2,7 +2,9 @@
 
 ``kernel_results(entry_name)`` runs every default case of the entry's stage in child processes
 (``dsv4_numerics/kernel_worker.py``) the first time it is asked, caches the per-case results for the
-session, and returns ``{case name: result dict}``. A kernel crash fails the case that crashed and
+session, and returns ``{case name: result dict}``. The cases are built once
+(``kernel_worker.stage_cases_file``: an on-disk cache shared by the xdist workers) and handed to
+the child as ``--cases FILE``; children get ``OMP_NUM_THREADS`` = cpus // xdist workers unless set. A kernel crash fails the case that crashed and
 nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
 xdist worker), so ``cuda:0`` in the child is this worker's GPU.
 
@@ -47,18 +49,30 @@ def _device() -> str:
     return os.environ.get("DSV4_KERNEL_DEVICE", "cuda:0")
 
 
+def _child_env() -> dict:
+    """The children's environment: this worker's (its ``CUDA_VISIBLE_DEVICES`` pin included),
+    with one share of the host's CPUs per xdist worker as ``OMP_NUM_THREADS`` unless set: every
+    worker's child computing the CPU-side reference with all cores oversubscribes the host."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    return env
+
+
 @pytest.fixture(scope="session")
 def kernel_results():
-    from dsv4_numerics.kernel_worker import run_isolated
+    from dsv4_numerics.kernel_worker import load_cases, run_isolated, stage_cases_file
     from dsv4_numerics.kernels import registry
-    from dsv4_numerics.reference.cases import default_cases
 
     def get(entry_name: str) -> dict[str, dict]:
         if entry_name not in _CACHE:
             entry = registry.get(entry_name)
-            names = [c.name for c in default_cases(entry.stage)]
-            _CACHE[entry_name] = run_isolated(entry_name, names, device=_device(),
-                                              workdir=_workdir(entry_name))
+            # built once (on disk, shared by the xdist workers), never again in the child
+            path = stage_cases_file(entry.stage)
+            names = [c.name for c in load_cases(path)]
+            _CACHE[entry_name] = run_isolated(entry_name, names, device=_device(), cases_file=path,
+                                              workdir=_workdir(entry_name), env=_child_env())
         return _CACHE[entry_name]
 
     return get
@@ -76,6 +90,6 @@ def run_cases_isolated():
         path = os.path.join(wd, "cases.pt")
         torch.save(list(cases), path)
         return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
-                            mode=mode, case_timeout_s=case_timeout_s, workdir=wd)
+                            mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env())
 
     return run

@@ -18,7 +18,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "gpu-matrix"
 def test_gpu_matrix_script_dry_run(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     out = tmp_path / "out"
-    env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", STAGED="no-such-staged-dir")
+    env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", DSV4_STAGED="no-such-staged-dir",
+               CARRY_DIR=str(tmp_path / "carry"))
     r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
@@ -26,3 +27,61 @@ def test_gpu_matrix_script_dry_run(tmp_path):
     log = (out / "log.txt").read_text()
     assert "staged folder" in log and "does not exist" in log
     assert "entries available here" in log  # `dsv4-numerics kernels` ran
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_gpu_matrix_carry_procedure_joins_parts(tmp_path):
+    """Two device calls: the first stashes part 1 in CARRY_DIR (CARRY_ONLY=1), the second brings
+    part 2; the script joins and untars them before anything else runs."""
+    import tarfile
+
+    carry = tmp_path / "carry"
+    src = tmp_path / "src" / "bundle"
+    src.mkdir(parents=True)
+    payload = os.urandom(300_000)
+    (src / "blob.bin").write_bytes(payload)
+    tar = tmp_path / "b.tar"
+    with tarfile.open(tar, "w") as tf:
+        tf.add(src, arcname="bundle")
+    data = tar.read_bytes()
+    half = len(data) // 2
+    env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", DSV4_STAGED="no-such-staged-dir",
+               CARRY_DIR=str(carry))
+    (carry).mkdir()
+    (carry / "b.tar.part00").write_bytes(data[:half])  # what the first call left behind
+    out = tmp_path / "out"
+    subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert "b.tar is incomplete (1 parts" in (out / "log.txt").read_text()
+    (carry / "b.tar.part01").write_bytes(data[half:])
+    r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (carry / "unpacked" / "bundle" / "blob.bin").read_bytes() == payload
+    assert "joined 2 parts of b.tar" in (out / "log.txt").read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_gpu_matrix_carry_overlay_lands_in_the_staged_folder(tmp_path):
+    """A bundle holding staged-overlay/ (how the 61 MB `cuda` part travels) is copied into the
+    first staged folder; an overlay never creates a staged folder that does not exist."""
+    import tarfile
+
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    src = tmp_path / "src" / "staged-overlay" / "vllm"
+    src.mkdir(parents=True)
+    (src / "lib.so.xz").write_bytes(b"payload")
+    with tarfile.open(carry / "ov.tar.part00", "w") as tf:
+        tf.add(tmp_path / "src" / "staged-overlay", arcname="staged-overlay")
+    staged = tmp_path / "staged"
+    (staged / "vllm").mkdir(parents=True)
+    env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", DSV4_STAGED=str(staged),
+               CARRY_DIR=str(carry))
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (staged / "vllm" / "lib.so.xz").read_bytes() == b"payload"
+    assert "staged-overlay copied into" in (out / "log.txt").read_text()
+    missing = tmp_path / "absent"
+    env["DSV4_STAGED"] = str(missing)
+    subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
+    assert not missing.exists()

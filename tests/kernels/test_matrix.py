@@ -22,7 +22,7 @@ import pytest
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles.report import Result
-from dsv4_numerics.reference.cases import default_cases
+from dsv4_numerics.kernel_worker import load_cases, stage_cases_file
 
 
 def _params():
@@ -35,7 +35,8 @@ def _params():
         skip = [] if ok else [pytest.mark.skip(reason=f"{entry.name}: {reason}")]
         try:
             if entry.stage not in cache:
-                cache[entry.stage] = default_cases(entry.stage)
+                # built once, single-threaded, on disk for every xdist worker and kernel child
+                cache[entry.stage] = load_cases(stage_cases_file(entry.stage))
             cases = cache[entry.stage]
         except KeyError as e:
             out.append(pytest.param(entry.name, None, id=f"{entry.name}-no-cases",

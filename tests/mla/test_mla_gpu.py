@@ -4,7 +4,7 @@ and the V3.2 scale-decoding policy each FlashMLA build actually implements.
 
 Skipped without a GPU (root conftest markers) and, per entry, with the entry's probe reason
 (e.g. "needs sm100/sm103 (found sm90 NVIDIA H200)"). On the lead's H200 this needs the staged
-vLLM kernels on PYTHONPATH (``shared/tools/stage-vllm-kernels``).
+vLLM kernels (``dsv4-numerics stage-vllm`` and ``DSV4_STAGED``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""The staged-kernel folder setting: ``DSV4_STAGED=DIR[:DIR...]``.
+
+A folder made by ``dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR`` holds vLLM's DSv4
+kernel files (``DIR/vllm/...``), optionally the CuTe-DSL packages (``DIR/site``, found through
+``.pth`` files, which only :func:`site.addsitedir` reads -- ``PYTHONPATH`` does not), a
+stand-in for ``transformers`` used only where it is not installed (``DIR/fallback``) and the CUDA
+ops library xz-compressed (``DIR/vllm/_C_stable_libtorch.abi3.so.xz``).
+
+:func:`activate` is the one place that makes such a folder importable: it puts DIR first on
+``sys.path``, adds ``DIR/site`` as a site directory, appends ``DIR/fallback`` last, and unpacks
+the CUDA library when only its ``.xz`` is there. The probes call it before they look for a vLLM
+module (so ``check``, the tests, the kernel worker and the GPU matrix all honour the variable);
+it is idempotent and cheap after the first call. Standard library only: importing this module
+touches nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import lzma
+import os
+import site
+import sys
+from pathlib import Path
+
+ENV = "DSV4_STAGED"
+MANIFEST = "MANIFEST.json"
+SITE = "site"
+FALLBACK = "fallback"
+CUDA_SO = "vllm/_C_stable_libtorch.abi3.so"
+STAGE_COMMAND = "dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR"
+
+_active: dict[str, list[str]] = {}  # DSV4_STAGED value -> problems found while activating
+
+
+def folders() -> list[Path]:
+    """The folders named by ``DSV4_STAGED`` (colon-separated), in order; empty if unset."""
+    return [Path(p).expanduser() for p in os.environ.get(ENV, "").split(os.pathsep) if p.strip()]
+
+
+def unpack_cuda(folder: Path) -> Path:
+    """Decompress ``folder``'s staged CUDA ops library next to its ``.xz`` (atomic rename, so
+    concurrent workers are safe); return the library's path. A no-op when it is already there."""
+    target = Path(folder) / CUDA_SO
+    packed = target.with_name(target.name + ".xz")
+    if target.exists() or not packed.exists():
+        return target
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(lzma.decompress(packed.read_bytes()))
+    tmp.chmod(0o755)
+    tmp.replace(target)
+    return target
+
+
+def activate() -> list[str]:
+    """Make the ``DSV4_STAGED`` folders importable (see the module docstring). Returns the
+    problems found (a folder that does not exist, a library that cannot be unpacked); never raises."""
+    key = os.environ.get(ENV, "")
+    if key in _active:
+        return _active[key]
+    problems: list[str] = []
+    fallbacks = []
+    for d in reversed(folders()):  # insert in reverse so the first folder ends up first
+        if not d.is_dir():
+            problems.append(f"{ENV} folder {d} does not exist")
+            continue
+        d = d.resolve()
+        if str(d) not in sys.path:
+            sys.path.insert(0, str(d))
+        if (d / SITE).is_dir():
+            site.addsitedir(str(d / SITE))
+        if (d / FALLBACK).is_dir():
+            fallbacks.append(str(d / FALLBACK))
+        try:
+            unpack_cuda(d)
+        except (OSError, lzma.LZMAError) as e:
+            problems.append(f"cannot unpack {d / (CUDA_SO + '.xz')}: {e}")
+    for fb in reversed(fallbacks):
+        if fb not in sys.path:
+            sys.path.append(fb)
+    importlib.invalidate_caches()
+    _active[key] = problems
+    return problems
+
+
+def manifest(folder: Path) -> dict:
+    try:
+        return json.loads((Path(folder) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def describe() -> str:
+    """One line for ``dsv4-numerics kernels``: which staged folders are active, with their parts."""
+    ds = folders()
+    if not ds:
+        return f"staged kernels: none ({ENV} not set; stage with `{STAGE_COMMAND}` and set {ENV}=DIR)"
+    out = []
+    for d in ds:
+        if not d.is_dir():
+            out.append(f"{d} (missing)")
+            continue
+        m = manifest(d)
+        parts = ",".join(m.get("parts", [])) or "no MANIFEST.json"
+        out.append(f"{d.resolve()} (vllm {m.get('vllm_version', '?')}; parts {parts})")
+    return f"staged kernels ({ENV}): " + "; ".join(out)
+
+
+def staged_parts() -> set[str]:
+    parts: set[str] = set()
+    for d in folders():
+        parts.update(manifest(d).get("parts", []))
+    return parts
+
+
+# Which ``stage-vllm`` part carries a vLLM module (first matching prefix wins).
+_PART_OF = (
+    ("vllm.third_party.flashmla", "flashmla"),
+    ("vllm._flashmla", "flashmla"),
+    ("vllm._C", "cuda"),
+    ("vllm.cute_utils", "cutedsl"),
+    ("vllm.models.deepseek_v4.nvidia", "cutedsl"),
+    ("vllm.v1.attention.backends.mla.sparse_swa", "engine"),
+    ("vllm.models.deepseek_v4.amd", "engine"),
+    ("vllm.", "triton"),
+)
+
+
+def part_for(module: str) -> str | None:
+    """The ``stage-vllm --parts`` name that stages ``module`` (``None`` for a non-vLLM module)."""
+    for prefix, part in _PART_OF:
+        if module == prefix or module.startswith(prefix):
+            return part
+    return None
+
+
+def missing_hint(module: str, part: str | None = None) -> str:
+    """Why ``module`` is not importable and the product command that stages it."""
+    part = part or part_for(module)
+    parts = f" --parts {part}" if part else ""
+    if folders():
+        have = ",".join(sorted(staged_parts())) or "none"
+        return (f"{module} not importable from the staged folder(s) {os.environ.get(ENV)} (parts: {have}): "
+                f"stage it with `{STAGE_COMMAND}{parts}` (staging is additive)")
+    return (f"vllm not installed and {module} not importable: stage it with `{STAGE_COMMAND}{parts}` "
+            f"and set {ENV}=DIR")

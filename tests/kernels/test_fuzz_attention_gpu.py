@@ -1,0 +1,122 @@
+"""Hypothesis fuzzing of the GPU sparse-attention kernels at production shapes (issue 13 item 6).
+
+For each decode / prefill entry of FlashMLA (``flashmla.sparse_decode.sm90``,
+``flashmla.sparse_prefill.sm90``) and of the ROCm Triton kernels (``rocm_triton.sparse_decode*``,
+``rocm_triton.sparse_prefill*``), draw a production-shaped case with the default case builders
+(``reference.cases_attention.decode_case`` / ``prefill_case``): batch up to 128, 64 or 128 heads,
+SWA window 128 with pages of 64 or 256 entries, C4A top-k 512/1024/2048, C128A on 2- or
+64-entry compressed pages, lonely (padding) rows, stale-valid columns past the lengths, sinks
++-inf (the builders set heads 1 and 2), and q scaled by a drawn power of two (extreme
+magnitudes, exact in bf16). The case is judged by ``oracles.matrix.run_entry(..., device="cuda")``
+(reference on the GPU); the verdict must be ``pass`` (``skip`` when the kernel documents the case
+as unsupported).
+
+Profiles: ``HYPOTHESIS_PROFILE=gpu-nightly`` draws many examples at the full production shapes;
+under ``ci`` (the default) a handful per entry, on batch <= 4 and sequences <= 600 tokens (the
+case builders run the whole layer history on the CPU: a batch-128 production case takes a minute
+to build), keeps the GPU suite fast. The examples per minute reached is printed and
+attached to the test's properties (``examples_per_minute``; ``--junitxml`` keeps it).
+Skips with the probe's reason where the kernel or a GPU is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsv4_numerics.kernels import registry
+from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
+
+_CI_EXAMPLES = 3  # per entry under the ci profile: each example is a production-size case
+
+_WANTED = ("flashmla.sparse_decode.sm90", "flashmla.sparse_prefill.sm90", "rocm_triton.sparse_decode",
+           "rocm_triton.sparse_prefill")
+
+
+def _entries():
+    out = []
+    for e in registry.all_entries():
+        if any(e.name == w or e.name.startswith(w + ".") or (w.startswith("rocm") and e.name.startswith(w))
+               for w in _WANTED):
+            marks = [pytest.mark.gpu] + [getattr(pytest.mark, m) for m in e.markers if m != "gpu"]
+            out.append(pytest.param(e.name, id=e.name, marks=marks + [pytest.mark.xdist_group(e.name)]))
+    return out or [pytest.param(None, id="none", marks=pytest.mark.skip(reason="no FlashMLA / ROCm Triton "
+                                                                        "decode or prefill entry registered"))]
+
+
+@st.composite
+def _decode_params(draw, small: bool) -> dict:
+    layer = draw(st.sampled_from(["swa", "c4a", "c128a"]))
+    batch = draw(st.integers(1, 4) if small else st.one_of(st.integers(1, 8), st.sampled_from([32, 64, 128])))
+    max_len = 600 if small else {"swa": 4096, "c4a": 4 * 2048 + 256, "c128a": 16384}[layer]
+    seq = draw(st.lists(st.one_of(st.integers(1, 300), st.integers(1, max_len)), min_size=batch, max_size=batch))
+    p = {"layer": layer, "num_heads": draw(st.sampled_from([64, 128])), "seq_lens": seq,
+         "swa_bs": draw(st.sampled_from([64, 256])), "seed": draw(st.integers(0, 2**16)),
+         "stale_past_len": draw(st.booleans()), "rope_table": True}
+    if layer == "c4a":
+        p["topk"] = draw(st.sampled_from([512, 1024, 2048]))
+    if layer == "c128a":
+        p["comp_bs"] = draw(st.sampled_from([2, 64]))
+    lonely = draw(st.sets(st.integers(0, batch - 1), max_size=min(3, batch - 1)))
+    p["invalid_tokens"] = tuple(sorted(lonely))
+    return p
+
+
+@st.composite
+def _prefill_params(draw, small: bool) -> dict:
+    layer = draw(st.sampled_from(["swa", "c4a", "c128a"]))
+    reqs = draw(st.integers(1, 2 if small else 4))
+    seq = draw(st.lists(st.integers(16, 600 if small else 4096), min_size=reqs, max_size=reqs))
+    ql = [draw(st.integers(1, min(s, 32))) for s in seq]
+    t = sum(ql)
+    p = {"layer": layer, "num_heads": draw(st.sampled_from([64, 128])), "seq_lens": seq, "query_lens": ql,
+         "seed": draw(st.integers(0, 2**16)), "stale_past_len": draw(st.booleans()),
+         "empty_tokens": tuple(sorted(draw(st.sets(st.integers(0, t - 1), max_size=min(2, t - 1)))))}
+    if layer == "c4a":
+        p["topk"] = draw(st.sampled_from([512, 1024, 2048]))
+    return p
+
+
+def _scale_q(case, u: int) -> None:
+    """Multiply q by ``2**u`` (exact in bf16 for the drawn range): extreme logit magnitudes."""
+    q = case.inputs["q"]
+    case.inputs["q"] = (q.to(torch.float32) * 2.0**u).to(q.dtype)
+    case.params["q_scale_log2"] = u
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry_name", _entries())
+def test_fuzz_production_shapes(entry_name, record_property):
+    from dsv4_numerics.oracles.matrix import run_entry
+
+    entry = registry.get(entry_name)
+    ok, reason = entry.available()
+    if not ok:
+        pytest.skip(f"{entry.name}: {reason}")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    decode = entry.stage == "decode"
+    n_examples = [0]
+    ci = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
+    budget = settings(max_examples=_CI_EXAMPLES) if ci else settings()
+
+    @budget
+    @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(_decode_params(ci) if decode else _prefill_params(ci), st.integers(-6, 6))
+    def prop(p, u):
+        case = decode_case("fuzz", **p) if decode else prefill_case("fuzz", **p)
+        _scale_q(case, u)
+        (res,) = run_entry(entry, cases=[case], device="cuda")
+        n_examples[0] += 1
+        assert res.verdict in ("pass", "skip"), f"{res.line()}\nparams: {case.params}"
+
+    t0 = time.perf_counter()
+    prop()
+    rate = 60.0 * n_examples[0] / max(time.perf_counter() - t0, 1e-9)
+    record_property("examples_per_minute", round(rate, 2))
+    print(f"{entry.name}: {n_examples[0]} examples, {rate:.1f} examples/minute")

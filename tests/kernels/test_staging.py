@@ -1,0 +1,222 @@
+"""``dsv4-numerics stage-vllm`` and the ``DSV4_STAGED`` setting, on CPU with a synthetic wheel
+(every file the parts copy, tiny made-up contents): additive staging, the manifest, the xz CUDA
+library and its unpacking, activation (sys.path, site dir with .pth, fallback), the reasons the
+probes give, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dsv4_numerics import staging
+from dsv4_numerics.cli import main as cli_main
+from dsv4_numerics.kernels import probe as P
+from dsv4_numerics.kernels import staged
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _content(rel: str) -> bytes:
+    if rel.endswith(".py"):
+        return f'"""copy of {rel}"""\nORIGIN = "wheel"\n'.encode()
+    return hashlib.sha256(rel.encode()).digest() * 64  # an opaque "library"
+
+
+@pytest.fixture()
+def wheel(tmp_path) -> Path:
+    w = tmp_path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(w, "w") as zf:
+        for files in staging.COPIES.values():
+            for rel in files:
+                zf.writestr(rel, _content(rel))
+        zf.writestr(staged.CUDA_SO, _content(staged.CUDA_SO))
+    return w
+
+
+@pytest.fixture()
+def clean_activation(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(staged, "_active", {})
+    P.reset_caches()
+    yield
+    P.reset_caches()
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_stage_is_additive_and_manifest_lists_every_file(tmp_path, wheel):
+    dest = tmp_path / "st"
+    staging.stage(dest, staging.parse_parts("flashmla"), wheel, log=lambda m: None)
+    staging.stage(dest, staging.parse_parts("engine"), wheel, log=lambda m: None)  # brings triton along
+    m = json.loads((dest / staged.MANIFEST).read_text())
+    assert m["parts"] == ["flashmla", "triton", "engine"]
+    for part in ("flashmla", "triton", "engine"):
+        for rel in staging.COPIES[part]:
+            rec = m["files"][rel]
+            assert rec["kind"] == "copy" and rec["sha256"] == _sha(dest / rel), rel
+            assert (dest / rel).read_bytes() == _content(rel)
+    stand = {k: v for k, v in m["files"].items() if v["kind"] == "stand-in"}
+    for part in ("triton", "engine"):
+        for rel in staging.STANDINS[part]:
+            assert rel in stand and stand[rel]["sha256"] == _sha(dest / rel)
+            assert stand[rel]["reason"] and "Stand-in" in stand[rel]["reason"] or "stand-in" in stand[rel]["reason"]
+    # every file on disk is in the manifest, and nothing from a part not asked for is there
+    on_disk = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()} - {staged.MANIFEST}
+    assert on_disk == set(m["files"])
+    assert not (dest / "vllm/cute_utils").exists()
+
+
+def test_cuda_part_is_xz_and_activation_unpacks_it(tmp_path, wheel, monkeypatch, clean_activation):
+    dest = tmp_path / "st"
+    staging.stage(dest, ["cuda"], wheel, log=lambda m: None)
+    packed = dest / (staged.CUDA_SO + ".xz")
+    assert packed.exists() and not (dest / staged.CUDA_SO).exists()
+    m = json.loads((dest / staged.MANIFEST).read_text())
+    assert m["files"][staged.CUDA_SO]["sha256"] == hashlib.sha256(_content(staged.CUDA_SO)).hexdigest()
+    assert lzma.decompress(packed.read_bytes()) == _content(staged.CUDA_SO)
+    monkeypatch.setenv(staged.ENV, str(dest))
+    assert staged.activate() == []
+    assert (dest / staged.CUDA_SO).read_bytes() == _content(staged.CUDA_SO)
+    assert sys.path[0] == str(dest.resolve())
+
+
+def test_activate_site_dir_pth_and_fallback_order(tmp_path, monkeypatch, clean_activation):
+    dest = tmp_path / "st"
+    (dest / "vllm").mkdir(parents=True)
+    (dest / "vllm/__init__.py").write_text("")
+    hidden = tmp_path / "pkgs"  # found only through the .pth file, as nvidia_cutlass_dsl does
+    (hidden / "zz_cute_like").mkdir(parents=True)
+    (hidden / "zz_cute_like/__init__.py").write_text("")
+    (dest / staged.SITE).mkdir()
+    (dest / staged.SITE / "zz.pth").write_text(str(hidden) + "\n")
+    (dest / staged.FALLBACK / "zz_fallback_only").mkdir(parents=True)
+    (dest / staged.FALLBACK / "zz_fallback_only/__init__.py").write_text("")
+    missing = tmp_path / "nope"
+    monkeypatch.setenv(staged.ENV, f"{dest}{os.pathsep}{missing}")
+    problems = staged.activate()
+    assert problems == [f"{staged.ENV} folder {missing} does not exist"]
+    assert str(hidden) in sys.path  # the .pth was read (site.addsitedir)
+    assert sys.path[-1] == str((dest / staged.FALLBACK).resolve())  # fallback last: installed packages win
+    assert P.module_reason("zz_cute_like") is None
+    # the reason for a missing staged module names the product command, the part and the setting
+    r = P.staged_vllm_reason("vllm.models.deepseek_v4.nvidia.ops.zz_missing")
+    assert r == f"{staged.ENV} folder {missing} does not exist"
+    monkeypatch.setenv(staged.ENV, str(dest))
+    P.reset_caches()
+    r = P.staged_vllm_reason("vllm.models.deepseek_v4.nvidia.ops.zz_missing")
+    assert "dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR --parts cutedsl" in r and "additive" in r
+
+
+def test_reason_without_staging_names_command_and_setting(monkeypatch, clean_activation):
+    monkeypatch.delenv(staged.ENV, raising=False)
+    r = staged.missing_hint("vllm.v1.attention.backends.mla.sparse_swa")
+    assert "`dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR --parts engine`" in r
+    assert "DSV4_STAGED=DIR" in r
+    assert staged.part_for("vllm.models.deepseek_v4.amd.rocm") == "engine"
+    assert staged.part_for("vllm.third_party.flashmla.flash_mla_interface") == "flashmla"
+    assert staged.part_for("vllm.models.deepseek_v4.common.ops.cache_utils") == "triton"
+    assert staged.part_for("torch") is None
+    assert "none" in staged.describe()
+
+
+def test_engine_standins_import_and_refuse_engine_use(tmp_path, wheel):
+    """The engine stand-ins import without vLLM, Triton or transformers; their placeholders
+    subclass and annotate but raise when an engine path would use them; has_cutedsl() follows
+    cutlass's importability. Run in a child so no stand-in ``vllm`` leaks into this process."""
+    dest = tmp_path / "st"
+    staging.stage(dest, staging.parse_parts("engine"), wheel, log=lambda m: None)
+    code = """
+import sys
+from dsv4_numerics.kernels import staged
+assert staged.activate() == []
+from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport
+from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+from vllm.platforms.rocm import _ON_GFX942, _ON_GFX950
+from vllm.utils.import_utils import has_cutedsl
+from transformers import DeepseekV4Config
+import vllm.models.deepseek_v4.sparse_mla as sm
+class Builder(AttentionBackend):
+    x: VllmConfig | None = None
+assert AttentionCGSupport.UNIFORM_BATCH.value == 2 and not _ON_GFX942 and not _ON_GFX950
+for cls in (Builder, SlidingWindowMLASpec, sm.DeepseekV4SparseMLABackend):
+    try:
+        cls()
+    except RuntimeError as e:
+        assert "engine machinery" in str(e), e
+    else:
+        raise SystemExit(f"{cls} did not refuse")
+print("has_cutedsl", has_cutedsl())
+"""
+    env = dict(os.environ, DSV4_STAGED=str(dest))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    have_cutlass = subprocess.run([sys.executable, "-c", "import cutlass"], capture_output=True).returncode == 0
+    assert r.stdout.strip() == f"has_cutedsl {have_cutlass}"
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--parts", "flashmla,bogus"], "unknown part(s) bogus"),
+    (["--parts", ""], "--parts is empty"),
+    (["--wheel", "/no/such.whl"], "--wheel /no/such.whl: no such file"),
+    (["--version", "0.32.0"], "only vLLM 0.33.0's file layout is known"),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, wheel, capsys, argv, msg):
+    if "--wheel" not in argv and "--version" not in argv:
+        argv = argv + ["--wheel", str(wheel)]
+    rc = cli_main(["stage-vllm", str(tmp_path / "d"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and msg in err and len(err.splitlines()) == 1, err
+
+
+def test_refuses_foreign_folder_and_missing_wheel_member(tmp_path, wheel):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "x").write_text("mine")
+    with pytest.raises(staging.StagingError, match="holds no MANIFEST.json"):
+        staging.stage(foreign, ["flashmla"], wheel, log=lambda m: None)
+    thin = tmp_path / "vllm-0.33.0-thin.whl"
+    with zipfile.ZipFile(thin, "w") as zf:
+        zf.writestr("vllm/_flashmla_C.abi3.so", b"x")
+    with pytest.raises(staging.StagingError, match="vllm/_flashmla_extension_C.abi3.so is not in"):
+        staging.stage(tmp_path / "d", ["flashmla"], thin, log=lambda m: None)
+
+
+def test_cutedsl_wheels_only_needs_a_staged_cutedsl_part(tmp_path, wheel):
+    dest = tmp_path / "st"
+    staging.stage(dest, ["flashmla"], wheel, log=lambda m: None)
+    (tmp_path / "w").mkdir()
+    with pytest.raises(staging.StagingError, match="has no cutedsl part"):
+        staging.add_wheels_only(dest, str(tmp_path / "w"))
+    staging.stage(dest, staging.parse_parts("cutedsl"), wheel, log=lambda m: None)
+    with pytest.raises(staging.StagingError, match="missing wheel"):
+        staging.add_wheels_only(dest, str(tmp_path / "w"))
+
+
+def test_version_lookup_in_current_dir(tmp_path, wheel, monkeypatch):
+    monkeypatch.chdir(wheel.parent)
+    assert staging.find_wheel(None, "0.33.0").name == wheel.name
+
+
+def test_product_never_points_at_the_shared_tree():
+    needle = "shared/" + "tools"
+    hits = []
+    for top in ("reference", "oracles", "kernels", "fixtures", "dsv4_numerics", ".ci"):
+        for p in (REPO / top).rglob("*"):
+            if p.is_file() and p.suffix in ("", ".py", ".md", ".json", ".sh") and "__pycache__" not in p.parts:
+                if needle in p.read_text(errors="replace"):
+                    hits.append(str(p.relative_to(REPO)))
+    for doc in ("README.md", "DESIGN.md"):
+        if needle in (REPO / doc).read_text():
+            hits.append(doc)
+    assert not hits, hits
