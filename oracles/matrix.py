@@ -15,7 +15,12 @@ Per case:
    -> ``skip`` with that reason (outside the kernel's documented contract);
 3. ``call`` raises anything else -> ``error`` with the exception type and message;
 4. the reference (``StageSpec.expected`` under the stage defaults overridden by the entry's
-   policies) is computed on CPU; if it rejects the case (``InputError``) -> ``error`` naming it;
+   policies) is computed; if it rejects the case (``InputError``) -> ``error`` naming it.
+   Oracle mode (``oracle_mode``; None = auto): ``fast`` on a CUDA ``device`` -- the attention
+   stages (``stages.FAST_ORACLE_STAGES``) compute their attention on the kernel's device with
+   ``reference.attention_fast`` (unordered float64 GEMMs, a returned a-priori bound on the
+   distance to the ordered oracle) -- else ``ordered`` (the fixed-order oracle on the CPU, as the
+   fixtures use). Every Result records it in ``details["oracle"]`` (mode, device, bound);
 5. otherwise ``StageSpec.judge`` decides ``pass``/``fail`` (an exception in the judge is an
    ``error``, never a pass).
 
@@ -99,12 +104,13 @@ def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: d
 
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
-              expected_cache: dict | None = None) -> list[Result]:
+              expected_cache: dict | None = None, oracle_mode: str | None = None) -> list[Result]:
     """Judge ``entry`` on ``cases`` (default: ``default_cases(entry.stage)``); one Result per case.
 
     ``expected_cache``: a dict shared between calls that judge the *same case objects* (e.g. a
     test running many entries over one list of default cases); reference outputs are memoised in
     it by ``(stage, case name, policies)``. Never share it across differently built cases.
+    ``oracle_mode``: ``"fast"``, ``"ordered"`` or None (fast on a CUDA device, else ordered).
     """
     name = getattr(entry, "name", "?")
     stage = getattr(entry, "stage", "?")
@@ -139,6 +145,13 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     scope = st.JudgeScope(kernel=getattr(entry, "tolerance_scope", name), arch=arch, policies=pol,
                           tolerances=tolerances)
     supports = getattr(entry, "supports", None)
+    if oracle_mode is None:
+        oracle_mode = st.FAST if device is not None and torch.device(device).type == "cuda" else st.ORDERED
+    if oracle_mode not in (st.FAST, st.ORDERED):
+        return [res(c.name, "error", rule="oracle_mode", message=f"oracle_mode must be 'fast', 'ordered' or None "
+                    f"(got {oracle_mode!r})") for c in case_list]
+    fast = oracle_mode == st.FAST and stage in st.FAST_ORACLE_STAGES
+    pol_exp = dict(pol, oracle=st.FAST, oracle_device=dev_str) if fast else pol
     out: list[Result] = []
     for case in case_list:
         t0 = time.perf_counter()
@@ -165,7 +178,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            duration_s=time.perf_counter() - t0))
             continue
         try:
-            exp = expected_outputs(spec, stage, case, pol, expected_cache)
+            exp = expected_outputs(spec, stage, case, pol_exp, expected_cache)
         except UnsupportedCase as e:
             out.append(res(case.name, "skip", rule="unsupported", message=f"reference: {e}",
                            duration_s=time.perf_counter() - t0))
@@ -187,8 +200,10 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            details={"traceback": traceback.format_exc(limit=6)},
                            duration_s=time.perf_counter() - t0))
             continue
+        details = dict(v.details)
+        details.setdefault("oracle", {"mode": st.ORDERED, "device": "cpu"})
         out.append(res(case.name, "pass" if v.passed else "fail", rule=v.rule, worst_ulps=v.worst_ulps,
-                       headroom=v.headroom, message=v.message, details=v.details,
+                       headroom=v.headroom, message=v.message, details=details,
                        duration_s=time.perf_counter() - t0))
     return out
 

@@ -402,6 +402,8 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
             t3 = nm.three_output(g, e, expected["_same_precision"], k=tol.three_output_k, fmt=fmt, name=name)
             reports[f"{name}:three_output"] = t3.to_dict()
             checks.append((f"{name}:{t3.rule}", t3.passed, t3.message, t3.headroom, None))
+    if "_oracle" in expected:
+        reports["oracle"] = expected["_oracle"]
     if not checks:
         return Verdict(False, "no_outputs", "nothing comparable was returned", headroom=0.0, details=reports)
     ulps = [c[4] for c in checks if c[4] is not None]
@@ -461,8 +463,19 @@ def _index_rule(case: Case, policies: dict) -> str:
     return rule
 
 
+# judging oracle modes (policy keys ``oracle`` / ``oracle_device``, set by ``matrix.run_entry``,
+# never by entries):
+# ``ordered`` = reference.attention (fixed order, fixtures), ``fast`` = reference.attention_fast
+# (unordered float64 GEMMs with a returned bound; the default on a CUDA device)
+ORDERED, FAST = "ordered", "fast"
+FAST_ORACLE_STAGES = ("decode", "prefill")
+
+
 def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
-    """Oracle outputs (and judge aux) for ``q`` over ``segs`` under ``policies``."""
+    """Oracle outputs (and judge aux, all on the CPU) for ``q`` over ``segs`` under ``policies``.
+    Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device; the
+    inputs' preparation stays on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
+    (max per output of ``|fast - ordered|``; 0 for the ordered oracle)."""
     from dsv4_numerics.reference.attention import sparse_attention
 
     inp = case.inputs
@@ -475,9 +488,25 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         from dsv4_numerics.reference.attention import Segment
 
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
-    ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
+    if _pol(policies, "oracle", ORDERED) == FAST:
+        from dsv4_numerics.reference.attention_fast import fast_sparse_attention
+
+        from dsv4_numerics.reference.attention import OracleOut, Segment
+
+        dev = torch.device(_pol(policies, "oracle_device", "cpu"))
+        dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
+                 for s in segs]
+        fx = fast_sparse_attention(q.to(dev), dsegs, inp["scale"], None if sink is None else sink.to(dev),
+                                   nan_policy=nan)
+        ex = OracleOut(*(t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits, fx.n_valid)))
+        oracle = {"mode": FAST, "device": str(dev), "exact_logits": fx.exact_logits,
+                  "bound": {k: float(b.max()) if b.numel() else 0.0 for k, b in fx.bound.items()}}
+    else:
+        ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
+        oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
-           "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM))}
+           "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
+           "_oracle": oracle}
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         out["_same_precision"] = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan,
                                                   mode=AttentionMode.BF16_P).out
@@ -835,6 +864,6 @@ register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(_ATTN_DE
                    lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
 
 
-__all__ = ["JudgeScope", "STAGES", "StageSpec", "Verdict", "decode_segments", "get", "identity_cos_sin", "judge_attention",
+__all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "StageSpec", "Verdict", "decode_segments", "get", "identity_cos_sin", "judge_attention",
            "prefill_segments", "v_rms",
            "register", "writer_rows", "written_slots", "InputError"]

@@ -42,9 +42,9 @@ from .constants import (
     production_page_stride,
 )
 from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
-from .fp8 import _validate_flavour, _validate_nonfinite
+from .fp8 import _validate_flavour, _validate_nonfinite, fp8_max
 from .policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
-from .quant import dequantize_tiles, quantize_tiles
+from .quant import _quantize_tiles, _validate_rule, dequantize_tiles
 
 __all__ = [
     "empty_cache",
@@ -155,8 +155,18 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int) -> tu
     s = slots.to(torch.int64)
     if bool((s < 0).any()):
         fail(fn, "slots", "must be >= 0 (filter the -1 sentinels first)")
-    page, e = s // block_size, s % block_size
-    return page * page_stride + e * DATA_ROW_BYTES, page * page_stride + block_size * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
+    return _addresses(s, block_size, page_stride)
+
+
+def _addresses(s: torch.Tensor, bs: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``slot_addresses`` of int64 slots already known to be >= 0 (no check, no device sync)."""
+    page, e = s // bs, s % bs
+    return page * p + e * DATA_ROW_BYTES, page * p + bs * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
+
+
+def _byte_index(addr: torch.Tensor, width: int) -> torch.Tensor:
+    """``[S, width]`` int64 byte addresses ``addr[s] + j``, built on ``addr``'s device."""
+    return addr.unsqueeze(1) + torch.arange(width, dtype=torch.int64, device=addr.device)
 
 
 def _clone_cache(cache: torch.Tensor) -> torch.Tensor:
@@ -195,11 +205,23 @@ def encode_records(
     fn = "encode_records"
     check_tensor(fn, "k", k)
     _check_k(fn, k)
+    rule = _validate_rule(fn, rule)
+    flavour = _validate_flavour(fn, flavour)
     nonfinite = _validate_nonfinite(fn, nonfinite)
-    if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(k).all()):
+    fmax = fp8_max(flavour)
+    if clamp is not None:
+        if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (0.0 < float(clamp) <= fmax):
+            fail("quantize_tiles", "clamp", f"must be None or a value in (0, {fmax}] for {flavour.value}", clamp)
+    if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(k).all()):  # the one device sync
         fail(fn, "k", "must be finite under nonfinite=FINITE (RoPE dims included)",
              f"{int((~torch.isfinite(k)).sum())} non-finite elements")
-    codes, sbytes = quantize_tiles(k[:, :NOPE_DIM], rule, flavour, nonfinite, clamp)
+    return _encode_records(k, rule, flavour, nonfinite, fmax if clamp is None else float(clamp))
+
+
+def _encode_records(k: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+                    m: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``encode_records`` of validated bf16 ``k [N, 512]`` (wide tensor operations, no sync)."""
+    codes, sbytes = _quantize_tiles(k[:, :NOPE_DIM], rule, flavour, nonfinite, m)
     n = k.shape[0]
     data = torch.empty((n, DATA_ROW_BYTES), dtype=torch.uint8, device=k.device)
     data[:, :NOPE_DIM] = codes
@@ -295,32 +317,44 @@ def insert(
         slot_skip = SlotSkip(slot_skip)
     except ValueError:
         fail(fn, "slot_skip", f"must be one of {[s.value for s in SlotSkip]}", slot_skip)
+    rule = _validate_rule(fn, rule)
+    flavour = _validate_flavour(fn, flavour)
+    nonfinite = _validate_nonfinite(fn, nonfinite)
     if slots.shape[0] > k.shape[0]:
         fail(fn, "slot_mapping", f"must not be longer than k (N = {k.shape[0]})", f"length {slots.shape[0]}")
-    slots = slots.to("cpu")
-    if slot_skip is SlotSkip.MINUS1_ONLY:
-        bad = (slots < 0) & (slots != -1)
-        if bool(bad.any()):
-            fail(fn, "slot_mapping", "may hold no negative value other than -1 under slot_skip="
-                 "MINUS1_ONLY: the Triton writer skips only -1 and would write other negative slots "
-                 "out of bounds", f"{slots[bad][:4].tolist()}")
-    keep = slots >= 0
-    if bool((slots >= nb * bs).any()):
-        fail(fn, "slot_mapping", f"must be < num_blocks*block_size = {nb * bs} (out of range)",
-             f"max {int(slots.max())}")
-    tokens = torch.nonzero(keep).flatten()
-    written = slots[tokens]
-    if written.numel() != torch.unique(written).numel():
+    dev = cache.device
+    slots = slots.to(dev)
+    # Every slot rule in one reduction and one device -> host transfer (one sync): sorting makes
+    # a repeated slot two equal neighbours.
+    srt = torch.sort(slots).values
+    neg_bad = (slots < 0) & (slots != -1)
+    stats = torch.stack((
+        (slots < 0).sum(),
+        neg_bad.any().to(torch.int64) if slot_skip is SlotSkip.MINUS1_ONLY else slots.new_zeros(()),
+        slots.max() if slots.numel() else slots.new_full((), -1),
+        ((srt[1:] == srt[:-1]) & (srt[1:] >= 0)).any().to(torch.int64) if slots.numel() > 1 else slots.new_zeros(()),
+    )).tolist()
+    n_skipped, any_neg_bad, smax, dup = stats
+    if any_neg_bad:
+        fail(fn, "slot_mapping", "may hold no negative value other than -1 under slot_skip="
+             "MINUS1_ONLY: the Triton writer skips only -1 and would write other negative slots "
+             "out of bounds", f"{slots[neg_bad][:4].tolist()}")
+    if smax >= nb * bs:
+        fail(fn, "slot_mapping", f"must be < num_blocks*block_size = {nb * bs} (out of range)", f"max {smax}")
+    if dup:
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
-    data, scales = encode_records(k[: slots.shape[0]][tokens.to(k.device)], rule, flavour, nonfinite, clamp)
+    # Distinct slots: every byte below is written at most once, so the scatter is deterministic on
+    # every device. The skipped tokens are dropped first (a second sync only when there are any).
+    rows = k[: slots.shape[0]]
+    if n_skipped:
+        tokens = torch.nonzero(slots >= 0).flatten()
+        slots, rows = slots[tokens], rows[tokens.to(k.device)]
+    data, scales = encode_records(rows, rule, flavour, nonfinite, clamp)
     out = _clone_cache(cache)
     flat = _flat_bytes(out, nb, p)
-    d_addr, s_addr = slot_addresses(written, bs, p)
-    dev = cache.device
-    d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(dev)
-    s_idx = (s_addr.unsqueeze(1) + torch.arange(SCALE_ROW_BYTES)).to(dev)
-    flat[d_idx.flatten()] = data.to(dev).flatten()
-    flat[s_idx.flatten()] = scales.to(dev).flatten()
+    d_addr, s_addr = _addresses(slots, bs, p)
+    flat[_byte_index(d_addr, DATA_ROW_BYTES).flatten()] = data.to(dev).flatten()
+    flat[_byte_index(s_addr, SCALE_ROW_BYTES).flatten()] = scales.to(dev).flatten()
     return out
 
 
@@ -328,14 +362,17 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> t
     """Raw record parts ``(data uint8 [S, 576], scales uint8 [S, 8])`` of global ``slots`` (>= 0, in range)."""
     fn = "read_records"
     nb, bs, p = cache_geometry(fn, cache, block_size)
-    s = _check_slots(fn, "slots", slots).to("cpu")
-    if bool(((s < 0) | (s >= nb * bs)).any()):
+    s = _check_slots(fn, "slots", slots).to(cache.device)
+    if bool(((s < 0) | (s >= nb * bs)).any()):  # the one device sync
         fail(fn, "slots", f"must lie in [0, num_blocks*block_size = {nb * bs})")
+    return _read(cache, s, nb, bs, p)
+
+
+def _read(cache: torch.Tensor, s: torch.Tensor, nb: int, bs: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``read_records`` of int64 slots on ``cache``'s device already known to be in range."""
     flat = _flat_bytes(cache, nb, p)
-    d_addr, s_addr = slot_addresses(s, bs, p)
-    d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(cache.device)
-    s_idx = (s_addr.unsqueeze(1) + torch.arange(SCALE_ROW_BYTES)).to(cache.device)
-    return flat[d_idx], flat[s_idx]
+    d_addr, s_addr = _addresses(s, bs, p)
+    return flat[_byte_index(d_addr, DATA_ROW_BYTES)], flat[_byte_index(s_addr, SCALE_ROW_BYTES)]
 
 
 def dequantize_slots(
@@ -350,6 +387,13 @@ def dequantize_slots(
     return decode_records(data, scales, flavour, consumer)
 
 
+def _decode_slots(cache: torch.Tensor, s: torch.Tensor, nb: int, bs: int, p: int,
+                  flavour: Fp8Flavour | str, consumer: Ue8m0Consumer | str) -> torch.Tensor:
+    """``dequantize_slots`` of int64 slots on ``cache``'s device already known to be in range."""
+    data, scales = _read(cache, s, nb, bs, p)
+    return decode_records(data, scales, flavour, consumer)
+
+
 def dequantize_all(
     cache: torch.Tensor,
     block_size: int,
@@ -358,8 +402,8 @@ def dequantize_all(
 ) -> torch.Tensor:
     """bf16 ``[num_blocks * bs, 512]``: row ``s`` = dequantised slot ``s`` (what an attention
     oracle indexes by global slot). Unwritten slots decode whatever stale bytes they hold."""
-    nb, bs, _ = cache_geometry("dequantize_all", cache, block_size)
-    return dequantize_slots(cache, torch.arange(nb * bs, device=cache.device), bs, flavour, consumer)
+    nb, bs, p = cache_geometry("dequantize_all", cache, block_size)
+    return _decode_slots(cache, torch.arange(nb * bs, device=cache.device), nb, bs, p, flavour, consumer)
 
 
 def gather(
@@ -408,29 +452,35 @@ def gather(
     width = offset + (int(g.max()) if r else 0)
     out = torch.zeros((r, width, HEAD_DIM), dtype=torch.bfloat16, device=cache.device)
     valid = torch.zeros((r, width), dtype=torch.bool, device=cache.device)
-    req_idx, row_idx, slot_list = [], [], []
-    for b in range(r):
-        L, gb = int(seq[b]), int(g[b])
-        if gb == 0:
-            continue
-        pos = torch.arange(L - gb, L, dtype=torch.int64)
-        blk = pos // bs
-        if int(blk.max()) >= bt.shape[1]:
+    total = int(g.sum()) if r else 0
+    if total == 0:
+        return out, valid
+    # Every gathered (request, row) pair at once (the metadata is host-side, like the kernels' own
+    # launch arguments): request index, row i within the request, position L - g + i.
+    req = torch.repeat_interleave(torch.arange(r, dtype=torch.int64), g)
+    start = torch.cumsum(g, 0) - g
+    i = torch.arange(total, dtype=torch.int64) - start[req]
+    pos = (seq - g)[req] + i
+    blk = pos // bs
+    cols = bt.shape[1]
+    short = (g > 0) & ((seq - 1) // bs >= cols)  # the last gathered position is L - 1
+    pages = bt[req, blk.clamp(max=cols - 1)] if cols else torch.full_like(blk, -1)
+    bad_page = torch.zeros(r, dtype=torch.bool).index_put_((req,), (pages < 0) | (pages >= nb), accumulate=True)
+    first = torch.nonzero(short | bad_page).flatten()
+    if first.numel():
+        b = int(first[0])
+        if bool(short[b]):
+            L = int(seq[b])
             fail(fn, "block_table", f"row {b} is too short: position {L - 1} needs block index "
-                 f"{int(blk.max())} but the table has {bt.shape[1]} columns")
-        pages = bt[b, blk]
-        if bool(((pages < 0) | (pages >= nb)).any()):
-            fail(fn, "block_table", f"row {b} must hold pages in [0, num_blocks = {nb}) for the gathered "
-                 "positions", f"{pages[(pages < 0) | (pages >= nb)][:4].tolist()}")
-        req_idx.append(torch.full((gb,), b, dtype=torch.int64))
-        row_idx.append(offset + torch.arange(gb, dtype=torch.int64))
-        slot_list.append(pages * bs + pos % bs)
-    if slot_list:
-        slots = torch.cat(slot_list)
-        rows = dequantize_slots(cache, slots, bs, flavour, consumer)
-        ri, rr = torch.cat(req_idx).to(cache.device), torch.cat(row_idx).to(cache.device)
-        out[ri, rr] = rows
-        valid[ri, rr] = True
+                 f"{(L - 1) // bs} but the table has {cols} columns")
+        pb = pages[req == b]
+        fail(fn, "block_table", f"row {b} must hold pages in [0, num_blocks = {nb}) for the gathered "
+             "positions", f"{pb[(pb < 0) | (pb >= nb)][:4].tolist()}")
+    slots = (pages * bs + pos % bs).to(cache.device)
+    rows = _decode_slots(cache, slots, nb, bs, p, flavour, consumer)
+    ri, rr = req.to(cache.device), (offset + i).to(cache.device)
+    out[ri, rr] = rows
+    valid[ri, rr] = True
     return out, valid
 
 

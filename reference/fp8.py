@@ -115,9 +115,14 @@ def pow2_f64(n: torch.Tensor) -> torch.Tensor:
     (whose accuracy differs across CPU/GPU libraries) is involved.
     """
     n = n.to(torch.int64)
-    if n.numel() and (int(n.min()) < -1022 or int(n.max()) > 1023):
+    if n.numel() and bool(((n < -1022) | (n > 1023)).any()):
         fail("pow2_f64", "n", "must lie in [-1022, 1023] (normal float64 powers of two)")
-    return ((n + 1023) << 52).view(torch.float64)
+    return _pow2(n)
+
+
+def _pow2(n: torch.Tensor) -> torch.Tensor:
+    """``pow2_f64`` without the range check (no device sync): callers guarantee ``n`` in [-1022, 1023]."""
+    return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
 def _floor_log2_f64(a: torch.Tensor) -> torch.Tensor:
@@ -143,7 +148,7 @@ def _encode_magnitude(a: torch.Tensor, emin: int) -> torch.Tensor:
     floor_e = torch.where(a > 0, _floor_log2_f64(torch.where(a > 0, a, torch.ones_like(a))),
                           torch.full_like(a, emin, dtype=torch.int64))
     e = torch.clamp(floor_e, min=emin)
-    m = torch.round(a * pow2_f64(3 - e))  # torch.round = round half to even; exact product
+    m = torch.round(a * _pow2(3 - e))  # RNE (half to even); exact product; 3 - e in [-1020, 13]
     return (e - emin) * 8 + m.to(torch.int64)
 
 
@@ -226,8 +231,12 @@ def encode_e4m3fn(x: torch.Tensor, nonfinite: NonFinite | str = NonFinite.FINITE
     subnormals ``m * 2**-9``; the module docstring tables the saturation and non-finite
     behaviour of each ``nonfinite`` policy and the meaning of ``clamp``. Bit-exact on CPU and GPU.
     """
-    fn = "encode_e4m3fn"
-    v, nonfinite, torch_mode = _encoder_input(fn, x, nonfinite, clamp, E4M3_MAX)
+    v, nonfinite, torch_mode = _encoder_input("encode_e4m3fn", x, nonfinite, clamp, E4M3_MAX)
+    return _e4m3fn_codes(v, nonfinite)
+
+
+def _e4m3fn_codes(v: torch.Tensor, nonfinite: NonFinite) -> torch.Tensor:
+    """E4M3FN codes of float64 ``v`` that ``_encoder_input`` has already validated and clamped."""
     sign = _sign_bit(v).to(torch.int64) << 7
     a = v.abs()
     finite = torch.isfinite(a)
@@ -294,8 +303,12 @@ def encode_e4m3fnuz(x: torch.Tensor, clamp: float | None = None,
     ``fminf(fmaxf(v, -224), 224)``. Non-finite policies as in the module docstring (both TORCH
     policies: NaN, +-Inf and overflow -> 0x80).
     """
-    fn = "encode_e4m3fnuz"
-    v, nonfinite, torch_mode = _encoder_input(fn, x, nonfinite, clamp, E4M3FNUZ_MAX)
+    v, nonfinite, torch_mode = _encoder_input("encode_e4m3fnuz", x, nonfinite, clamp, E4M3FNUZ_MAX)
+    return _e4m3fnuz_codes(v, torch_mode)
+
+
+def _e4m3fnuz_codes(v: torch.Tensor, torch_mode: bool) -> torch.Tensor:
+    """E4M3FNUZ codes of float64 ``v`` that ``_encoder_input`` has already validated and clamped."""
     neg = _sign_bit(v)
     a = v.abs()
     finite = torch.isfinite(a)
@@ -339,6 +352,24 @@ def encode_fp8(x: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     if f is Fp8Flavour.E4M3FN:
         return encode_e4m3fn(x, nonfinite=nonfinite, clamp=clamp)
     return encode_e4m3fnuz(x, clamp=clamp, nonfinite=nonfinite)
+
+
+def _encode_fp8_trusted(v: torch.Tensor, flavour: Fp8Flavour, nonfinite: NonFinite, clamp: float | None) -> torch.Tensor:
+    """``encode_fp8`` for internal callers whose float64 ``v`` is already known to satisfy the
+    ``nonfinite`` contract (finite under FINITE) and whose ``clamp`` is valid: the same codes, no
+    validation and therefore no device synchronisation."""
+    fmt_max = E4M3_MAX if flavour is Fp8Flavour.E4M3FN else E4M3FNUZ_MAX
+    torch_mode = nonfinite in (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
+    if torch_mode:
+        if v.dtype == torch.float64:
+            v = v.to(torch.float32).to(torch.float64)  # torch's cast goes through float (as _to_f64)
+        if clamp is not None:
+            v = torch.clamp(v, -clamp, clamp)
+    else:
+        v = _writer_clamp(v.to(torch.float64), fmt_max if clamp is None else clamp, nonfinite)
+    if flavour is Fp8Flavour.E4M3FN:
+        return _e4m3fn_codes(v, nonfinite)
+    return _e4m3fnuz_codes(v, torch_mode)
 
 
 def decode_fp8(codes: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN) -> torch.Tensor:
@@ -407,6 +438,11 @@ def exact_ceil_log2(r: torch.Tensor) -> torch.Tensor:
     bad = ~(torch.isfinite(r) & (r > 0))
     if bool(bad.any()):
         fail(fn, "r", "must be positive and finite", f"{int(bad.sum())} offending elements")
+    return _ceil_log2(r)
+
+
+def _ceil_log2(r: torch.Tensor) -> torch.Tensor:
+    """``exact_ceil_log2`` without the check (no device sync): callers guarantee positive finite fp32 ``r``."""
     bits = r.contiguous().view(torch.int32).to(torch.int64)
     efield = (bits >> 23) & 0xFF
     mant = bits & 0x7FFFFF

@@ -20,6 +20,9 @@ import torch
 from .constants import OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
 from .errors import check_dtype, check_int, check_tensor, fail
 from .fp8 import (
+    _ceil_log2,
+    _encode_fp8_trusted,
+    _pow2,
     _validate_flavour,
     _validate_nonfinite,
     decode_fp8,
@@ -42,7 +45,11 @@ __all__ = [
 ]
 
 _TORCH_POLICIES = (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
-_CHUNK_ELEMENTS = 1 << 16  # rows per internal chunk of quantize_tiles = this // D (results unchanged)
+# Elements per internal chunk of quantize_tiles (results unchanged by chunking): on the CPU a
+# bounded working set keeps the float64 temporaries in cache; on an accelerator one wide pass is
+# fastest (the chunk only bounds the temporaries: about 40 bytes per element at once).
+_CHUNK_ELEMENTS_CPU = 1 << 18
+_CHUNK_ELEMENTS_DEVICE = 1 << 25
 
 
 def _fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
@@ -92,13 +99,17 @@ def tile_exponent(amax: torch.Tensor, rule: ScaleRule | str, fp8_max_value: floa
     if bool(bad.any()):
         fail(fn, "amax", "must be finite and >= 0 (non-finite tiles are handled by quantize_tiles "
              "under a producer NonFinite policy)", f"{int(bad.sum())} offending elements")
+    return _tile_exponent(amax, rule, float(fp8_max_value))
+
+
+def _tile_exponent(amax: torch.Tensor, rule: ScaleRule, m: float) -> torch.Tensor:
+    """``tile_exponent`` without validation (no device sync); ``amax`` finite, >= 0, fp32."""
     floor = torch.tensor(SCALE_FLOOR_F32, dtype=torch.float32, device=amax.device)
-    m = float(fp8_max_value)
     if rule is ScaleRule.AMAX_CLAMP:
         r = _fl32_div(torch.maximum(amax, floor), m)
     else:
         r = torch.maximum(_fl32_div(amax, m), floor)
-    return exact_ceil_log2(r)
+    return _ceil_log2(r)  # r >= 1e-4 / 448 > 0 and finite: the check of exact_ceil_log2 cannot fire
 
 
 def check_bf16_values(fn: str, arg: str, x: torch.Tensor) -> None:
@@ -157,48 +168,57 @@ def quantize_tiles(
         if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (0.0 < float(clamp) <= fmax):
             fail(fn, "clamp", f"must be None or a value in (0, {fmax}] for {flavour.value}", clamp)
     m = fmax if clamp is None else float(clamp)
+    if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(x).all()):  # the one device sync
+        fail(fn, "x", "must be finite under nonfinite=FINITE (pick a producer NonFinite policy to "
+             "model NaN/Inf)", f"{int((~torch.isfinite(x)).sum())} non-finite elements")
+    return _quantize_tiles(x, rule, flavour, nonfinite, m)
+
+
+def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+                    m: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_tiles`` of validated input (finite under FINITE, bf16 values, ``D % 64 == 0``,
+    ``m`` the clamp / scale divisor): a fixed sequence of wide tensor operations over all tiles,
+    no device synchronisation. Rows are processed in chunks (``_CHUNK_ELEMENTS_*``) that only
+    bound the temporaries; every tile is independent, so the bytes do not depend on the chunking.
+    """
     d = x.shape[-1]
     rows = x.reshape(-1, d)
-    step = max(1, _CHUNK_ELEMENTS // d)
-    if rows.shape[0] > step:  # bounded working set: float64 temporaries of big inputs thrash memory
-        parts = [quantize_tiles(rows[i : i + step], rule, flavour, nonfinite, clamp)
-                 for i in range(0, rows.shape[0], step)]
-        codes = torch.cat([p[0] for p in parts]).reshape(x.shape)
-        sbytes = torch.cat([p[1] for p in parts]).reshape(*x.shape[:-1], d // TILE)
-        return codes, sbytes
+    chunk = _CHUNK_ELEMENTS_CPU if x.device.type == "cpu" else _CHUNK_ELEMENTS_DEVICE
+    step = max(1, chunk // d)
+    codes = torch.empty(rows.shape, dtype=torch.uint8, device=x.device)
+    sbytes = torch.empty((rows.shape[0], d // TILE), dtype=torch.uint8, device=x.device)
+    for i in range(0, rows.shape[0], step):  # loop over bounded chunks, not over tokens or tiles
+        codes[i : i + step], sbytes[i : i + step] = _quantize_rows(rows[i : i + step], rule, flavour, nonfinite, m)
+    return codes.reshape(x.shape), sbytes.reshape(*x.shape[:-1], d // TILE)
 
-    xf = x.to(torch.float32)
-    if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(xf).all()):
-        fail(fn, "x", "must be finite under nonfinite=FINITE (pick a producer NonFinite policy to "
-             "model NaN/Inf)", f"{int((~torch.isfinite(xf)).sum())} non-finite elements")
-    tiles = xf.reshape(*x.shape[:-1], d // TILE, TILE)
+
+def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+                   m: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes ``[R, D]`` and scale bytes ``[R, D // 64]`` of validated rows ``[R, D]``."""
+    n, d = rows.shape
+    tiles = rows.to(torch.float32).reshape(n, d // TILE, TILE)
     absx = tiles.abs()
     if nonfinite in _TORCH_POLICIES:
         amax = absx.amax(dim=-1)  # NaN-propagating like torch.amax
     else:
         amax = torch.where(torch.isnan(absx), torch.zeros_like(absx), absx).amax(dim=-1)  # fmaxf / tl.max
-    nan_tile = torch.isnan(amax)
-    inf_tile = torch.isinf(amax)
-    ok = ~(nan_tile | inf_tile)
+    ok = torch.isfinite(amax)  # amax >= 0 or NaN or +Inf: not ok = NaN tile (torch) or Inf tile
 
-    e = tile_exponent(torch.where(ok, amax, torch.zeros_like(amax)), rule, m).to(torch.int64)
-    sbytes = ue8m0_from_exponent(e)
-    sbytes = torch.where(ok, sbytes, torch.full_like(sbytes, UE8M0_NAN))
+    e = _tile_exponent(torch.where(ok, amax, torch.zeros_like(amax)), rule, m).to(torch.int64)
+    sbytes = torch.where(ok, ue8m0_from_exponent(e), UE8M0_NAN)
 
     t64 = tiles.to(torch.float64)
-    y = t64 * pow2_f64(-e).unsqueeze(-1)  # exact: power-of-two scaling in float64
-    y_bad = t64 * 0.0  # Inf tiles: x * exp2f(-inf) (CUDA) == x / inf (Triton) == x / inf (torch)
-    y = torch.where(ok.unsqueeze(-1), y, y_bad)
+    # exact power-of-two scaling in float64; e in [-22, 120] (amax floored at 1e-4, bf16 < 2**128).
+    # Not-ok tiles: x * exp2f(-inf) (CUDA) == x / inf (Triton, torch) == x * 0.0.
+    scale = torch.where(ok, _pow2(-e), 0.0).unsqueeze(-1)
+    y = t64 * scale
     if nonfinite in _TORCH_POLICIES:
-        y = torch.where(nan_tile.unsqueeze(-1), torch.full_like(y, float("nan")), y)
+        y = torch.where(torch.isnan(amax).unsqueeze(-1), float("nan"), y)
     # NaN produced by the scaling arithmetic is the canonical positive NaN on the GPU (the sign of
     # a NaN element of x is not propagated; float64 CPU arithmetic would keep it): canonicalise.
-    y = torch.where(torch.isnan(y), torch.full_like(y, float("nan")), y)
-    if nonfinite in _TORCH_POLICIES:
-        codes = encode_fp8(y, flavour, nonfinite=nonfinite, clamp=None)
-    else:
-        codes = encode_fp8(y, flavour, nonfinite=nonfinite, clamp=m)
-    return codes.reshape(x.shape), sbytes
+    y = torch.where(torch.isnan(y), float("nan"), y)
+    codes = _encode_fp8_trusted(y, flavour, nonfinite, None if nonfinite in _TORCH_POLICIES else m)
+    return codes.reshape(n, d), sbytes
 
 
 def dequantize_tiles(

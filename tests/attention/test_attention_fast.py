@@ -1,0 +1,257 @@
+"""The fast judging oracle (``reference.attention_fast``): within its returned bound of the ordered
+oracle on every default and held-out case and under hypothesis (extreme magnitudes, +-inf sinks,
+lonely rows, NaN-poisoned unused rows, NaN/Inf in valid rows), and the matrix gives the same
+verdict under both oracle modes (reference entries, mutants, kernel-recorded fixture replays)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsv4_numerics.oracles import matrix
+from dsv4_numerics.oracles import stages as stg
+from dsv4_numerics.reference.attention import Segment, sparse_attention
+from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_attention, peak_bytes_estimate_fast
+from dsv4_numerics.reference.cases import default_cases
+from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
+from dsv4_numerics.reference.errors import InputError
+from dsv4_numerics.reference.policies import IndexRule, NanPolicy
+
+from ..mutants import MUTANTS, reference_entry
+
+
+def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None):
+    """|fast - ordered| <= bound elementwise at finite positions; identical non-finite values;
+    identical n_valid. Returns (fast result, {output: max observed difference})."""
+    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy)
+    f = fast_sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, chunk_tokens=chunk_tokens)
+    assert torch.equal(o.n_valid, f.n_valid)
+    seen = {}
+    for name in BOUND_OUTPUTS:
+        a, b, bound = getattr(f, name), getattr(o, name), f.bound[name]
+        assert a.shape == b.shape == bound.shape, name
+        fin = torch.isfinite(b)
+        assert torch.equal(fin, torch.isfinite(a)), f"{name}: non-finite positions differ"
+        nf = ~fin
+        assert torch.equal(torch.isnan(a[nf]), torch.isnan(b[nf])), f"{name}: NaN positions differ"
+        inf = nf & ~torch.isnan(b)
+        assert torch.equal(a[inf], b[inf]), f"{name}: infinities differ"
+        assert bool((bound >= 0).all()) and bool(torch.isfinite(bound).all()), name
+        d = (a - b).abs()[fin]
+        over = d > bound[fin]
+        assert not bool(over.any()), f"{name}: |fast - ordered| {float(d[over].max()):.3g} exceeds the bound"
+        seen[name] = float(d.max()) if d.numel() else 0.0
+    return f, seen
+
+
+_SEGS: dict = {}
+
+
+def _segments(case, stage):
+    key = (stage, case.name, id(case))
+    if key not in _SEGS:
+        pol = stg.get(stage).policies({})
+        _SEGS[key] = stg.decode_segments(case, pol) if stage == "decode" else stg.prefill_segments(case, pol)
+    return _SEGS[key]
+
+
+HELD_OUT = [
+    ("decode", lambda: decode_case("ho-h128-c4a-top512", "c4a", 128, [2100, 777], topk=512, seed=101)),
+    ("decode", lambda: decode_case("ho-h64-c128a", "c128a", 64, [1500, 3], comp_bs=2, seed=102,
+                                   invalid_tokens=(1,))),
+    ("decode", lambda: decode_case("ho-h64-swa-bs256", "swa", 64, [256, 40, 600], swa_bs=256, seed=103)),
+    ("prefill", lambda: prefill_case("ho-h64-c4a", "c4a", 64, [500, 64], [3, 2], topk=256, seed=104,
+                                     stale_past_len=True)),
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _all_cases():
+    out = [(s, c) for s in ("decode", "prefill") for c in default_cases(s)]
+    return tuple(out + [(s, mk()) for s, mk in HELD_OUT])
+
+
+@pytest.mark.parametrize("i", range(len(default_cases("decode")) + len(default_cases("prefill")) + len(HELD_OUT)))
+def test_default_and_held_out_cases_within_bound(i):
+    stage, case = _all_cases()[i]
+    inp = case.inputs
+    segs = _segments(case, stage)
+    f, seen = assert_within_bound(inp["q"], segs, inp["scale"], inp.get("sink"))
+    # the bound is far below every tolerance it is used against (bf16 ~4e-3 relative, LSE ~1e-5)
+    vmax = max(float(s.rows[:, :512].double().nan_to_num(0, 0, 0).abs().max()) for s in segs)
+    assert float(f.bound["out"].max()) <= 1e-9 * vmax
+    assert float(f.bound["lse"].max()) <= 1e-9
+    assert float(f.bound["lse_with_sink"].max()) <= 1e-9
+    # the structure of the inputs makes almost every logit provably exact
+    assert f.exact_logits >= 0.95, f.exact_logits
+
+
+def test_exact_logits_give_identical_max_logits_bits():
+    case = default_cases("decode")[0]
+    inp = case.inputs
+    segs = _segments(case, "decode")
+    f = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
+    o = sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
+    exact_rows = f.bound["max_logits"] == 0
+    assert bool(exact_rows.any())
+    assert torch.equal(f.max_logits[exact_rows], o.max_logits[exact_rows])
+
+
+def test_unstructured_float64_rows_use_the_gamma_bound():
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 3, 64, generator=g, dtype=torch.float64)
+    rows = torch.randn(40, 64, generator=g, dtype=torch.float64) * 3
+    idx = torch.randint(0, 40, (2, 25), generator=g)
+    f, _ = assert_within_bound(q, [Segment(rows, idx)], 0.125, torch.tensor([0.5, -math.inf, math.inf]))
+    assert f.exact_logits < 0.5  # 53-bit values: the exactness test must refuse them
+    assert float(f.bound["max_logits"].max()) > 0
+    assert float(f.bound["max_logits"].max()) < 1e-12
+
+
+def test_chunking_and_validation():
+    case = default_cases("prefill")[0]
+    inp = case.inputs
+    segs = _segments(case, "prefill")
+    a = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"), chunk_tokens=1)
+    b = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
+    for name in BOUND_OUTPUTS:  # a token's result does not depend on its chunk (same GEMM shapes per token)
+        assert torch.allclose(getattr(a, name), getattr(b, name), rtol=0, atol=0, equal_nan=True) or \
+            bool(((getattr(a, name) - getattr(b, name)).abs().nan_to_num(0) <= 2 * b.bound[name]).all())
+    with pytest.raises(InputError, match="scale"):
+        fast_sparse_attention(inp["q"], segs, -1.0)
+    with pytest.raises(InputError, match="nan_policy"):
+        fast_sparse_attention(inp["q"], segs, 0.1, nan_policy="ignore")
+    # production decode (H=128, K=1152): ~21.7 MiB per token, 47-token chunks in the 1 GiB budget
+    per = peak_bytes_estimate_fast(1, 128, 1152)
+    assert 21 * 2**20 < per < 22 * 2**20 and 47 * per <= 2**30 < 48 * per
+
+
+# ----------------------------------------------------------------------------- hypothesis
+
+
+def _fp8_rows(g, n, d, exp_shift):
+    codes = torch.randint(0, 256, (n, d), generator=g, dtype=torch.int32)
+    codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes).to(torch.uint8)
+    vals = codes.view(torch.float8_e4m3fn).to(torch.float64)
+    tile = torch.randint(-6, 7, (n, -(-d // 64)), generator=g).repeat_interleave(64, dim=1)[:, :d]
+    return vals * torch.pow(2.0, (tile + exp_shift).to(torch.float64))
+
+
+@st.composite
+def problems(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    T, H = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    D = draw(st.sampled_from([16, 64, 128]))
+    kind = draw(st.sampled_from(["fp8", "bf16", "f64"]))
+    eq = draw(st.integers(-60, 60))  # extreme magnitudes of q and rows
+    ek = draw(st.sampled_from([-120, -30, 0, 30, 120] + ([500] if kind == "f64" else [])))
+    q = (torch.randn(T, H, D, generator=g, dtype=torch.float64) * 2.0**eq)
+    q = q.to(torch.bfloat16) if kind != "f64" else q
+    segs = []
+    for _ in range(draw(st.integers(1, 2))):
+        N, K = draw(st.integers(1, 30)), draw(st.integers(0, 24))
+        if kind == "fp8":
+            rows = _fp8_rows(g, N, D, ek)
+        else:
+            rows = torch.randn(N, D, generator=g, dtype=torch.float64) * 2.0**ek
+            rows = rows.to(torch.bfloat16) if kind == "bf16" else rows
+        idx = torch.randint(-1, N + 2, (T, K), generator=g)
+        length = torch.randint(0, K + 1, (T,), generator=g)
+        if draw(st.booleans()):
+            length[0] = 0  # a lonely candidate
+        used = torch.zeros(N, dtype=torch.bool)
+        inpre = torch.arange(K)[None, :] < length[:, None]
+        ok = inpre & (idx >= 0) & (idx < N)
+        used[idx[ok]] = True
+        rows = rows.clone()
+        rows[~used] = math.nan  # NaN-poisoned unused rows
+        poison = draw(st.sampled_from(["none", "nan", "inf"]))
+        if poison != "none" and bool(used.any()):
+            r = int(used.nonzero()[0])
+            rows[r, int(torch.randint(0, D, (1,), generator=g))] = math.nan if poison == "nan" else -math.inf
+        segs.append(Segment(rows, idx, length, IndexRule.ANY_OUT_OF_RANGE_INVALID))
+    sink_kind = draw(st.sampled_from(["none", "finite", "mixed_inf"]))
+    sink = None
+    if sink_kind != "none":
+        sink = torch.randn(H, generator=g, dtype=torch.float64) * 3
+        if sink_kind == "mixed_inf":
+            sink[0] = math.inf
+            sink[-1] = -math.inf if H > 1 else sink[-1]
+    scale = draw(st.sampled_from([512**-0.5, 512**-0.55, 1.0, 3.0]))
+    nan = draw(st.sampled_from([NanPolicy.PROPAGATE, NanPolicy.SCRUB]))
+    return q, segs, scale, sink, nan
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_fast_within_bound_under_hypothesis(prob):
+    q, segs, scale, sink, nan = prob
+    assert_within_bound(q, segs, scale, sink, nan)
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+@pytest.mark.parametrize("stage", ["decode", "prefill"])
+def test_matrix_verdicts_identical_under_both_modes(stage):
+    cases = default_cases(stage)
+    memo: dict = {}  # reference outputs per (case, policies, oracle mode): each computed once
+    entries = [reference_entry(stage, memo=memo), reference_entry(stage, bf16_p=True, memo=memo)]
+    entries += [m for m in MUTANTS if m.stage == stage]
+    assert len(entries) >= 3
+    for e in entries:
+        ordered = matrix.run_entry(e, cases=cases, oracle_mode="ordered", expected_cache=memo)
+        fast = matrix.run_entry(e, cases=cases, oracle_mode="fast", expected_cache=memo)
+        assert [(r.case, r.verdict, r.rule) for r in ordered] == [(r.case, r.verdict, r.rule) for r in fast], e.name
+        assert all(r.details["oracle"]["mode"] == "fast" for r in fast if r.verdict in ("pass", "fail"))
+
+
+def test_recorded_kernel_fixtures_same_verdict_under_both_modes():
+    from dsv4_numerics.fixtures import golden, store
+
+    m = store.load_manifest(store.PACKAGE_ROOT)
+    names = [n for n, e in m["fixtures"].items() if e["kind"] == "kernel" and e["stage"] in stg.FAST_ORACLE_STAGES]
+    assert names
+    for n in names:
+        case, outputs = golden.load_fixture(store.PACKAGE_ROOT, n, m)
+        rep = golden.replay_entry(m["fixtures"][n], outputs)
+        a = matrix.run_entry(rep, cases=[case], arch=rep.archs[0], oracle_mode="ordered")
+        b = matrix.run_entry(rep, cases=[case], arch=rep.archs[0], oracle_mode="fast")
+        assert [(r.verdict, r.rule) for r in a] == [(r.verdict, r.rule) for r in b], n
+        assert b[0].details["oracle"]["mode"] == "fast" and a[0].details["oracle"]["mode"] == "ordered"
+
+
+def test_oracle_mode_is_validated_and_auto_is_ordered_on_cpu():
+    e = reference_entry("decode")
+    case = default_cases("decode")[:1]
+    bad = matrix.run_entry(e, cases=case, oracle_mode="quick")
+    assert bad[0].verdict == "error" and "oracle_mode" in bad[0].message
+    auto = matrix.run_entry(e, cases=case)
+    assert auto[0].details["oracle"]["mode"] == "ordered"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the fast oracle's home device)")
+@pytest.mark.parametrize("i", range(len(default_cases("decode")) + len(default_cases("prefill")) + len(HELD_OUT)))
+def test_fast_on_gpu_within_bound_of_ordered_on_cpu(i):
+    stage, case = _all_cases()[i]
+    inp = case.inputs
+    segs = _segments(case, stage)
+    o = sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
+    dev = torch.device("cuda")
+    gsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
+             for s in segs]
+    sink = inp.get("sink")
+    f = fast_sparse_attention(inp["q"].to(dev), gsegs, inp["scale"], None if sink is None else sink.to(dev))
+    assert torch.equal(o.n_valid, f.n_valid.cpu())
+    for name in BOUND_OUTPUTS:
+        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
+        fin = torch.isfinite(b)
+        assert torch.equal(fin, torch.isfinite(a)), name
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), name
+        assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
