@@ -129,7 +129,11 @@ def test_required_entry_all_skipped_fails(tmp_path, capsys, entries_file, stub_j
     assert any("required entry fake.ok (fake.ok) was not judged: all 2 cases skipped" in f for f in d["failures"])
 
 
-def test_require_available_on_cpu(tmp_path, capsys, entries_file, stub_judge):
+def test_require_available_on_cpu(tmp_path, capsys, entries_file, stub_judge, monkeypatch):
+    from dsv4_numerics.kernels import probe
+
+    # the hardware seen is a CPU-only host, also when this runs on a GPU runner
+    monkeypatch.setattr(probe, "arch_reason", lambda archs: None if "cpu" in archs else "needs a GPU (CPU-only host)")
     empty = tmp_path / "empty"
     empty.mkdir()
     # fake.ok (archs cpu) matches this machine and is judged; fake.unavail (sm90) does not match

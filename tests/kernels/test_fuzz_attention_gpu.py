@@ -103,10 +103,11 @@ def test_fuzz_production_shapes(entry_name, record_property):
     decode = entry.stage == "decode"
     n_examples = [0]
     ci = os.environ.get("HYPOTHESIS_PROFILE", "ci") == "ci"
-    budget = settings(max_examples=_CI_EXAMPLES) if ci else settings()
+    # one settings object (hypothesis refuses two on one test): the profile's, with the ci budget
+    budget = settings(settings(), max_examples=_CI_EXAMPLES if ci else settings().max_examples,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
     @budget
-    @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(_decode_params(ci) if decode else _prefill_params(ci), st.integers(-6, 6))
     def prop(p, u):
         case = decode_case("fuzz", **p) if decode else prefill_case("fuzz", **p)

@@ -134,10 +134,10 @@ def test_jobs_1_runs_entries_one_after_another(tmp_path):
 
 
 def test_default_jobs_and_gpu_visibility(monkeypatch):
-    assert default_jobs(1, 20, cpus=16) == 4 and default_jobs(2, 20, cpus=16) == 8
-    assert default_jobs(2, 3, cpus=16) == 3 and default_jobs(0, 5, cpus=16) == 4
-    assert default_jobs(1, 0, cpus=16) == 1 and default_jobs(8, 20, cpus=16) == 16
-    assert default_jobs(1, 20, cpus=2) == 2
+    assert default_jobs(1, 20, cpus=16) == 8 and default_jobs(2, 20, cpus=32) == 16
+    assert default_jobs(2, 3, cpus=16) == 3 and default_jobs(0, 5, cpus=16) == 5
+    assert default_jobs(1, 0, cpus=16) == 1 and default_jobs(8, 20, cpus=16) == 8
+    assert default_jobs(1, 20, cpus=2) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 6")
     assert visible_gpus() == ["2", "6"]
     assert IsolatedPool("cuda")._spread == ["2", "6"]
