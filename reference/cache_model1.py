@@ -29,6 +29,8 @@ Production writers modelled by the parameters of ``insert`` (datapath 2.1-2.4):
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .constants import (
@@ -233,6 +235,8 @@ def _encode_records(k: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfi
 
 def _bf16_to_le_bytes(x: torch.Tensor) -> torch.Tensor:
     """Little-endian bytes ``[..., 2*n]`` of bf16 ``x [..., n]`` (explicit, host-endianness free)."""
+    if sys.byteorder == "little":  # the in-memory bytes are the little-endian bytes
+        return x.contiguous().view(torch.uint8)
     bits = x.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
     out = torch.stack(((bits & 0xFF), (bits >> 8)), dim=-1)
     return out.reshape(*x.shape[:-1], 2 * x.shape[-1]).to(torch.uint8)
@@ -351,10 +355,14 @@ def insert(
         slots, rows = slots[tokens], rows[tokens.to(k.device)]
     data, scales = encode_records(rows, rule, flavour, nonfinite, clamp)
     out = _clone_cache(cache)
-    flat = _flat_bytes(out, nb, p)
-    d_addr, s_addr = _addresses(slots, bs, p)
-    flat[_byte_index(d_addr, DATA_ROW_BYTES).flatten()] = data.to(dev).flatten()
-    flat[_byte_index(s_addr, SCALE_ROW_BYTES).flatten()] = scales.to(dev).flatten()
+    # Row scatter through two non-overlapping views of the page bytes: [nb, bs, 576] data rows at
+    # page*P + e*576 and [nb, bs, 8] scale rows at page*P + bs*576 + e*8 (datapath 1.3).
+    off = out.storage_offset()
+    data_rows = torch.as_strided(out, (nb, bs, DATA_ROW_BYTES), (p, DATA_ROW_BYTES, 1), off)
+    scale_rows = torch.as_strided(out, (nb, bs, SCALE_ROW_BYTES), (p, SCALE_ROW_BYTES, 1), off + bs * DATA_ROW_BYTES)
+    page, entry = slots // bs, slots % bs
+    data_rows[page, entry] = data.to(dev)
+    scale_rows[page, entry] = scales.to(dev)
     return out
 
 

@@ -48,7 +48,8 @@ _TORCH_POLICIES = (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
 # Elements per internal chunk of quantize_tiles (results unchanged by chunking): on the CPU a
 # bounded working set keeps the float64 temporaries in cache; on an accelerator one wide pass is
 # fastest (the chunk only bounds the temporaries: about 40 bytes per element at once).
-_CHUNK_ELEMENTS_CPU = 1 << 18
+_CHUNK_ELEMENTS_CPU = 1 << 18  # the float64 path (_quantize_rows_f64)
+_CHUNK_ELEMENTS_CPU_BF16 = 1 << 21  # the bf16 fast path: its per-chunk overhead on the CPU dominates below this
 _CHUNK_ELEMENTS_DEVICE = 1 << 25
 
 
@@ -183,7 +184,10 @@ def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfi
     """
     d = x.shape[-1]
     rows = x.reshape(-1, d)
-    chunk = _CHUNK_ELEMENTS_CPU if x.device.type == "cpu" else _CHUNK_ELEMENTS_DEVICE
+    if x.device.type != "cpu":
+        chunk = _CHUNK_ELEMENTS_DEVICE
+    else:
+        chunk = _CHUNK_ELEMENTS_CPU_BF16 if m >= _FAST_MIN_M else _CHUNK_ELEMENTS_CPU
     step = max(1, chunk // d)
     codes = torch.empty(rows.shape, dtype=torch.uint8, device=x.device)
     sbytes = torch.empty((rows.shape[0], d // TILE), dtype=torch.uint8, device=x.device)
@@ -192,9 +196,77 @@ def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfi
     return codes.reshape(x.shape), sbytes.reshape(*x.shape[:-1], d // TILE)
 
 
+# Smallest scale divisor ``m`` of the bf16 fast path: the tile exponent is then at most
+# ceil(log2(bf16 max / 8)) = 126, so the scale 2**-e is a normal bf16 (and e + 127 a byte).
+_FAST_MIN_M = 8.0
+_CODE_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _code_table(flavour: Fp8Flavour, nonfinite: NonFinite, m: float, device: torch.device) -> torch.Tensor:
+    """The FP8 code (uint8 ``[65536]``) of every scaled bf16 value, indexed by its 16 bits.
+
+    Entry ``b`` is what ``_quantize_rows_f64`` gives an element whose exact scaled value is the
+    bf16 with bits ``b``: every NaN pattern is first taken as the canonical positive NaN (the GPU
+    arithmetic NaN), then the float64 encoder with the producer clamp (``m``, none under TORCH
+    policies). Built once per (flavour, policy, m, device) from the float64 encoder itself.
+    """
+    key = (flavour, nonfinite, m, str(device))
+    table = _CODE_TABLES.get(key)
+    if table is None:
+        vals = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float64)
+        vals = torch.where(torch.isnan(vals), float("nan"), vals)
+        codes = _encode_fp8_trusted(vals, flavour, nonfinite, None if nonfinite in _TORCH_POLICIES else m)
+        table = _CODE_TABLES[key] = codes.to(device)
+    return table
+
+
 def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
                    m: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes ``[R, D]`` and scale bytes ``[R, D // 64]`` of validated rows ``[R, D]``."""
+    """Codes ``[R, D]`` and scale bytes ``[R, D // 64]`` of validated rows ``[R, D]``.
+
+    bf16 fast path (``m >= 8``, every production writer), equal bit for bit to
+    ``_quantize_rows_f64``:
+    - ``amax`` is the max of bf16 magnitudes, computed in bf16 (exact: ``max`` does not round).
+    - ``r = fl32(a / m)`` as in ``_tile_exponent``; ``r >= 1e-4 / 448 > 2**-126`` is a normal fp32,
+      so ``ceil(log2 r) + 127 = (bits(r) + 0x7FFFFF) >> 23`` (the CuTe bit trick, exact for
+      normal positive ``r``). That biased value ``e + 127`` lies in [105, 253] (``m >= 8``): it is
+      the scale byte, and ``254 - (e + 127)`` in [1, 149] is the bf16 exponent field of ``2**-e``.
+    - ``y = x * 2**-e`` in bf16: a power-of-two scaling, exact whenever ``|y| >= 2**-126``; below
+      that the bf16 rounding keeps the sign and ``|y| <= 2**-126``, far under half the smallest
+      FP8 subnormal (2**-10), so the code (+-0) is the same as from the exact value.
+      Not-ok tiles: ``x * 0`` (Inf tile) and ``x * NaN`` (torch NaN tile), as in the float64 path.
+    - the code of ``y`` is a table lookup on its 16 bits (``_code_table``); every NaN bit pattern
+      maps to the canonical positive NaN's code, which is the float64 path's canonicalisation.
+    """
+    if m < _FAST_MIN_M:
+        return _quantize_rows_f64(rows, rule, flavour, nonfinite, m)
+    n, d = rows.shape
+    tiles = rows.to(torch.bfloat16).reshape(n, d // TILE, TILE)
+    absx = tiles.abs()
+    if nonfinite in (NonFinite.CUDA_SATFINITE, NonFinite.TRITON):  # fmaxf / tl.max ignore NaN
+        absx = torch.nan_to_num(absx, nan=0.0, posinf=float("inf"))
+    amax = absx.amax(dim=-1).to(torch.float32)  # NaN-propagating under the TORCH policies
+    floor = SCALE_FLOOR_F32  # an fp32 value: clamp_min compares exactly
+    if rule is ScaleRule.AMAX_CLAMP:
+        r = (amax.clamp_min(floor).to(torch.float64) / m).to(torch.float32)
+    else:
+        r = (amax.to(torch.float64) / m).to(torch.float32).clamp_min(floor)
+    biased = (r.view(torch.int32) + 0x7FFFFF) >> 23  # e + 127 for ok tiles
+    scale = ((254 - biased) << 7).to(torch.int16).view(torch.bfloat16)  # 2**-e, normal bf16
+    if nonfinite is NonFinite.FINITE:  # validated: every tile is finite
+        sbytes = biased.to(torch.uint8)
+    else:
+        ok = torch.isfinite(amax)  # not ok: Inf tile, or NaN tile under the TORCH policies
+        sbytes = torch.where(ok, biased, UE8M0_NAN).to(torch.uint8)
+        scale = torch.where(ok, scale, torch.where(torch.isnan(amax), float("nan"), 0.0).to(torch.bfloat16))
+    y = tiles * scale.unsqueeze(-1)
+    codes = _code_table(flavour, nonfinite, m, rows.device)[y.view(torch.int16).to(torch.int32)]
+    return codes.reshape(n, d), sbytes
+
+
+def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+                       m: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_quantize_rows`` in float64 for any ``m`` (small ``m`` included): the general path."""
     n, d = rows.shape
     tiles = rows.to(torch.float32).reshape(n, d // TILE, TILE)
     absx = tiles.abs()

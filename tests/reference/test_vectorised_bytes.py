@@ -170,3 +170,53 @@ def test_insert_at_scale_equals_old_path(device):
     got = fast.insert(cache.to(device), k.to(device), slots.to(device), 64, ScaleRule.AMAX_CLAMP,
                       slot_skip=SlotSkip.MINUS1_ONLY)
     assert torch.equal(got.cpu(), want)
+
+
+_ALL_BF16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("flavour,clamp", [(Fp8Flavour.E4M3FN, None), (Fp8Flavour.E4M3FNUZ, None),
+                                           (Fp8Flavour.E4M3FNUZ, FNUZ_GFX942_CLAMP)])
+def test_code_table_equals_float64_encoder_for_every_scaled_bf16(flavour, clamp):
+    """The bf16 fast path's element step, exhaustively: for every bf16 ``x`` (NaN/Inf included)
+    and every tile exponent ``e`` the fast path can produce (``[-22, 126]``), the table code of the
+    bf16 product ``x * 2**-e`` equals the float64 encoder of the exact product (NaN canonical)."""
+    m = quant.fp8_max(flavour) if clamp is None else clamp
+    x64 = _ALL_BF16.to(torch.float64)
+    for nonfinite in NonFinite:
+        table = quant._code_table(flavour, nonfinite, m, torch.device("cpu"))
+        for e in range(-22, 127):
+            scale = torch.tensor(2.0 ** -e, dtype=torch.bfloat16)
+            got = table[(_ALL_BF16 * scale).view(torch.int16).to(torch.int32)]
+            y = x64 * 2.0 ** -e
+            y = torch.where(torch.isnan(y), float("nan"), y)
+            want = quant._encode_fp8_trusted(y, flavour, nonfinite,
+                                             None if nonfinite in quant._TORCH_POLICIES else m)
+            assert torch.equal(got, want), (nonfinite, e, int((got != want).sum()))
+
+
+@pytest.mark.parametrize("nonfinite", list(NonFinite))
+def test_fast_rows_equal_float64_rows_on_every_bf16_pattern(nonfinite):
+    """``_quantize_rows`` (bf16 fast path) equals ``_quantize_rows_f64`` on tiles made of every bf16
+    bit pattern (in order and shuffled, scaled into many tile magnitudes), both rules, all flavours."""
+    g = torch.Generator().manual_seed(13)
+    pats = torch.cat((_ALL_BF16, _ALL_BF16[torch.randperm(1 << 16, generator=g)]))
+    if nonfinite is NonFinite.FINITE:
+        pats = pats[torch.isfinite(pats)]
+    pats = pats[: pats.numel() // 448 * 448].reshape(-1, 448)
+    for rule in ScaleRule:
+        for flavour, clamp in [(Fp8Flavour.E4M3FN, None), (Fp8Flavour.E4M3FNUZ, None),
+                               (Fp8Flavour.E4M3FNUZ, FNUZ_GFX942_CLAMP)]:
+            m = quant.fp8_max(flavour) if clamp is None else clamp
+            got = quant._quantize_rows(pats, rule, flavour, nonfinite, m)
+            want = quant._quantize_rows_f64(pats, rule, flavour, nonfinite, m)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (rule, flavour, clamp)
+
+
+def test_small_clamp_takes_the_float64_path():
+    """A clamp below the fast path's minimum divisor (8) still gives the float64 path's bytes."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, 448, generator=g) * 1e30).to(torch.bfloat16)
+    got = quant.quantize_tiles(x, ScaleRule.AMAX_CLAMP, Fp8Flavour.E4M3FN, clamp=0.5)
+    want = slow.quantize_tiles(x, ScaleRule.AMAX_CLAMP, Fp8Flavour.E4M3FN, clamp=0.5)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
