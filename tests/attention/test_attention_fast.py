@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
 from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_attention, peak_bytes_estimate_fast
+from dsv4_numerics.reference.attention_fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _gamma32, _row_stats,
+                                                    fast_sparse_attention, peak_bytes_estimate_fast)
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
 from dsv4_numerics.reference.errors import InputError
@@ -126,9 +127,43 @@ def test_chunking_and_validation():
         fast_sparse_attention(inp["q"], segs, -1.0)
     with pytest.raises(InputError, match="nan_policy"):
         fast_sparse_attention(inp["q"], segs, 0.1, nan_policy="ignore")
-    # production decode (H=128, K=1152): ~21.7 MiB per token, 47-token chunks in the 1 GiB budget
+    # production decode (H=128, K=1152): ~21.7 MiB per token, 70-token chunks in the 1.5 GiB budget
     per = peak_bytes_estimate_fast(1, 128, 1152)
-    assert 21 * 2**20 < per < 22 * 2**20 and 47 * per <= 2**30 < 48 * per
+    assert 21 * 2**20 < per < 22 * 2**20 and 70 * per <= FAST_BUDGET_BYTES < 71 * per
+    assert FAST_BUDGET_BYTES == 3 * 2**29
+
+
+def test_bf16_row_stats_bound_the_float64_stats():
+    """The bfloat16 fast path of ``_row_stats`` (bits lookup, float32 norm) against the float64
+    path on the same values: identical lsb exponents and ``max |v|``; a norm that is an upper
+    bound of the float64 norm and within the stated inflation (``g_D(2**-24)`` relative plus the
+    underflow floor ``sqrt(D 2**-149)``). Values span subnormals, zeros, +-inf, NaN and +-max."""
+    g = torch.Generator().manual_seed(11)
+    D = 96
+    bits = torch.randint(-2**15, 2**15, (300, D), generator=g, dtype=torch.int32).to(torch.int16)
+    x = bits.view(torch.bfloat16).clone()
+    x[:40] = (torch.randn(40, D, generator=g) * 2.0**-130).to(torch.bfloat16)  # bf16 subnormals
+    x[40:60] = 0.0
+    x[60, 3], x[61, 5], x[62, 7] = math.inf, -math.inf, math.nan
+    x[63:80] = torch.randn(17, D, generator=g).to(torch.bfloat16)  # ordinary magnitudes
+    x[80] = torch.finfo(torch.bfloat16).max
+    for pol in (NanPolicy.PROPAGATE, NanPolicy.SCRUB):
+        n16, l16, v16 = _row_stats(x, pol, 64)
+        n64, l64, v64 = _row_stats(x.double(), pol, 64)
+        # float32 squares overflow only for |x| >= 2**64: such rows (and NaN/Inf rows) give inf/NaN
+        over = (x.float().abs() >= 2.0**64).any(dim=1)
+        assert torch.equal(~torch.isfinite(n16), ~torch.isfinite(n64) | over)
+        fin = torch.isfinite(n16)
+        assert bool(over[80]) and not bool(over[:60].any() | over[63:80].any()) and int(fin.sum()) >= 77
+        assert bool((n16[fin] >= n64[fin]).all())
+        slack = n64[fin] * (1 + 2 * _gamma32(D)) + math.sqrt(D * 2.0**-149) * 2
+        assert bool((n16[fin] <= slack).all())
+        assert bool((n16[40:60] > 0).all())  # zero rows: only the underflow floor
+        assert torch.equal(l16[fin], l64[fin])
+        assert torch.equal(v16, v64)
+    # NaN/Inf rows: non-finite norm on both paths (the caller then takes the ordered logits)
+    n16, _, _ = _row_stats(x, NanPolicy.PROPAGATE, 64)
+    assert not bool(torch.isfinite(n16[60:63]).any())
 
 
 # ----------------------------------------------------------------------------- hypothesis
