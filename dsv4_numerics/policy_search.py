@@ -242,7 +242,8 @@ def _expected_or_exc(spec: Any, entry: JudgedEntry, case: Any, declared: dict) -
         return e
 
 
-def _bytes_screen(e: JudgedEntry, cases: list, run, expected, judge: bool = True) -> tuple[list[Result], list[str], float]:
+def _bytes_screen(e: JudgedEntry, cases: list, run, expected, judge: bool = True,
+                  device: Any = None) -> tuple[list[Result], list[str], float]:
     """Bytes / index stages under one policy set, cheaply: a case whose returned outputs equal
     the reference's bit for bit passes (the reference's own outputs pass its judge: the positive
     control of the mutation suite); the others are judged by the matrix runner, fewest differing
@@ -253,7 +254,8 @@ def _bytes_screen(e: JudgedEntry, cases: list, run, expected, judge: bool = True
     for case in cases:
         exp = expected(case, e.policies)
         try:
-            got = e.call(case)
+            # on the device the runner would use (the memo is keyed by case: run_entry reuses it)
+            got = e.call(case.to(device) if device is not None else case)
         except Exception:  # noqa: BLE001 - the runner reports it (an error Result, cheap)
             results.extend(run(e, [case]))
             continue
@@ -296,10 +298,14 @@ def search(entry: JudgedEntry, cases: list, *, device: Any = None, arch: str | N
     if spec.kind == "numeric":
         first = run(entry)
     else:  # bytes / index: bit-equal outputs pass without the (costly) decoded diff
-        first = _bytes_screen(entry, cases, run, lambda c, d: _expected_or_exc(spec, entry, c, d), judge=False)[0]
+        first = _bytes_screen(entry, cases, run, lambda c, d: _expected_or_exc(spec, entry, c, d), judge=False,
+                              device=device)[0]
     broken = [r for r in first if r.rule == "outputs"]
     if broken:
         ex.error = f"the outputs break the stage's output contract: {broken[0].message}"
+        return ex
+    if first and all(r.verdict == "error" for r in first):  # no policy can explain a kernel that never ran
+        ex.error = "nothing was judged: every case errored (" + first[0].message[:300] + ")"
         return ex
     if first and all(r.verdict == "skip" for r in first):
         ex.error = "nothing was judged: every case was skipped (" + "; ".join(sorted({r.message for r in first}))[:200] + ")"
@@ -339,10 +345,10 @@ def search(entry: JudgedEntry, cases: list, *, device: Any = None, arch: str | N
     screened: dict[int, tuple] = {}
     if spec.kind != "numeric":  # bit-equal sets first: if one matches outright, no decoded diff is needed
         for i, declared in enumerate(combos):
-            screened[i] = _bytes_screen(entry.with_policies(declared), cases, run, expected, judge=False)
+            screened[i] = _bytes_screen(entry.with_policies(declared), cases, run, expected, judge=False, device=device)
         if not any(not s[1] and not any(r.verdict in ("fail", "error") for r in s[0]) for s in screened.values()):
             for i in sorted(screened, key=lambda i: screened[i][2] + len(screened[i][1])):
-                screened[i] = _bytes_screen(entry.with_policies(combos[i]), cases, run, expected, judge=True)
+                screened[i] = _bytes_screen(entry.with_policies(combos[i]), cases, run, expected, judge=True, device=device)
     for i, declared in enumerate(combos):
         if declared == entry.policies and spec.kind == "numeric":
             results, unjudged, raw = first, [], 0.0

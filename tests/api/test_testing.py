@@ -134,3 +134,12 @@ def test_strategies_are_public():
     from dsv4_numerics import strategies, strategies_index
 
     assert callable(strategies.bf16_rows) and callable(strategies_index.batches)
+
+
+def test_explain_of_a_kernel_that_never_runs_says_so():
+    def broken(inputs):
+        raise RuntimeError("kernel launch failed")
+
+    ex = dn.explain(broken, "swa_write", cases=dn.cases("swa_write", size="small"))
+    assert not ex.matches and "nothing was judged: every case errored" in str(ex)
+    assert "kernel launch failed" in str(ex)
