@@ -334,11 +334,14 @@ class CompressorSpec:
         return Case("fuzz", "compressor", inputs, {"spec": repr(self)}).to(device)
 
 
-def compressor_expected(spec: CompressorSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compressor_expected(spec: CompressorSpec, rope_arith: str = "fma_triton", scale_rule: str = "amax_clamp"
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(cache, written compressed slots, error bound A [M, 512] float64)`` of the reference:
-    per request, ``compressor_boundary`` (FMA_TRITON RoPE) of its firing tokens, then
-    ``cache_model1.insert`` under Q_A (the Triton compressor's rule, datapath 2.3); ``A`` is the
-    rounding-error model ``oracles.compressor_tier.compressor_error_bound``, in the order of the written slots."""
+    per request, ``compressor_boundary`` (RoPE form ``rope_arith``; default FMA_TRITON) of its
+    firing tokens, then ``cache_model1.insert`` under ``scale_rule`` (default Q_A, the Triton
+    compressor's rule, datapath 2.3; the CuTe compressor: ``"separate"``, ``"scale_clamp"``); ``A``
+    is the rounding-error model ``oracles.compressor_tier.compressor_error_bound``, in the order of
+    the written slots."""
     from dsv4_numerics.reference.compressor import compressor_boundary
 
     inp, dense = spec.build()
@@ -352,8 +355,8 @@ def compressor_expected(spec: CompressorSpec) -> tuple[torch.Tensor, torch.Tenso
         if not bool(sel.any()):
             continue
         b = compressor_boundary(dense[r], pos[sel], spec.ratio, inp["rms_norm_weight"], inp["rms_norm_eps"],
-                                inp["cos_sin_cache"], "fma_triton")
-        cache = insert(cache, b.row_bf16, cs[sel], spec.kv_block_size, "amax_clamp")
+                                inp["cos_sin_cache"], rope_arith)
+        cache = insert(cache, b.row_bf16, cs[sel], spec.kv_block_size, scale_rule)
         bounds.append(compressor_error_bound(dense[r], pos[sel], spec.ratio, inp["rms_norm_weight"],
                                              inp["rms_norm_eps"], b.normed))
         all_slots.append(cs[sel])
