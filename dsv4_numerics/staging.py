@@ -53,7 +53,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, FALLBACK, unpack_cuda
+from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, unpack_cuda
 
 VERSION = "0.33.0"
 PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl")

@@ -91,7 +91,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import _check_common, _enum, logaddexp
+from .attention import _check_common, _enum
 from .errors import check_int
 from .policies import NanPolicy
 

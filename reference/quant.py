@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .constants import OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
+from .constants import OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_NAN
 from .errors import check_dtype, check_int, check_tensor, fail
 from .fp8 import (
     _ceil_log2,
