@@ -1,7 +1,8 @@
 """Fake entry-like objects for the crash-isolation tests (run in a child process on CPU).
 
 Each case's ``params["action"]`` says what the fake kernel does: return a value, abort the
-process (``os.abort``, as a failed C++ check does), dereference NULL (a segfault, as an illegal
+process (``os.abort``, as a failed C++ check does; ``sigkill``, as the OOM killer does), print a
+marker line to stderr and return (``noisy``), dereference NULL (a segfault, as an illegal
 address does on the host side), hang, raise, or report the inherited ``CUDA_VISIBLE_DEVICES``;
 ``meet`` waits (at most ``params["wait_s"]``) until ``params["peers"]`` processes have reached a
 ``meet`` in the folder ``params["dir"]`` and raises if they do not: it passes only when that
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import sys
 import time
 from types import SimpleNamespace
 
@@ -26,6 +29,11 @@ def _call(case):
         os.abort()
     if action == "segv":
         ctypes.string_at(0)  # reads address 0: SIGSEGV
+    if action == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+    if action == "noisy":
+        print(f"NOISE-FROM-{case.name}", file=sys.stderr, flush=True)
+        return {"y": case.inputs["x"] * 2}
     if action == "hang":
         time.sleep(3600)
     if action == "raise":

@@ -1,8 +1,12 @@
 """Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
 
-``kernel_results(entry_name)`` runs every default case of the entry's stage in child processes
+``kernel_results(entry_name)`` runs every default case of the entry's stage in a child process
 (``dsv4_numerics/kernel_worker.py``) the first time it is asked, caches the per-case results for the
-session, and returns ``{case name: result dict}``. The cases are built once
+session, and returns ``{case name: result dict}``. Each xdist worker keeps ONE long-lived child
+(``kernel_worker.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it
+pays the child's start-up (imports, CUDA context) once, not once per entry; after a crash, a
+timeout or a device fault the session starts a fresh child; it is closed at the end of the
+pytest session. The cases are built once
 (``kernel_worker.stage_cases_file``: an on-disk cache shared by the xdist workers) and handed to
 the child as ``--cases FILE``; children get ``OMP_NUM_THREADS`` = cpus // xdist workers unless set. A kernel crash fails the case that crashed and
 nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
@@ -34,6 +38,7 @@ def pytest_configure(config):
 
 
 _CACHE: dict[str, dict[str, dict]] = {}
+_SESSION: list = []  # this xdist worker's kernel_worker.WorkerSession, made on first use
 
 
 def _workdir(tag: str) -> str:
@@ -61,7 +66,19 @@ def _child_env() -> dict:
 
 
 @pytest.fixture(scope="session")
-def kernel_results():
+def kernel_session():
+    """This xdist worker's long-lived kernel child (``kernel_worker.WorkerSession``), closed at
+    the end of the session (and by ``kernel_worker``'s exit hook if the session is cut short)."""
+    from dsv4_numerics.kernel_worker import WorkerSession
+
+    if not _SESSION:
+        _SESSION.append(WorkerSession(_child_env(), workdir=_workdir("session")))
+    yield _SESSION[0]
+    _SESSION.pop().close()
+
+
+@pytest.fixture(scope="session")
+def kernel_results(kernel_session):
     from dsv4_numerics.kernel_worker import load_cases, run_isolated, stage_cases_file
     from dsv4_numerics.kernels import registry
 
@@ -72,14 +89,15 @@ def kernel_results():
             path = stage_cases_file(entry.stage)
             names = [c.name for c in load_cases(path)]
             _CACHE[entry_name] = run_isolated(entry_name, names, device=_device(), cases_file=path,
-                                              workdir=_workdir(entry_name), env=_child_env())
+                                              workdir=_workdir(entry_name), env=_child_env(),
+                                              session=kernel_session)
         return _CACHE[entry_name]
 
     return get
 
 
 @pytest.fixture(scope="session")
-def run_cases_isolated():
+def run_cases_isolated(kernel_session):
     from dsv4_numerics.kernel_worker import run_isolated
 
     counter = [0]
@@ -90,6 +108,7 @@ def run_cases_isolated():
         path = os.path.join(wd, "cases.pt")
         torch.save(list(cases), path)
         return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
-                            mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env())
+                            mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env(),
+                            session=kernel_session)
 
     return run
