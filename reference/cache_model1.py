@@ -298,6 +298,7 @@ def insert(
     nonfinite: NonFinite | str = NonFinite.FINITE,
     slot_skip: SlotSkip | str = SlotSkip.ALL_NEGATIVE,
     clamp: float | None = None,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Quantise ``k`` and write token ``t`` to global slot ``slot_mapping[t]``; returns a NEW cache.
 
@@ -311,6 +312,8 @@ def insert(
     bounds (``V:.../cache_utils.py:81-84``). Slots ``>= num_blocks * block_size`` and a slot
     written twice (a race between producer threads) raise InputError.
     rule/flavour/nonfinite/clamp: as ``encode_records``.
+    inplace: True writes into ``cache`` itself and returns it (same bytes, no whole-cache copy):
+    for a caller that discards the input cache (building a case's history).
     """
     fn = "insert"
     nb, bs, p = cache_geometry(fn, cache, block_size)
@@ -354,7 +357,7 @@ def insert(
         tokens = torch.nonzero(slots >= 0).flatten()
         slots, rows = slots[tokens], rows[tokens.to(k.device)]
     data, scales = encode_records(rows, rule, flavour, nonfinite, clamp)
-    out = _clone_cache(cache)
+    out = cache if inplace else _clone_cache(cache)
     # Row scatter through two non-overlapping views of the page bytes: [nb, bs, 576] data rows at
     # page*P + e*576 and [nb, bs, 8] scale rows at page*P + bs*576 + e*8 (datapath 1.3).
     off = out.storage_offset()

@@ -46,7 +46,7 @@ import torch
 
 from .attention import OracleOut, Segment, sparse_attention
 from .cache_model1 import dequantize_all, empty_cache, gather, insert, kernel_view
-from .compressor import build_state, compress_and_insert, compressor_geometry
+from .compressor import build_state, compressor_boundary, compressor_geometry
 from .constants import (
     C4_RATIO,
     C128_RATIO,
@@ -261,13 +261,16 @@ def _kv_rows_roped(spec: LayerSpec, weights: LayerWeights, kv: torch.Tensor, pos
 
 
 def write_tokens(spec: LayerSpec, weights: LayerWeights, state: LayerState, layout: BatchLayout,
-                 kv: torch.Tensor, kv_score: torch.Tensor | None = None) -> tuple[LayerState, dict]:
+                 kv: torch.Tensor, kv_score: torch.Tensor | None = None,
+                 donate: bool = False) -> tuple[LayerState, dict]:
     """Write the step's new tokens (module docstring step 1); returns ``(new state, info)``.
 
     kv: bf16 ``[T, 512]`` pre-RoPE latent rows (normalised upstream). kv_score: fp32
     ``[T, 2*coff*512]`` = ``[kv part | score part]`` of the compressor projection (compressed
     layers only). info: ``swa_slots [T]``, ``comp_positions`` / ``comp_slots`` of the entries
-    written, ``boundaries`` (``CompressorBoundary`` per request with entries)."""
+    written, ``boundaries`` (``CompressorBoundary`` per request with entries).
+    donate: True lets the step update ``state``'s caches and state rows in place (for a caller
+    that discards ``state``): the same result without copying whole caches and state rows."""
     fn = "write_tokens"
     T = layout.num_tokens
     check_dtype(fn, "kv", kv, (torch.bfloat16,))
@@ -277,7 +280,7 @@ def write_tokens(spec: LayerSpec, weights: LayerWeights, state: LayerState, layo
     req = layout.token_to_req()
     swa_slots = local_to_global_slots(pos, req, state.swa_block_table, spec.swa_block_size)
     rows = _kv_rows_roped(spec, weights, kv, pos)
-    swa = insert(state.swa_cache, rows, swa_slots, spec.swa_block_size, spec.swa_rule)
+    swa = insert(state.swa_cache, rows, swa_slots, spec.swa_block_size, spec.swa_rule, inplace=donate)
     info: dict = {"swa_slots": swa_slots, "comp_positions": [], "comp_slots": [], "boundaries": []}
     if not spec.compressed:
         return replace(state, swa_cache=swa), info
@@ -292,15 +295,18 @@ def write_tokens(spec: LayerSpec, weights: LayerWeights, state: LayerState, layo
     new_valid = list(state.state_valid)
     comp = state.comp_cache
     qsl = layout.query_start_loc().tolist()
+    # compress_and_insert per request, with the inserts of all requests done at once: the records
+    # are per row and the slots distinct, so the bytes are those of one insert per request.
+    comp_rows: list[torch.Tensor] = []
     for r in range(len(layout.seq_lens)):
         t0, t1 = qsl[r], qsl[r + 1]
         p = pos[t0:t1]
         if int(p.max()) >= new_rows[r].shape[0]:
             fail(fn, "layout", f"request {r} exceeds the state capacity {new_rows[r].shape[0]}", int(p.max()))
         st = build_state(kv_score[t0:t1, :w].contiguous(), kv_score[t0:t1, w:].contiguous(), p, weights.ape, spec.ratio)
-        rows_r = new_rows[r].clone()
+        rows_r = new_rows[r] if donate else new_rows[r].clone()
         rows_r[p] = st
-        valid_r = new_valid[r].clone()
+        valid_r = new_valid[r] if donate else new_valid[r].clone()
         valid_r[p] = True
         new_rows[r], new_valid[r] = rows_r, valid_r
         bpos = p[(p + 1) % spec.ratio == 0]
@@ -313,24 +319,29 @@ def write_tokens(spec: LayerSpec, weights: LayerWeights, state: LayerState, layo
                  "were never written (write the history first)")
         j = bpos // spec.ratio
         cslots = local_to_global_slots(j, torch.full_like(j, r), state.comp_block_table, spec.comp_bs)
-        comp, b = compress_and_insert(comp, spec.comp_bs, rows_r, bpos, cslots, spec.ratio, weights.norm_weight,
-                                      spec.norm_eps, weights.cos_sin, spec.comp_rule, spec.comp_rope)
+        b = compressor_boundary(rows_r, bpos, spec.ratio, weights.norm_weight, spec.norm_eps, weights.cos_sin,
+                                spec.comp_rope)
+        comp_rows.append(b.row_bf16)
         info["comp_positions"].append(bpos)
         info["comp_slots"].append(cslots)
         info["boundaries"].append(b)
+    if comp_rows:
+        comp = insert(comp, torch.cat(comp_rows), torch.cat(info["comp_slots"]), spec.comp_bs, spec.comp_rule,
+                      inplace=donate)
     return replace(state, swa_cache=swa, comp_cache=comp, state_rows=tuple(new_rows),
                    state_valid=tuple(new_valid)), info
 
 
 def synthetic_history(spec: LayerSpec, weights: LayerWeights, state: LayerState, prefix_lens: list[int],
-                      seed: int = 0) -> LayerState:
+                      seed: int = 0, donate: bool = False) -> LayerState:
     """Fill the caches as if each request had ``prefix_lens[r]`` earlier tokens, cheaply.
 
     Writes the SWA rows of the last ``window`` prefix positions (older rows are never read) and
     every compressed entry ``j < prefix//ratio`` directly as bf16 rows of RMS-normalised
     Gaussians times a weight in [0.5, 1] with Q_S / Q_A per ``spec.comp_rule`` (datapath 5.2
     "synthetic data"; the compressor itself is not run for the history), plus random compressor
-    state rows for the last ``window`` positions so a following step can compress."""
+    state rows for the last ``window`` positions so a following step can compress.
+    donate: as ``write_tokens`` (``state`` updated in place; for a caller that discards it)."""
     fn = "synthetic_history"
     g = torch.Generator().manual_seed(seed)
     R = len(prefix_lens)
@@ -338,27 +349,37 @@ def synthetic_history(spec: LayerSpec, weights: LayerWeights, state: LayerState,
         fail(fn, "prefix_lens", f"must have one entry per request ({state.swa_block_table.shape[0]})", R)
     swa, comp = state.swa_cache, state.comp_cache
     rows_l, valid_l = list(state.state_rows), list(state.state_valid)
+    # Rows and slots are drawn request by request (the generator's order), then written with one
+    # insert per cache: the records are per row and the slots distinct, so one insert of all rows
+    # writes the same bytes as one insert per request, without copying the whole cache each time.
+    swa_rows, swa_slots, comp_rows, comp_slots = [], [], [], []
     for r, L in enumerate(prefix_lens):
         check_int(fn, "prefix_lens", L, minimum=0)
         if L == 0:
             continue
         p = torch.arange(max(0, L - spec.window), L)
         kv = _realistic_rows(p.numel(), g)
-        slots = local_to_global_slots(p, torch.full_like(p, r), state.swa_block_table, spec.swa_block_size)
-        swa = insert(swa, _kv_rows_roped(spec, weights, kv, p), slots, spec.swa_block_size, spec.swa_rule)
+        swa_slots.append(local_to_global_slots(p, torch.full_like(p, r), state.swa_block_table, spec.swa_block_size))
+        swa_rows.append(_kv_rows_roped(spec, weights, kv, p))
         if not spec.compressed:
             continue
         n = L // spec.ratio
         if n:
             j = torch.arange(n)
-            cslots = local_to_global_slots(j, torch.full_like(j, r), state.comp_block_table, spec.comp_bs)
-            comp = insert(comp, _realistic_rows(n, g), cslots, spec.comp_bs, spec.comp_rule)
+            comp_slots.append(local_to_global_slots(j, torch.full_like(j, r), state.comp_block_table, spec.comp_bs))
+            comp_rows.append(_realistic_rows(n, g))
         coff, W = compressor_geometry(spec.ratio)
         sp = torch.arange(max(0, L - W), L)
-        rr, vv = rows_l[r].clone(), valid_l[r].clone()
+        rr, vv = (rows_l[r], valid_l[r]) if donate else (rows_l[r].clone(), valid_l[r].clone())
         rr[sp] = torch.randn(sp.numel(), 2 * coff * HEAD_DIM, generator=g)
         vv[sp] = True
         rows_l[r], valid_l[r] = rr, vv
+    if swa_rows:
+        swa = insert(swa, torch.cat(swa_rows), torch.cat(swa_slots), spec.swa_block_size, spec.swa_rule,
+                     inplace=donate)
+    if comp_rows:
+        comp = insert(comp, torch.cat(comp_rows), torch.cat(comp_slots), spec.comp_bs, spec.comp_rule,
+                      inplace=donate)
     return replace(state, swa_cache=swa, comp_cache=comp, state_rows=tuple(rows_l), state_valid=tuple(valid_l))
 
 
@@ -428,13 +449,16 @@ def _local_topk(spec: LayerSpec, layout: BatchLayout, topk_local: torch.Tensor |
 
 def attend(spec: LayerSpec, weights: LayerWeights, state: LayerState, layout: BatchLayout, q: torch.Tensor,
            form: str = "decode", topk_local: torch.Tensor | None = None, seed: int = 0,
-           chunk_tokens: int | None = None, run_oracle: bool = True) -> StepResult:
+           chunk_tokens: int | None = None, run_oracle: bool = True, build_segments: bool = True) -> StepResult:
     """Attention of the step's query tokens over the current caches (module docstring step 2).
 
     q: bf16 ``[T, H, 512]`` pre-RoPE queries. form: ``"decode"`` (two segments on the paged
     caches, FlashMLA decode indices) or ``"prefill"`` (one combined segment on a bf16 workspace).
     topk_local: C4A request-local top-k ``[T, K]`` (None: ``synthetic_topk``).
-    run_oracle: False builds only the inputs (``oracle``, ``out_bf16``, ``epilogue`` are None)."""
+    run_oracle: False builds only the inputs (``oracle``, ``out_bf16``, ``epilogue`` are None).
+    build_segments: False (only with ``run_oracle=False``) leaves the decode segments out
+    (``segments`` empty): dequantising whole caches is most of a large decode case's cost and
+    a case builder needs only the index tensors. Prefill segments (the workspace) are always built."""
     fn = "attend"
     T = layout.num_tokens
     check_dtype(fn, "q", q, (torch.bfloat16,))
@@ -442,6 +466,8 @@ def attend(spec: LayerSpec, weights: LayerWeights, state: LayerState, layout: Ba
         fail(fn, "q", f"must have shape [T={T}, H={spec.num_heads}, {HEAD_DIM}]", f"shape {tuple(q.shape)}")
     if form not in ("decode", "prefill"):
         fail(fn, "form", "must be 'decode' or 'prefill'", form)
+    if run_oracle and not build_segments:
+        fail(fn, "build_segments", "must be True when run_oracle=True (the oracle reads the segments)")
     pos = layout.positions()
     req = layout.token_to_req()
     qsl = layout.query_start_loc()
@@ -452,8 +478,10 @@ def attend(spec: LayerSpec, weights: LayerWeights, state: LayerState, layout: Ba
     if form == "decode":
         swa_idx, swa_len = compute_swa_indices_and_lens(qsl, seq, req, valid_tok, state.swa_block_table,
                                                         spec.swa_block_size, window_size=spec.window)
-        swa_rows = dequantize_all(state.swa_cache, spec.swa_block_size)
-        segments = [Segment(swa_rows, swa_idx, swa_len, IndexRule.MINUS1_ONLY)]
+        segments = []
+        if build_segments:
+            swa_rows = dequantize_all(state.swa_cache, spec.swa_block_size)
+            segments.append(Segment(swa_rows, swa_idx, swa_len, IndexRule.MINUS1_ONLY))
         indices.update(swa_indices=swa_idx, swa_lens=swa_len)
         if spec.compressed:
             if spec.ratio == C4_RATIO:
@@ -464,8 +492,9 @@ def attend(spec: LayerSpec, weights: LayerWeights, state: LayerState, layout: Ba
                 cidx, clen, _ = build_c128a_topk_metadata(pos, spec.ratio, T, req, state.comp_block_table,
                                                           spec.comp_bs, torch.zeros(T, dtype=torch.int64),
                                                           _c128a_width(spec, layout))
-            comp_rows = dequantize_all(state.comp_cache, spec.comp_bs)
-            segments.append(Segment(comp_rows, cidx, clen, IndexRule.MINUS1_ONLY))
+            if build_segments:
+                comp_rows = dequantize_all(state.comp_cache, spec.comp_bs)
+                segments.append(Segment(comp_rows, cidx, clen, IndexRule.MINUS1_ONLY))
             indices.update(comp_indices=cidx, comp_lens=clen)
     else:
         qlens = torch.tensor(layout.query_lens, dtype=torch.int32)
