@@ -143,35 +143,43 @@ def _enum(fn: str, arg: str, cls, v):
         fail(fn, arg, f"must be one of {[m.value for m in cls]}", v)
 
 
+def _check_segment_host(fn: str, si: int, seg: object, T: int, D: int, device: torch.device) -> IndexRule:
+    """The checks of one segment that need no device value (type, dtypes, shapes, devices, rule)."""
+    a = f"segments[{si}]"
+    if not isinstance(seg, Segment):
+        fail(fn, a, "must be a Segment", type(seg).__name__)
+    check_dtype(fn, f"{a}.rows", seg.rows, _FLOATS)
+    if seg.rows.dim() != 2 or seg.rows.shape[1] != D:
+        fail(fn, f"{a}.rows", f"must have shape [N, {D}] (D of q)", f"shape {tuple(seg.rows.shape)}")
+    check_dtype(fn, f"{a}.idx", seg.idx, INDEX_DTYPES)
+    if seg.idx.dim() != 2 or seg.idx.shape[0] != T:
+        fail(fn, f"{a}.idx", f"must have shape [T={T}, K]", f"shape {tuple(seg.idx.shape)}")
+    rule = _enum(fn, f"{a}.rule", IndexRule, seg.rule)
+    for name, t in ((f"{a}.rows", seg.rows), (f"{a}.idx", seg.idx)):
+        if t.device != device:
+            fail(fn, name, f"must be on the device of q ({device})", str(t.device))
+    if seg.length is not None:
+        check_dtype(fn, f"{a}.length", seg.length, INDEX_DTYPES)
+        if tuple(seg.length.shape) != (T,):
+            fail(fn, f"{a}.length", f"must have shape [T={T}]", f"shape {tuple(seg.length.shape)}")
+        if seg.length.device != device:
+            fail(fn, f"{a}.length", f"must be on the device of q ({device})", str(seg.length.device))
+    return rule
+
+
 def _prepare_segments(fn: str, segments: object, T: int, D: int, device: torch.device) -> list[_Seg]:
     if not isinstance(segments, (list, tuple)) or len(segments) == 0:
         fail(fn, "segments", "must be a non-empty list of Segment", type(segments).__name__)
     out = []
     for si, seg in enumerate(segments):
         a = f"segments[{si}]"
-        if not isinstance(seg, Segment):
-            fail(fn, a, "must be a Segment", type(seg).__name__)
-        check_dtype(fn, f"{a}.rows", seg.rows, _FLOATS)
-        if seg.rows.dim() != 2 or seg.rows.shape[1] != D:
-            fail(fn, f"{a}.rows", f"must have shape [N, {D}] (D of q)", f"shape {tuple(seg.rows.shape)}")
-        check_dtype(fn, f"{a}.idx", seg.idx, INDEX_DTYPES)
-        if seg.idx.dim() != 2 or seg.idx.shape[0] != T:
-            fail(fn, f"{a}.idx", f"must have shape [T={T}, K]", f"shape {tuple(seg.idx.shape)}")
-        rule = _enum(fn, f"{a}.rule", IndexRule, seg.rule)
+        rule = _check_segment_host(fn, si, seg, T, D, device)
         K = seg.idx.shape[1]
-        for name, t in ((f"{a}.rows", seg.rows), (f"{a}.idx", seg.idx)):
-            if t.device != device:
-                fail(fn, name, f"must be on the device of q ({device})", str(t.device))
         idx = seg.idx.to(torch.int64)
         col = torch.arange(K, device=device)
         if seg.length is None:
             in_prefix = torch.ones(T, K, dtype=torch.bool, device=device)
         else:
-            check_dtype(fn, f"{a}.length", seg.length, INDEX_DTYPES)
-            if tuple(seg.length.shape) != (T,):
-                fail(fn, f"{a}.length", f"must have shape [T={T}]", f"shape {tuple(seg.length.shape)}")
-            if seg.length.device != device:
-                fail(fn, f"{a}.length", f"must be on the device of q ({device})", str(seg.length.device))
             ln = seg.length.to(torch.int64)
             if T and (int(ln.min()) < 0 or int(ln.max()) > K):
                 fail(fn, f"{a}.length", f"must lie in [0, K={K}]", f"range [{int(ln.min())}, {int(ln.max())}]")
@@ -227,6 +235,38 @@ def _check_common(fn: str, q: object, segments: object, scale: object, sink: obj
     if chunk_tokens is not None:
         check_int(fn, "chunk_tokens", chunk_tokens, minimum=1)
     return T, H, D, segs, sc, sk, d_v
+
+
+def _check_host(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
+                chunk_tokens: object) -> tuple[int, int, int, list[IndexRule], float, int]:
+    """Every check of ``_check_common`` that reads no device value (types, dtypes, shapes, devices,
+    rules, scale, sink shape, d_v, chunk_tokens): ``(T, H, D, rules, scale, d_v)``. The value
+    checks (lengths in [0, K], -1-only indices, a NaN sink) stay ``_check_common``'s: a caller that
+    defers them (``attention_fast``) calls ``_check_common`` to raise the precise error."""
+    check_dtype(fn, "q", q, _FLOATS)
+    if q.dim() != 3:
+        fail(fn, "q", "must have shape [T, H, D]", f"shape {tuple(q.shape)}")
+    T, H, D = q.shape
+    if H < 1 or D < 1:
+        fail(fn, "q", "must have H >= 1 and D >= 1", f"shape {tuple(q.shape)}")
+    if not isinstance(segments, (list, tuple)) or len(segments) == 0:
+        fail(fn, "segments", "must be a non-empty list of Segment", type(segments).__name__)
+    rules = [_check_segment_host(fn, si, seg, T, D, q.device) for si, seg in enumerate(segments)]
+    sc = _check_scale(fn, scale)
+    if sink is not None:
+        check_dtype(fn, "sink", sink, _FLOATS)
+        if tuple(sink.shape) != (H,):
+            fail(fn, "sink", f"must have shape [H={H}]", f"shape {tuple(sink.shape)}")
+        if sink.device != q.device:
+            fail(fn, "sink", f"must be on the device of q ({q.device})", str(sink.device))
+    if d_v is None:
+        d_v = D
+    check_int(fn, "d_v", d_v, minimum=1)
+    if d_v > D:
+        fail(fn, "d_v", f"must be <= D={D}", d_v)
+    if chunk_tokens is not None:
+        check_int(fn, "chunk_tokens", chunk_tokens, minimum=1)
+    return T, H, D, rules, sc, d_v
 
 
 def segment_validity(segments: list[Segment], num_tokens: int) -> torch.Tensor:

@@ -5,9 +5,9 @@ GEMMs, and an a-priori bound on its distance from the ordered oracle, returned w
 -> FastOracleOut``: the ``OracleOut`` fields (same conventions 1-5 of ``attention.py``: lonely rows
 exactly 0 / ``-inf``, +-inf sinks, invalid rows zeroed before any arithmetic, NaN per
 ``NanPolicy``) plus ``bound``: per output (``out`` ``[T, H, d_v]``; ``lse``, ``lse_with_sink``,
-``max_logits`` ``[T, H]``) an elementwise float64 ``B`` with ``|fast - ordered| <= B`` wherever the
-output is finite; non-finite outputs are the same values in both modes (``B = 0`` there, as on
-lonely rows). Not bit-identical across devices (cuBLAS/BLAS choose the reduction order); the
+``max_logits`` ``[T, H]``) an elementwise float64 ``B >= 0`` with ``|fast - ordered| <= B`` wherever
+the output is finite; non-finite outputs are the same values in both modes (``B`` is finite there
+and carries no meaning; 0 on lonely rows and on rows whose ``lse`` is not finite). Not bit-identical across devices (cuBLAS/BLAS choose the reduction order); the
 ordered oracle stays the fixture path. Only ``AttentionMode.EXACT`` is provided.
 
 Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, valid slots only):
@@ -21,9 +21,9 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    bit for bit. With ``sum |q_d k_d| <= A = ||q||_2 ||K_k||_2`` (Cauchy-Schwarz, inflated by
    ``1 + 2**-30`` for the norms' own rounding) the test is per row: ``alpha[t,h] + max_k
    beta[t,k] < 53`` with ``alpha = log2||q|| - lq``, ``beta = log2||K_k|| - lk`` (norms and lsb
-   exponents of q and of the table rows are computed once per call, then gathered; for bfloat16
-   data the norm is a proven float32-computed upper bound, ``_row_stats``: every use of a norm
-   below only needs an upper bound). Elsewhere both the
+   exponents of q and of the table rows are computed once per call, then gathered; the norm is a
+   proven upper bound, ``_row_stats``: every use of a norm below only needs an upper bound).
+   Elsewhere both the
    GEMM and the ordered d-loop are within ``g_D A`` of the exact dot product, and the two scale
    multiplications add ``u`` each: ``e_k = scale A (2 g_D + 4u)``, bounded per row by
    ``scale ||q|| max_k ||K_k|| (2 g_D + 4u)``. Logits whose ``A`` is
@@ -65,11 +65,23 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    side rounds ``<= eps_l (1 + |lws|) + 2u |lws|`` (the rounding ``u |d|`` of ``d`` moves
    ``log1p(exp(-|d|))`` by ``<= u |d| e^-|d| <= u/e``): ``e_lws = e_lse + 2 eps_l (1 + |lws~|) + 4u (|lws~| + e_lse)``
    (= ``e_lse`` without a sink, 0 with a ``+inf`` sink).
-Every bound is multiplied by ``1 + 2**-20`` (second-order terms). Magnitude at DSv4 shapes
+Every bound is multiplied by ``1 + 2**-20`` (second-order terms, and the few float64 roundings of
+evaluating the bound itself). Magnitude at DSv4 shapes
 (K = 640..1152, D = 512, random FP8 caches): ``e_out <= 2e-10 V`` and ``e_lse <= 1.1e-10`` on rows
 whose logits are not proven exact, ``~1e-13 V`` and ``~1e-13`` on rows that are (the default
 cases: ``<= 3e-11``), against bf16 output tolerances ~4e-3 relative and LSE tolerances ~1e-5
 absolute: at least 1e5 times smaller.
+
+Evaluation (``bound_coefficients``): steps 2-7 are evaluated as one affine function per output of
+the per-row features ``x`` (``||q|| max_k ||K_k||`` on rows whose logits are approximate, else 0:
+``e_s = ck x``, ``delta = cd x``), ``ln L``, ``|lse|`` and ``|sink|``, whose non-negative
+coefficients upper-bound the formulas above on every row the fast logits serve (``delta <=
+2**-30``): ``e^delta - 1 <= delta (1 + 2**-30)``, ``1/(1 - r)`` and ``1/(1 - rho)`` at most their
+values at ``delta = 2**-30``, ``|sink - lse| <= |sink| + |lse|`` and ``|lse_with_sink| <= max(|lse|,
+|sink|) + ln 2``. A ``+-inf`` sink enters as 0: the sink factor is then exactly 1 or 0 in both
+modes (and ``lse_with_sink`` is ``lse`` or ``+inf``), so any non-negative bound holds there. The
+combination is one float64 ``addmm`` of non-negative terms (relative rounding ``g_5``, inside the
+``1 + 2**-20``).
 
 Assumes IEEE float64 GEMMs (every product and sum correctly rounded or fused; no reduced-precision
 float64 emulation) and denormals not flushed.
@@ -78,12 +90,16 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 (1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
 Results do not depend on the chunk size beyond the bound.
 
-Speed (the GPU call is launch-bound): the row statistics take one pass per table (pieces of
-``_STAT_BYTES``), chunks issue ~50 kernels and no host sync (``_chunk``), steps 4-7 run once on
-``[T, H]`` tensors (``_finish``), and one host sync at the end finds the rare chunks that need
+Speed (the GPU call is launch-bound: ~14 us per kernel launch on the H200 host, against ~0.2 ms
+of GEMMs at production decode shapes): ~100 kernels per call. The validation rules that need
+device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and read with
+the call's one host sync (``_layout``; ``_check_common`` then raises the precise error). Every
+segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics are one
+pass (``_row_stats``) and whose slot rows are one ``index_select`` per chunk; chunks issue ~30
+kernels (``_chunk``); steps 4-7 and all bounds run once on ``[T, H]`` tensors (``_finish``: the
+bounds are one ``addmm``). The one host sync at the end also finds the rare chunks that need
 ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed.
 """
-
 from __future__ import annotations
 
 import math
@@ -91,12 +107,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import _check_common, _enum
+from .attention import _check_common, _check_host, _enum
 from .errors import check_int
-from .policies import NanPolicy
+from .policies import IndexRule, NanPolicy
 
 __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast", "FAST_BUDGET_BYTES",
-           "BOUND_OUTPUTS"]
+           "BOUND_OUTPUTS", "bound_coefficients"]
 
 FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
 _CPU_LOGIT_BYTES = 8 * 2**20
@@ -107,27 +123,28 @@ _ETA = 2.0**-1022  # subnormal rounding of one exp value
 _SAFE = 1.0 + 2.0**-20
 _BIG = 2.0**1000
 _DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
+_EXACT_BITS = 53.0 - 2.0**-20  # alpha + beta below this: the row's dot products are exact
+_NQB_UP = 1.0 + 2.0**-28  # >= (1 + 2**-30)**2 (1 + 2u): fl(n_q n_k) -> upper bound of the exact product
 _NO_LSB = 1 << 20
 _STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
-_STAT_PER_ELEM = 56  # bytes per element of the float64 statistics path (copy, bits, lsb temporaries)
-_STAT_PER_ELEM_BF16 = 32  # bytes per element of the bfloat16 path (float32 square, int64 bits, ...)
+_STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
+_STAT_PER_ELEM_BF16 = 16  # bfloat16 tables: int64 lookup index, int16 bits, int32 result (or a float64 copy)
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
+# rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
+_B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
+_F_X, _F_LNL, _F_LSE, _F_SINK = range(4)
 
 
 def _gamma(n: int) -> float:
     return n * _U / (1.0 - n * _U)
 
 
-def _gamma32(n: int) -> float:
-    """``g_n`` for float32 (``u = 2**-24``)."""
-    return n * 2.0**-24 / (1.0 - n * 2.0**-24)
-
-
 @dataclass(frozen=True)
 class FastOracleOut:
     """``OracleOut`` fields (float64, on the device of ``q``) plus ``bound`` (dict of float64
     tensors shaped like ``out``/``lse``/``lse_with_sink``/``max_logits``: ``|fast - ordered|``
-    bound, 0 where both are exact or non-finite) and ``exact_logits``: the fraction of valid
+    bound, 0 where both are exact or lonely; meaningless at non-finite outputs) and
+    ``exact_logits``: the fraction of valid
     logits proven exact (equal to the ordered oracle's bits)."""
 
     out: torch.Tensor
@@ -146,20 +163,75 @@ class FastOracleOut:
 def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int, head_dim: int = 512,
                              d_v: int = 512, rows_itemsize: int = 2) -> int:
     """Upper estimate (bytes) of the fast oracle's live tensors for one chunk of ``c`` tokens:
-    ``c * (K*D*(b + 8 + 8) + 8*H*K*8 + 5*H*d_v*8 + 16*K + 64*H)``: gathered rows (source dtype
-    and float64, with a float64 allowance to spare), up to eight ``[H, K]`` logit-sized tensors,
-    output-sized tensors (outputs, their bounds, q's bit temporaries), per-slot scalars. Once per
-    call come the zero-row copy of each row table (``(N + 1) * D * b``) and the row statistics,
-    computed in pieces of ``<= _STAT_BYTES`` (1 GiB) of temporaries; the outputs and bounds of
-    all ``T`` tokens (``T * (2 * H * d_v + 8 * H) * 8`` bytes) are held until the call returns.
-    Production decode (H=128, K=1152, D=d_v=512): 21.7 MiB per token, so the default 1.5 GiB
-    budget gives 70-token chunks."""
+    ``c * (K*D*(b + 8) + 2*H*K*8 + 2*H*(D + d_v)*8 + 64*K + 64*H)``: the gathered rows in the
+    table's dtype (``b`` bytes) and as float64, the ``[H, K]`` logits (exponentiated in place) and
+    one spare logit-sized allowance (index/redo temporaries, masks), q in float64 and the chunk's
+    ``O``, and per-slot / per-row scalars (indices, gathered statistics). Once per call come the
+    table (rows of every segment, a zero row and q's ``T*H`` rows: ``(N + 1 + T*H) * D * b``), its
+    float64 copy when that takes at most ``_TABLE64_BYTES`` (512 MiB; the default chunking takes
+    it out of the budget), its statistics (``24``
+    bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
+    outputs and bounds of all ``T`` tokens (``T * (2 * H * d_v + 12 * H) * 8`` bytes), held until
+    the call returns. Production decode (H=128, K=1152, D=d_v=512): 9.95 MiB per token, so the
+    default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk)."""
     for name, v in (("chunk_tokens", chunk_tokens), ("num_heads", num_heads), ("head_dim", head_dim),
                     ("d_v", d_v), ("rows_itemsize", rows_itemsize)):
         check_int("peak_bytes_estimate_fast", name, v, minimum=1)
     check_int("peak_bytes_estimate_fast", "total_topk", total_topk, minimum=0)
     c, H, K, D = chunk_tokens, num_heads, total_topk, head_dim
-    return c * (K * D * (rows_itemsize + 16) + 8 * H * K * 8 + 5 * H * d_v * 8 + 16 * K + 64 * H)
+    return c * (K * D * (rows_itemsize + 8) + 2 * H * K * 8 + 2 * H * (D + d_v) * 8 + 64 * K + 64 * H)
+
+
+# ----------------------------------------------------------------------------- bound constants
+
+def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.Tensor:
+    """float64 ``[4, 5]``: per output row (``lse``, ``lse_with_sink``, ``max_logits``, ``out``
+    divided by ``V_j``) the coefficients of the features ``(x, ln L, |lse|, |sink|, 1)`` whose
+    combination upper-bounds the module docstring's steps 1-7 (section "Evaluation"), ``_SAFE``,
+    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_NQB_UP`` (``x`` multiplies the computed float64
+    norms; their upper bounds are ``1 + 2**-30`` larger each) included. ``K``: total slots,
+    ``D``: head dim."""
+    u, gK = _U, _gamma(K)
+    ck = scale * (2.0 * _gamma(D) + 4.0 * u)  # e_s = ck x
+    cd = 2.0 * ck * (1 + 2 * u) + 4.0 * u * scale * (1.0 + 2.0**-40) + 4.0 * u * ck  # delta = cd x
+    dmax = _DELTA_MAX * (1.0 + 2.0**-40)
+    r1 = (1.0 + dmax) * (1 + _EPS_E) / (1 - _EPS_E)  # r <= r1 delta + r0 (e^d - 1 <= d (1 + dmax))
+    r0 = 4.0 * _EPS_E / (1 - _EPS_E)
+    w = 1.0 / (1.0 - (r1 * dmax + r0))  # 1/(1 - r)
+    c1 = 1.0 / (1 - gK) + K * _ETA
+    rho1 = r1 * w * c1  # rho <= rho1 delta + rho0
+    rho0 = (r0 + gK) * w * c1 + gK / (1 - gK) + K * _ETA
+    w2 = 1.0 / (1.0 - (rho1 * dmax + rho0))  # 1/(1 - rho)
+    # e_lse = e_s (1 + 2u) + rho/(1 - rho) + 2 eps_l (ln L + 1) + 2u (|lse| + e_s + 1)
+    e_lse = [ck * (1 + 4 * u) + rho1 * cd * w2, 2 * _EPS_L, 2 * u, 0.0, rho0 * w2 + 2 * _EPS_L + 2 * u]
+    e_o = [2 * rho1 * cd, 0.0, 0.0, 0.0, 2 * rho0 + 2 * u]  # 2 rho + 2u
+    if with_sink:
+        # e_f = e_lse (1/4 + 2u) + 2u |d| + 2 eps_e + 6u, |d| <= |sink| + |lse|; out: e_o + e_f + 2u
+        a = 0.25 + 2 * u
+        e_out = [e_o[0] + a * e_lse[0], a * e_lse[1], a * e_lse[2] + 2 * u, 2 * u,
+                 e_o[4] + a * e_lse[4] + 2 * _EPS_E + 8 * u]
+        # e_lws = e_lse (1 + 4u) + (2 eps_l + 4u) |lws| + 2 eps_l, |lws| <= |lse| + |sink| + ln 2
+        b = 2 * _EPS_L + 4 * u
+        e_lws = [e_lse[0] * (1 + 4 * u), e_lse[1] * (1 + 4 * u), e_lse[2] * (1 + 4 * u) + b, b,
+                 e_lse[4] * (1 + 4 * u) + b * math.log(2.0) * (1 + 2.0**-40) + 2 * _EPS_L]
+    else:
+        e_out, e_lws = e_o, e_lse
+    e_max = [ck, 0.0, 0.0, 0.0, 0.0]
+    coef = torch.tensor([e_lse, e_lws, e_max, e_out], dtype=torch.float64) * _SAFE
+    coef[_B_OUT] *= 1 + 3 * gK
+    coef[:, _F_X] *= _NQB_UP  # x is the product of the float64 norms, not of their upper bounds
+    return coef
+
+
+def _delta_coefficient(D: int, scale: float) -> float:
+    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_NQB_UP`` included)."""
+    ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
+    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _NQB_UP
+
+
+# ----------------------------------------------------------------------------- row statistics
+
+_BF16_LSB: dict = {}
 
 
 def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
@@ -175,19 +247,6 @@ def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(sig == 0, torch.full_like(lsb, _NO_LSB), lsb)
 
 
-_BF16_LSB: dict = {}
-
-
-def _lsb_exp_bf16(x: torch.Tensor) -> torch.Tensor:
-    """int32 lsb exponent of each bfloat16 ``x``: one lookup of its 15 magnitude bits in a table of
-    all 2**15 patterns (built once per device by ``_lsb_exp_bf16_bits``; no float64 copy)."""
-    lut = _BF16_LSB.get(x.device)
-    if lut is None:
-        pat = torch.arange(2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        lut = _BF16_LSB[x.device] = _lsb_exp_bf16_bits(pat).to(x.device)
-    return lut[(x.view(torch.int16) & 0x7FFF).to(torch.int64)]
-
-
 def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
     """int32 lsb exponent of each bfloat16 ``x`` read from its 16 bits: a finite bf16 is
     ``sig * 2**(ef - 134)`` (normal: ``sig = 0x80 | man``, ``ef >= 1``) or ``man * 2**-133``
@@ -200,6 +259,143 @@ def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
     return torch.where(sig == 0, _NO_LSB, lsb)
 
 
+def _lsb_exp_bf16(x: torch.Tensor) -> torch.Tensor:
+    """int32 lsb exponent of each bfloat16 ``x``: one lookup of its 16 bits (as int16: negative
+    patterns index from the end) in a table of all 2**16 patterns (built once per device by
+    ``_lsb_exp_bf16_bits``; no float64 copy)."""
+    lut = _BF16_LSB.get(x.device)
+    if lut is None:
+        pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+        lut = _BF16_LSB[x.device] = _lsb_exp_bf16_bits(pat).to(x.device)
+    return lut[x.view(torch.int16).to(torch.int32)]
+
+
+def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``[N, 3]`` float64 per row of a 2-D table (read as it is: the caller scrubs NaN where the
+    policy says so): the float64 L2 norm ``n`` (``n (1 + 2**-30)`` bounds the exact norm, below),
+    ``log2(n) - lsb`` (``lsb``: the
+    least-significant-bit exponent, min over the dims; ``2**20`` for a zero row) and ``max_j
+    |v_j|`` over the finite values of the first ``d_v`` dims (a non-finite value only reaches
+    outputs that are non-finite in both modes). Pieces of ``_STAT_BYTES`` of temporaries.
+
+    The norm (step 1): ``torch.linalg.vector_norm(dtype=float64)``. A bfloat16/float16/float32
+    value squares exactly in float64 (at most 48 significant bits, no underflow); a float64 value's
+    square is within ``u`` relative, or ``2**-1075`` absolute when it underflows (``|x| <
+    2**-537``). Any summation order is within ``g_D`` relative and the square root adds ``u``, so
+    ``n (1 + 2**-30)`` (``n`` includes ``sqrt(D) 2**-537`` for a float64 table) bounds the exact
+    norm from above for ``D <= 2**20``; the callers fold that factor into their constants
+    (``_NQB_UP``; the exactness test's ``2**-20`` margin covers ``2 log2(1 + 2**-30)``). NaN/Inf give a non-finite ``n``: the caller then takes the ordered path."""
+    N, D = rows.shape
+    bf16 = rows.dtype == torch.bfloat16
+    step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
+    floor = math.sqrt(D) * 2.0**-537
+    pieces = []
+    for r0 in range(0, N, step):
+        x = rows[r0:r0 + step]
+        n = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)
+        if x.dtype == torch.float64:  # only float64 squares can underflow
+            n.add_(floor)
+        lsb = (_lsb_exp_bf16(x) if bf16 else _lsb_exp(x.to(torch.float64))).amin(dim=1)
+        v = x[:, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=1)
+        pieces.append(torch.stack([n, torch.log2(n).sub_(lsb), vmax], dim=1))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+# ----------------------------------------------------------------------------- layout
+
+_COLUMNS: dict = {}
+_COLUMNS_MAX = 32
+_COEF: dict = {}  # bound_coefficients on a device, per (K, D, scale, sink?, device)
+_ZERO_ROWS: dict = {}  # one zero row per (D, dtype, device)
+_TABLE64_BYTES = 2**29  # largest float64 copy of the table made once per call (512 MiB)
+
+
+def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> tuple:
+    """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
+    segment, its segment's ``N``, the segment's first table row, the -1-only flag, the segment
+    index; and ``[S]`` the segments' ``K``. Built on the host, copied once, kept for the next call
+    with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
+    key = (Ks, Ns, rules, str(dev))
+    hit = _COLUMNS.get(key)
+    if hit is not None:
+        return hit
+    cols, off = [], 0
+    for i, (k, N, r) in enumerate(zip(Ks, Ns, rules)):
+        cols.append(torch.stack([torch.arange(k), torch.full((k,), N), torch.full((k,), off),
+                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i)]))
+        off += N
+    ci = torch.cat(cols, dim=1).to(dev)
+    hit = (*ci.unbind(0), torch.tensor(Ks, dtype=torch.int64).to(dev))
+    if len(_COLUMNS) >= _COLUMNS_MAX:
+        _COLUMNS.pop(next(iter(_COLUMNS)))
+    _COLUMNS[key] = hit
+    return hit
+
+
+def _layout(segments, rules, T: int, dev: torch.device):
+    """``(valid, inv, gidx, n_valid, flags)``: validity ``[T, K]`` (bool) and its negation, table row of every slot
+    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` and
+    ``flags()``, the values that show whether a rule ``_check_common`` enforces is broken (a
+    length outside ``[0, K_s]``, or a -1-only segment holding another out-of-range value in its
+    prefix). No host sync: the caller issues ``flags()`` after the heavy kernels, reads them with
+    its one sync and then lets ``_check_common`` raise the precise error. Out-of-range slots never
+    reach a gather (they point at the zero row), so a bad input cannot fault the device first."""
+    Ks = tuple(s.idx.shape[1] for s in segments)
+    Ns = tuple(s.rows.shape[0] for s in segments)
+    K, Nrows = sum(Ks), sum(Ns)
+    pos, ncol, offcol, m1, seg_of_col, _ = _column_constants(Ks, Ns, tuple(rules), dev)
+    idx = segments[0].idx if len(segments) == 1 else torch.cat([s.idx for s in segments], dim=1)
+    lens = [s.length if s.length is not None else torch.full((T,), k, dtype=torch.int64, device=dev)
+            for s, k in zip(segments, Ks)]
+    if len(segments) == 1:
+        lts = lens[0].unsqueeze(1)  # [T, 1]
+        lcol = lts
+    else:
+        lts = torch.stack(lens, dim=1)  # [T, S]
+        lcol = lts.index_select(1, seg_of_col)  # [T, K]
+    in_prefix = pos < lcol
+    in_range = (idx >= 0) & (idx < ncol)
+    valid = in_prefix & in_range
+    inv = ~valid
+    gidx = (idx + offcol).masked_fill_(inv, Nrows)  # int64 (offcol is)
+
+    def flags() -> list[torch.Tensor]:
+        """1-D tensors whose values the host checks: the lengths' ``[min]`` and ``[max]`` per
+        segment (in ``[0, K_s]``) and the count of -1-only violations (0)."""
+        mn, mx = torch.aminmax(lts, dim=0)
+        out = [mn, mx]
+        if any(r == IndexRule.MINUS1_ONLY for r in rules):
+            b2 = (in_prefix ^ valid) & (idx != -1)
+            out.append((b2 if all(r == IndexRule.MINUS1_ONLY for r in rules) else b2 & m1.bool()).sum().view(1))
+        return out
+
+    return valid, inv, gidx, valid.sum(dim=1), flags
+
+
+def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
+    """One table ``[Nrows + 1 + T*H, D]``: every segment's rows (NaN scrubbed under ``SCRUB``),
+    one zero row (what an invalid slot reads, ``attention._gather``) and q's ``T*H`` rows (never
+    scrubbed; their statistics come from the same pass). One dtype: the common one, else float64
+    (every accepted dtype converts to float64 exactly)."""
+    T, H, D = q.shape
+    dts = {s.rows.dtype for s in segments} | {q.dtype}
+    dt = dts.pop() if len(dts) == 1 else torch.float64
+    Nrows = sum(s.rows.shape[0] for s in segments)
+    zkey = (D, dt, str(q.device))
+    zero = _ZERO_ROWS.get(zkey)
+    if zero is None:
+        zero = _ZERO_ROWS[zkey] = torch.zeros(1, D, dtype=dt, device=q.device)
+    parts = [s.rows for s in segments] + [zero, q.reshape(T * H, D)]
+    table = torch.cat(parts).to(dt)
+    if nan_policy == NanPolicy.SCRUB:
+        r = table[:Nrows]
+        r.masked_fill_(torch.isnan(r), 0.0)
+    return table, Nrows
+
+
+# ----------------------------------------------------------------------------- chunks
+
 def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float) -> torch.Tensor:
     """The ordered oracle's logits (d = 0..D-1, multiply then add from +0) for the listed
     ``(t, h, k)`` positions ``where`` ``[n, 3]``: bit-identical to ``attention._logits``."""
@@ -211,218 +407,98 @@ def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale:
     return acc.mul_(scale)
 
 
-def _row_stats(rows: torch.Tensor, nan_policy: NanPolicy, d_v: int) -> tuple[torch.Tensor, ...]:
-    """Per row of a 2-D table (``[N]`` each): an upper bound of the float64 L2 norm (float64),
-    least-significant-bit exponent (int64, min over dims) and ``max_j |v_j|`` (float64) over the
-    finite values of the first ``d_v`` dims (a non-finite value only reaches outputs that are
-    non-finite in both modes), of the row as the oracle reads it (NaN scrubbed under ``SCRUB``).
-    Pieces of ``_STAT_BYTES`` of temporaries (``_stats_many`` runs same-dtype tables, q included,
-    as one table: one pass per call at production shapes).
-
-    bfloat16 rows (the production caches and q): lsb exponents from the int16 bits; the norm from
-    an float32 sum of squares. A bf16 value has 8 significant bits, so its float32 square is exact
-    unless it underflows (absolute error ``<= 2**-150`` per square, float32 subnormal spacing / 2)
-    or overflows (``inf``: the norm is then ``inf`` and the caller takes the ordered path, exactly
-    as for a non-finite value); the float32 sum of ``D`` squares in any order is within ``g_D(2**-24)``
-    relative of the exact sum of the rounded squares. So ``||x||^2 <= S32 / (1 - g_D(2**-24)) + D
-    2**-149`` and the float64 ``sqrt`` of that, times ``1 + 2**-50`` for the two float64 roundings,
-    is an upper bound of the exact (hence of the float64-computed, up to ``2**-30``) norm. The
-    bound is only used as an upper bound (Cauchy-Schwarz, the exactness test's ``log2||x||``)."""
-    N, D = rows.shape
-    dev = rows.device
-    out = (torch.empty(N, dtype=torch.float64, device=dev), torch.empty(N, dtype=torch.int64, device=dev),
-           torch.empty(N, dtype=torch.float64, device=dev))
-    bf16 = rows.dtype == torch.bfloat16
-    step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
-    g32 = _gamma32(D)
-    for r0 in range(0, N, step):
-        x = rows[r0:r0 + step]
-        if nan_policy == NanPolicy.SCRUB and x.is_floating_point():
-            x = x.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf)
-        r1 = r0 + x.shape[0]
-        if bf16:
-            s32 = x.float().square_().sum(dim=1)
-            torch.sqrt(s32.double().mul_(1.0 / (1.0 - g32)).add_(D * 2.0**-149), out=out[0][r0:r1])
-            out[0][r0:r1].mul_(1.0 + 2.0**-50)
-            out[1][r0:r1].copy_(_lsb_exp_bf16(x).amin(dim=1))
-            xv = x[:, :d_v].abs()
-            out[2][r0:r1].copy_(torch.where(torch.isfinite(xv), xv, 0.0).amax(dim=1))
-        else:
-            x = x.to(torch.float64)
-            out[0][r0:r1].copy_(torch.linalg.vector_norm(x, dim=1))
-            out[1][r0:r1].copy_(_lsb_exp(x).amin(dim=1))
-            xv = x[:, :d_v].abs()
-            out[2][r0:r1].copy_(torch.where(torch.isfinite(xv), xv, 0.0).amax(dim=1))
-    return out
+def _softmax_pv(table, gidx, negmask, qrows, scale, d_v):
+    """Steps 1-3 and ``bmm(p, V) / L`` for one chunk of ``c`` tokens with the fast logits:
+    ``gidx`` ``[c, K]`` table rows of the slots, ``negmask`` ``[c, K]`` float64 ``0`` (valid) /
+    ``-inf`` (invalid), ``qrows`` the chunk's q rows of the table (``slice``). Returns ``(O [c, H,
+    d_v], m, L)`` (no host sync). Only the GEMMs and the softmax passes: issued first, so the GPU
+    runs them while the host issues the statistics and bounds (``_row_tests``) that decide whether
+    these logits stand. Lonely rows (no valid slot) give garbage, masked by ``_finish``."""
+    c, K = gidx.shape
+    D = table.shape[1]
+    g = table.index_select(0, gidx.reshape(-1)).view(c, K, D).to(torch.float64)
+    qc = table[qrows].view(c, -1, D).to(torch.float64)
+    s = torch.bmm(qc, g.transpose(1, 2))
+    # scale and mask in one pass: -inf + fl(scale s) = -inf, 0 + fl(scale s) = fl(scale s) (fused or
+    # not; a -0 turns +0, which neither the max nor exp sees). It needs every logit finite: true when
+    # no row needs the ordered logits (q and every valid row finite, invalid slots read the zero
+    # row); a chunk with such a row is discarded and run by ``_chunk_ordered``.
+    torch.add(negmask.unsqueeze(1), s, alpha=scale, out=s)
+    return _softmax_tail(s, g, d_v)
 
 
-def _stats_many(mats, d_v: int) -> list:
-    """``_row_stats`` of several ``(rows, nan_policy)`` tables, in order; consecutive tables of the
-    same dtype, width and effective policy share one pass over their concatenation (fewer kernel
-    launches; the statistics are per row, so the result is the same)."""
-    out, i = [], 0
-    while i < len(mats):
-        x, pol = mats[i]
-        key = (x.dtype, x.shape[1], pol if x.is_floating_point() else None)
-        j = i + 1
-        while j < len(mats) and (mats[j][0].dtype, mats[j][0].shape[1],
-                                 mats[j][1] if mats[j][0].is_floating_point() else None) == key:
-            j += 1
-        group = [m[0] for m in mats[i:j]]
-        st = _row_stats(group[0] if j == i + 1 else torch.cat(group), pol, d_v)
-        sizes = [g.shape[0] for g in group]
-        out.extend(zip(*(t.split(sizes) for t in st)))
-        i = j
-    return out
-
-
-def _stat_tables(segs, stats):
-    """The per-segment row statistics concatenated, with one trailing entry for the zero row
-    (norm 0, no lsb, ``max |v|`` 0), and the ``[T, K]`` index of every slot into them (invalid
-    slots point at the trailing entry): one gather per statistic per chunk."""
-    dev = segs[0].idx.device
-    nks, lks, vms, idxs, off = [], [], [], [], 0
-    for seg, (nk, lk, vm) in zip(segs, stats):
-        nks.append(nk), lks.append(lk), vms.append(vm)
-        idxs.append(seg.idx.to(torch.int64) + off)
-        off += nk.shape[0]
-    nks.append(torch.zeros(1, dtype=torch.float64, device=dev))
-    lks.append(torch.full((1,), _NO_LSB, dtype=torch.int64, device=dev))
-    vms.append(torch.zeros(1, dtype=torch.float64, device=dev))
-    valid = torch.cat([sg.valid for sg in segs], dim=1)
-    gidx = torch.where(valid, torch.cat(idxs, dim=1), off)
-    return (torch.cat(nks), torch.cat(lks), torch.cat(vms)), gidx
-
-
-def _zero_row_tables(segs, nan_policy: NanPolicy) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per segment: the rows with one zero row appended (scrubbed under ``SCRUB``) and ``[T, K]``
-    indices with every invalid slot pointing at that zero row: one ``index_select`` then gathers
-    exactly what ``attention._gather`` produces (invalid rows +0, NaN scrubbed), in two passes."""
-    out = []
-    for sg in segs:
-        rows = sg.rows
-        if nan_policy == NanPolicy.SCRUB and rows.is_floating_point():
-            rows = rows.masked_fill(torch.isnan(rows), 0.0)
-        N = rows.shape[0]
-        table = torch.cat([rows, torch.zeros(1, rows.shape[1], dtype=rows.dtype, device=rows.device)])
-        out.append((table, torch.where(sg.valid, sg.idx, N)))
-    return out
-
-
-def _gather_rows(tables, t0: int, t1: int, D: int) -> torch.Tensor:
-    """Gathered float64 rows ``[c, K, D]`` of tokens ``t0:t1`` (invalid slots: +0 rows)."""
-    K = sum(ix.shape[1] for _, ix in tables)
-    g = torch.empty(t1 - t0, K, D, dtype=torch.float64, device=tables[0][0].device)
-    off = 0
-    for table, ix in tables:
-        Ks = ix.shape[1]
-        if Ks:
-            sel = table.index_select(0, ix[t0:t1].reshape(-1)).view(t1 - t0, Ks, D)
-            g[:, off:off + Ks].copy_(sel)
-        off += Ks
-    return g
-
-
-def _chunk(qc, g, valid, scale, d_v, nk, lk, vrow, nq, lq, apply_redo=False):
-    """Steps 1-3 and ``bmm(p, V) / L`` for one chunk of ``c`` tokens: ``qc`` ``[c, H, D]`` float64,
-    ``g`` ``[c, K, D]`` gathered rows, ``valid`` ``[c, K]``, slot statistics ``nk``/``lk``/``vrow``
-    ``[c, K]`` (0 / none / 0 on invalid slots), q statistics ``nq`` (norm upper bound) / ``lq``
-    ``[c, H]``. Returns ``(O [c, H, d_v], m, L, e_s, delta [c, H], vmax [c], n_valid [c], n_exact,
-    needs_redo)`` (device tensors, no host sync). ``needs_redo``: some row must take the ordered
-    logits; without ``apply_redo`` they are NOT recomputed: the caller runs such a chunk again
-    with ``apply_redo=True``. Lonely rows (no valid slot) give garbage, masked by ``_finish``."""
-    c, H, D = qc.shape
-    K = g.shape[1]
-    dev = qc.device
-    n_valid = valid.sum(dim=1)
-    if K == 0:
-        z = torch.zeros(c, H, dtype=torch.float64, device=dev)
-        return (torch.zeros(c, H, d_v, dtype=torch.float64, device=dev), z, z, z, z, z[:, 0], n_valid,
-                torch.zeros((), dtype=torch.int64, device=dev), torch.zeros((), dtype=torch.bool, device=dev))
-    vmask = valid.unsqueeze(1)  # [c, 1, K]
-    ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
-    # 1. logits: unordered GEMM; per-row exactness test (step 1), per-element only where needed
-    s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    nq = nq * (1.0 + 2.0**-30)  # [c, H]
-    big = nk.amax(dim=1, keepdim=True) * (1.0 + 2.0**-30)  # [c, 1]: largest valid row norm (invalid: 0)
-    beta = torch.where(nk > 0, torch.log2(nk * (1.0 + 2.0**-30)) - lk, -math.inf).amax(dim=1, keepdim=True)
-    nqb = nq * big  # [c, H]: ||q|| max_k ||K_k|| (NaN/inf where a norm is)
-    row_ok = nqb <= _BIG  # False for NaN / inf
-    row_exact = row_ok & ((nq == 0) | (torch.log2(nq) - lq + beta + 2.0**-20 < 53.0))
-    # e_s: upper bound of max e_k; smax: |s~_k| <= scale ||q|| max||K|| (1 + g_D) on a finite row, so
-    # the softmax argument spread max|d~| <= smax = 2 scale ||q|| max||K|| (1 + 2**-40): no pass over [c, H, K]
-    e_s = ck * nqb
-    delta = 2.0 * e_s * (1 + 2 * _U) + 2 * _U * ((2.0 * scale * (1.0 + 2.0**-40)) * nqb + 2.0 * e_s)
-    # rows with NaN/Inf/huge products, or whose bound is not small against the softmax: ordered logits
-    fast_row = row_ok & (row_exact | (delta <= _DELTA_MAX))
-    approx = fast_row & ~row_exact
-    e_s = torch.where(approx, e_s, 0.0)
-    delta = torch.where(approx, delta, 0.0)
-    redo = vmask & ~fast_row.unsqueeze(2)
-    needs_redo = redo.any()
-    if apply_redo:
-        w = redo.nonzero()
-        s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
-    n_exact = (n_valid.unsqueeze(1) * ~approx).sum()
-    # 2. softmax steps of the ordered oracle; p = exp(s - m) (torch.exp, one pass, in place)
-    s.masked_fill_(~vmask, -math.inf)
-    m = s.amax(dim=2) + 0.0
-    p = s.sub_(m.unsqueeze(2)).exp_()
-    del s
-    # 3-5. unordered sums
+def _softmax_tail(s, g, d_v):
+    """Steps 2-3 and ``bmm(p, V) / L`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed)."""
+    m = s.amax(dim=2).add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
+    p = s.sub_(m.unsqueeze(2)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
     L = p.sum(dim=2)
     O = torch.bmm(p, g[:, :, :d_v]).div_(L.unsqueeze(2))
-    del p
-    return O, m, L, e_s, delta, vrow.amax(dim=1), n_valid, n_exact, needs_redo
+    return O, m, L
 
 
-def _finish(O, m, L, e_s, delta, vmax, n_valid, sink, K):
-    """Steps 4-7 for all tokens at once (``[T, H]`` arithmetic: a fixed number of kernel launches
-    per call), with the ordered oracle's lonely-row conventions. ``vmax`` ``[T]`` is ``>=`` every
-    finite ``|v_kj|`` of the token (invalid slots: 0). Bound terms may be NaN/inf only where the
-    output they bound is non-finite or lonely (masked to 0 at the end): a row with a finite
-    ``lse`` has finite ``m``, ``L >= 1`` and ``ln L``. Constant factors are folded (``rho`` as an
-    affine function of ``kr``): reassociation changes the bound by a few ``u`` relative, covered by
-    ``_SAFE``."""
+def _row_tests(stats, gidx, qrows, lims):
+    """Step 1's per-row decisions for one chunk from the row statistics (``_row_stats`` of the
+    table): ``(x [c, H], vmax [c], approx [c, H], fast [c, H])``. ``x = ||q|| max_k ||K_k||`` on rows
+    whose logits are approximate (bounded), else 0; ``approx``: those rows (the others are proven
+    exact or redone); ``fast``: the row keeps the fast logits (else it must take the ordered
+    logits: its products are NaN/Inf/huge, or its ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max
+    |v|`` over the token's slots. ``lims``: float64 ``[xmax, _BIG, 0]`` on the device."""
+    c, K = gidx.shape
+    ks = stats.index_select(0, gidx.reshape(-1)).view(c, K, 3).amax(dim=1)  # max ||K||, max beta, max |v|
+    qs = stats[qrows].view(c, -1, 3)
+    nqb = qs[:, :, 0] * ks[:, 0:1]  # ||q|| max_k ||K_k|| (NaN/inf where a norm is)
+    exact = (qs[:, :, 1] + ks[:, 1:2]) < _EXACT_BITS
+    fast = nqb <= torch.where(exact, lims[1], lims[0])  # NaN: False
+    approx = fast > exact  # fast and not exact
+    return torch.where(approx, nqb, lims[2]), ks[:, 2], approx, fast
+
+
+def _chunk_ordered(table, stats, gidx, inv, qrows, scale, d_v, lims):
+    """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
+    recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
+    and invalid slots masked to ``-inf`` whatever their logit. Returns ``_softmax_pv``'s triple and
+    ``_row_tests``' first three."""
+    c, K = gidx.shape
+    D = table.shape[1]
+    g = table.index_select(0, gidx.reshape(-1)).view(c, K, D).to(torch.float64)
+    qc = table[qrows].view(c, -1, D).to(torch.float64)
+    s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
+    x, vmax, approx, fast = _row_tests(stats, gidx, qrows, lims)
+    redo = ~fast
+    w = (redo.unsqueeze(2) & ~inv.unsqueeze(1)).nonzero()
+    s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
+    s.masked_fill_(inv.unsqueeze(1), -math.inf)
+    return (*_softmax_tail(s, g, d_v), x, vmax, approx)
+
+
+def _finish(O, m, L, x, vmax, n_valid, sink, coef):
+    """Steps 4-7 and the bounds for all tokens at once (``[T, H]`` tensors, a fixed number of
+    kernel launches per call), with the ordered oracle's lonely-row conventions. ``coef``:
+    ``bound_coefficients`` (on the device). Works in place on ``O``. A row with a finite output
+    has finite features (``x <= 2**1000``, ``ln L`` in ``[0, ln K]``, finite ``lse`` and sink),
+    so its bounds are finite; a lonely row has ``lse = -inf``, so every bound of it comes out
+    non-finite and is set to 0, as are the bounds of rows whose ``lse`` is NaN/Inf. Bounds at
+    other non-finite outputs (NaN/Inf values, a ``+inf`` sink's ``lse_with_sink``: the same values
+    in both modes) are finite and carry no meaning. The ``out`` bound is a broadcast view ``[T,
+    H, d_v]`` of ``V_j * B[t, h]``."""
     T, H = m.shape
-    has = (n_valid > 0).unsqueeze(1)  # [T, 1]
+    nohas = (n_valid == 0).unsqueeze(1)  # [T, 1]
     lnL = torch.log(L)
-    lse = m + lnL
-    gK, u = _gamma(K), _U
-    r = torch.expm1(delta).mul_((1 + _EPS_E) / (1 - _EPS_E)).add_(2.0 * _EPS_E / (1 - _EPS_E))
-    kr = (r + gK).div_(1.0 - r)
-    # rho = (gK + kr)/(1 - gK) + K eta (1 + kr)
-    rho = kr.mul_(1.0 / (1 - gK) + K * _ETA).add_(gK / (1 - gK) + K * _ETA)
-    # e_lse = e_s + rho/(1 - rho) + 2 eps_l (|ln L| + 1) + 2u (|lse| + e_s + 1)
-    e_lse = rho / (1.0 - rho)
-    e_lse.add_(e_s, alpha=1 + 2 * u).add_(lnL.abs(), alpha=2 * _EPS_L).add_(lse.abs(), alpha=2 * u)
-    e_lse.add_(2 * _EPS_L + 2 * u)
-    e_o = rho.mul_(2.0).add_(2 * u)  # [T, H]: e_out / (V_j (1 + 3 g_K))
-    lse = lse.masked_fill_(~has, -math.inf)
+    lse = (m + lnL).masked_fill_(nohas, -math.inf)
+    feats = [x, lnL, lse]
     if sink is None:
-        out = O
-        lws = lse
-        e_lws = e_lse
+        out, lws = O, lse
     else:
         sk = sink.unsqueeze(0)  # [1, H]
-        d = sk - lse
-        out = O.mul_(torch.exp(d).add_(1.0).reciprocal_().unsqueeze(2))
-        # e_f = e_lse/4 + 2 eps_f, eps_f = eps_e + 3u + u (|sink - lse| + e_lse); 0 for +-inf sinks
-        e_f = d.abs_().mul_(2 * u).add_(e_lse, alpha=0.25 + 2 * u).add_(2 * (_EPS_E + 3 * u))
-        e_o = torch.where(torch.isinf(sk), e_o + 2 * u, e_o.add_(e_f).add_(2 * u))
-        e_o.masked_fill_(sk == math.inf, 0.0)
+        out = O.mul_(torch.exp(sk - lse).add_(1.0).reciprocal_().unsqueeze(2))
         lws = torch.logaddexp(lse, sk)
-        # e_lws = e_lse + 2 eps_l (1 + |lws|) + 4u (|lws| + e_lse) (a -inf sink: lws = lse, so this
-        # is >= e_lse; a +inf sink: lws = +inf, masked below)
-        e_lws = lws.abs().mul_(2 * _EPS_L + 4 * u).add_(e_lse, alpha=1 + 4 * u).add_(2 * _EPS_L)
-    out = out.masked_fill_(~has.unsqueeze(2), 0.0)
-    m = m.masked_fill(~has, -math.inf)
-    e_out = (vmax.view(T, 1, 1) * ((1 + 3 * gK) * _SAFE)) * e_o.unsqueeze(2)
-    b = {"out": torch.where(has.unsqueeze(2) & torch.isfinite(out), e_out, 0.0),
-         "lse": torch.where(torch.isfinite(lse), e_lse * _SAFE, 0.0),
-         "lse_with_sink": torch.where(has & torch.isfinite(lws), e_lws * _SAFE, 0.0),
-         "max_logits": torch.where(torch.isfinite(m), e_s * _SAFE, 0.0)}
-    return (out, lse, lws, m, n_valid), b
+        feats.append(sink.nan_to_num(posinf=0.0, neginf=0.0).expand(T, H))  # +-inf sinks: see "Evaluation"
+    F = torch.stack(feats).abs_().view(len(feats), T * H)
+    B = torch.addmm(coef[:, -1:], coef[:, :len(feats)], F).view(4, T, H).nan_to_num_(nan=0.0, posinf=0.0)
+    out.masked_fill_(nohas.unsqueeze(2), 0.0)
+    e_out = (B[_B_OUT].unsqueeze(2) * vmax.view(T, 1, 1)).expand(T, H, out.shape[2])
+    bound = {"out": e_out, "lse": B[_B_LSE], "lse_with_sink": B[_B_LWS], "max_logits": B[_B_MAX]}
+    return (out, lse, lws, m, n_valid), bound
 
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
@@ -431,45 +507,87 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     """Fast judging oracle (module docstring: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only)."""
     fn = "fast_sparse_attention"
-    T, H, D, segs, sc, sk, d_v = _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)
+    T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = _enum(fn, "nan_policy", NanPolicy, nan_policy)
-    K = sum(s.idx.shape[1] for s in segs)
-    if chunk_tokens is None:
-        item = max(s.rows.element_size() for s in segs)
-        per = peak_bytes_estimate_fast(1, H, K, D, d_v, item)
-        chunk_tokens = max(1, FAST_BUDGET_BYTES // per)
-        if q.device.type == "cpu":
-            chunk_tokens = min(chunk_tokens, max(1, _CPU_LOGIT_BYTES // max(1, 8 * H * K)))
     dev = q.device
+    K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
+        _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
         e2 = torch.empty(0, H, dtype=torch.float64, device=dev)
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
                              {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
-    # q as the oracle reads it (never scrubbed), then the tables
-    st = _stats_many([(q.reshape(T * H, D), NanPolicy.PROPAGATE)] + [(sg.rows, nan_policy) for sg in segs], d_v)
-    nqa, lqa, _ = st[0]
-    stats, gidx = _stat_tables(segs, st[1:])
-    nqa, lqa = nqa.view(T, H), lqa.view(T, H)
-    tables = _zero_row_tables(segs, nan_policy)
-    valid_all = torch.cat([sg.valid for sg in segs], dim=1)
-
-    def run(t0, t1, apply_redo):
-        g, ix = _gather_rows(tables, t0, t1, D), gidx[t0:t1]
-        return _chunk(q[t0:t1].to(torch.float64), g, valid_all[t0:t1], sc, d_v, stats[0][ix],
-                      stats[1][ix], stats[2][ix], nqa[t0:t1], lqa[t0:t1], apply_redo)
-
-    # no host sync inside the loop: chunks whose rows need the ordered logits (NaN/Inf, extreme
-    # magnitudes: rare) are found with one sync at the end and run again with the ordered logits
+    valid, inv, gidx, n_valid, flags = _layout(segments, rules, T, dev)
+    sk = None if sink is None else sink.to(torch.float64)
+    table, Nrows = _table(segments, q, nan_policy)
+    # the GEMMs read float64 rows: convert the table once when that is small (it is smaller than
+    # the gathered rows at production shapes); the chunks' budget shrinks by its size
+    src = table if table.dtype == torch.float64 or table.numel() * 8 > _TABLE64_BYTES else table.to(torch.float64)
+    if chunk_tokens is None:
+        per = peak_bytes_estimate_fast(1, H, K, D, d_v, table.element_size())
+        chunk_tokens = max(1, (FAST_BUDGET_BYTES - (src.numel() * 8 if src is not table else 0)) // per)
+        if dev.type == "cpu":
+            chunk_tokens = min(chunk_tokens, max(1, _CPU_LOGIT_BYTES // max(1, 8 * H * K)))
+    q0 = Nrows + 1
+    key = (K, D, sc, sk is not None, str(dev))
+    consts = _COEF.get(key)
+    if consts is None:
+        if len(_COEF) >= _COLUMNS_MAX:
+            _COEF.pop(next(iter(_COEF)))
+        lims = [_DELTA_MAX / _delta_coefficient(D, sc), _BIG, 0.0]  # [xmax, _BIG, 0]
+        both = torch.cat([bound_coefficients(K, D, sc, sk is not None).view(-1), torch.tensor(lims, dtype=torch.float64)])
+        both = both.to(dev)
+        consts = _COEF[key] = (both[:20].view(4, 5), both[20:])
+    coef, lims = consts
     spans = [(t0, min(T, t0 + chunk_tokens)) for t0 in range(0, T, chunk_tokens)]
-    parts = [run(t0, t1, False) for t0, t1 in spans]
-    host = torch.stack([sum(p[6].sum() for p in parts).to(torch.int64).reshape(())]
-                       + [p[8].to(torch.int64) for p in parts]).tolist()  # the one host sync
-    for i, (t0, t1) in enumerate(spans):
-        if host[1 + i]:
-            parts[i] = run(t0, t1, True)
-    cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*(x[:7] for x in parts))]
-    (out, lse, lws, m, n_valid), bound = _finish(*cols, sk, K)
-    ne, na = sum(p[7] for p in parts), host[0] * H
-    return FastOracleOut(out, lse, lws, m, n_valid.to(torch.int32), bound,
-                         (int(ne) / na) if na else 1.0)
+
+    def rows(t0, t1):
+        return slice(q0 + t0 * H, q0 + t1 * H)
+
+    # Issue order (the call is launch-bound): the GEMMs and softmax passes first, so the GPU runs
+    # them while the host issues the row statistics, the exactness tests, the bounds and the
+    # validation flags; then the call's one host sync. Chunks with rows that need the ordered
+    # logits (NaN/Inf, extreme magnitudes: rare) are then run again with them and steps 4-7 redone.
+    if K == 0:  # every row lonely (m = -inf, as ``_finish`` expects of a lonely row)
+        z = torch.zeros(T, H, dtype=torch.float64, device=dev)
+        heavy = [(torch.zeros(T, H, d_v, dtype=torch.float64, device=dev), torch.full_like(z, -math.inf), z)]
+        spans = [(0, T)]
+    else:
+        negmask = torch.zeros(T, K, dtype=torch.float64, device=dev).masked_fill_(inv, -math.inf)
+        heavy = [_softmax_pv(src, gidx[t0:t1], negmask[t0:t1], rows(t0, t1), sc, d_v) for t0, t1 in spans]
+    stats = _row_stats(table, d_v)
+    if K == 0:
+        tests = [(z, z[:, 0], torch.zeros(T, H, dtype=torch.bool, device=dev), torch.ones(T, H, dtype=torch.bool, device=dev))]
+    else:
+        tests = [_row_tests(stats, gidx[t0:t1], rows(t0, t1), lims) for t0, t1 in spans]
+    parts = [(*h, *t[:3]) for h, t in zip(heavy, tests)]
+
+    def finish(parts):
+        # _finish works in place on O: one chunk's own O (a redo replaces that chunk), or a fresh cat
+        cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*parts)]
+        O, m, L, x, vmax, approx = cols
+        n_approx = (approx.sum(dim=1) * n_valid).sum()
+        return _finish(O, m, L, x, vmax, n_valid, sk, coef), n_approx
+
+    res, n_approx = finish(parts)
+    checks = flags()
+    if sk is not None:
+        checks.append(torch.isnan(sk).sum().view(1))
+    S, nck = len(segments), len(spans)
+    fast_flags = [t[3].all().view(1) for t in tests]
+    host = torch.cat(checks + [n_valid.sum().view(1), n_approx.view(1)] + fast_flags).tolist()  # the one host sync
+    lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
+    n_total, n_ap, redo = rest[-2 - nck], rest[-1 - nck], [not f for f in rest[len(rest) - nck:]]
+    if (any(v < 0 for v in lmin) or any(v > s.idx.shape[1] for v, s in zip(lmax, segments))
+            or any(rest[:len(rest) - 2 - nck])):
+        _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
+        raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
+                             "_check_common accepts")  # pragma: no cover - a bug, not an input error
+    if any(redo):
+        parts = [_chunk_ordered(src, stats, gidx[t0:t1], inv[t0:t1], rows(t0, t1), sc, d_v, lims)
+                 if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, parts))]
+        res, n_approx = finish(parts)
+        n_ap = int(n_approx)
+    (out, lse, lws, m, n_valid), bound = res
+    na = n_total * H
+    return FastOracleOut(out, lse, lws, m, n_valid.to(torch.int32), bound, (1.0 - n_ap / na) if na else 1.0)
