@@ -92,7 +92,8 @@ def _check_schema(d):
     assert set(d["summary"]) == set(check_mod.ROW_VERDICTS)
     for r in d["rows"]:
         assert set(r) == {"entry", "kind", "package", "stage", "cases", "judged", "verdict", "worst_ulps", "headroom",
-                          "note"}
+                          "note", "seconds"}
+        assert isinstance(r["seconds"], float) and r["seconds"] >= 0
         assert 0 <= r["judged"] <= max(r["cases"], 0) and (r["verdict"] != "unavailable" or r["judged"] == 0)
         assert r["kind"] in ("kernel", "reference-fixtures", "recorded-fixtures")
         assert r["verdict"] in check_mod.ROW_VERDICTS and isinstance(r["cases"], int)
