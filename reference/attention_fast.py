@@ -442,7 +442,7 @@ def _row_tests(stats, gidx, qrows, lims):
     whose logits are approximate (bounded), else 0; ``approx``: those rows (the others are proven
     exact or redone); ``fast``: the row keeps the fast logits (else it must take the ordered
     logits: its products are NaN/Inf/huge, or its ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max
-    |v|`` over the token's slots. ``lims``: float64 ``[xmax, _BIG, 0]`` on the device."""
+    |v|`` over the token's slots. ``lims``: float64 ``[xmax, _BIG, 0, -inf]`` on the device."""
     c, K = gidx.shape
     ks = stats.index_select(0, gidx.reshape(-1)).view(c, K, 3).amax(dim=1)  # max ||K||, max beta, max |v|
     qs = stats[qrows].view(c, -1, 3)
@@ -534,7 +534,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if consts is None:
         if len(_COEF) >= _COLUMNS_MAX:
             _COEF.pop(next(iter(_COEF)))
-        lims = [_DELTA_MAX / _delta_coefficient(D, sc), _BIG, 0.0]  # [xmax, _BIG, 0]
+        lims = [_DELTA_MAX / _delta_coefficient(D, sc), _BIG, 0.0, -math.inf]  # [xmax, _BIG, 0, -inf]
         both = torch.cat([bound_coefficients(K, D, sc, sk is not None).view(-1), torch.tensor(lims, dtype=torch.float64)])
         both = both.to(dev)
         consts = _COEF[key] = (both[:20].view(4, 5), both[20:])
@@ -553,7 +553,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         heavy = [(torch.zeros(T, H, d_v, dtype=torch.float64, device=dev), torch.full_like(z, -math.inf), z)]
         spans = [(0, T)]
     else:
-        negmask = torch.zeros(T, K, dtype=torch.float64, device=dev).masked_fill_(inv, -math.inf)
+        negmask = torch.where(valid, lims[2], lims[3])  # float64 0 / -inf
         heavy = [_softmax_pv(src, gidx[t0:t1], negmask[t0:t1], rows(t0, t1), sc, d_v) for t0, t1 in spans]
     stats = _row_stats(table, d_v)
     if K == 0:
