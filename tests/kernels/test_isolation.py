@@ -402,3 +402,23 @@ def test_stage_cases_file_is_built_once_and_rebuilt_when_unreadable(tmp_path, mo
     monkeypatch.setenv("DSV4_CASES_CACHE", "off")  # this process only, never the cache folder
     p3 = kw.stage_cases_file("topk_global")
     assert not p3.startswith(str(tmp_path)) and os.path.isfile(p3)
+
+
+def test_a_warm_pool_starts_its_children_before_the_first_entry(tmp_path):
+    """``start(warm=True)`` (what ``check`` does before probing the entries): every session's child
+    is started at once, before any entry is submitted, and the entries submitted afterwards run in
+    those same children (no second start)."""
+    with IsolatedPool("cpu", jobs=2, gpus=["0", "1"], workdir=str(tmp_path / "p")) as pool:
+        pool.start(warm=True)
+        deadline = time.monotonic() + 60
+        while not all(s.pid for s in pool.sessions) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [s.pid for s in pool.sessions]
+        assert all(pids) and len(set(pids)) == 2
+        for tag in ("a", "b", "c"):
+            path, names = _entry(tmp_path, tag, ["ok", "ok"])
+            pool.submit(tag, FAKE, names, cases_file=path, judge=JUDGE, workdir=str(tmp_path / f"w{tag}"))
+        res = pool.results()
+        assert all(r["verdict"] == "pass" for v in res.values() for r in v.values())
+        ran = {p for tag in ("a", "b", "c") for p in _pids(tmp_path / f"w{tag}").values()}
+        assert ran <= set(pids) and all(s.starts == 1 for s in pool.sessions)
