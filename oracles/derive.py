@@ -15,9 +15,14 @@ Tier A (bf16-numerics kernels, exact KV; attention 4.1): the model is the oracle
         (``atol_unit = "vrms"``: outputs and their rounding errors scale exactly with V);
         ``cos_tol = M**2 * max cos_diff`` (``cos_diff`` is quadratic in the error);
         ``three_output_k = M``.
-  lse, max_logits: an fp32 model (``_softmax_model(..., dtype_logits=float32)``: logits from
-        the bf16 operands accumulated in fp32, fp32 max / exp / sum / log, as the kernels'
-        softmax statistics): ``atol = M * max abs error``, ``rtol_ulps = M * max rel / 2**-23``
+  lse, max_logits: the worse of two fp32 models (``_softmax_model(..., dtype_logits=float32)``:
+        logits from the bf16 operands accumulated in fp32, fp32 max / exp / sum / log, as the
+        kernels' softmax statistics), natural base (ROCm Triton ``tl.exp``) and ``base2=True``
+        (FlashMLA, attention 2.1: ``log2 e`` folded into the fp32 scale, exp2, ``M * ln2`` back
+        to natural units), also on the large-logit configurations: ``atol = M * max abs error``,
+        ``rtol_ulps = M * max rel / 2**-23`` -- when the ceiling clamps ``atol``, over the elements
+        with ``M * err`` above it only (the rest pass by ``atol``; near-zero references there
+        would set an unbounded relative error)
         (fp32 ulps), ``cos_tol`` = the larger of ``M**2 * max cos_diff`` and the cosine diff the
         elementwise limits imply (``atol**2 / min mean(ref**2) + rtol**2``).
 Tier B (FP8-compute routes, attention 4.1 [inferred]): model ``_softmax_model(p_round="e4m3")``
@@ -50,6 +55,10 @@ bf16, ``scale = 0.5``; ``peaked``: the decode domain with ``scale = 4`` so the s
 concentrated and outputs approach ``|V|`` (large elements for the relative bound; tier A only);
 ``sm120_dsv4`` (FlashInfer's SM120 DSv4 test): q, KV ~ N(0, 0.1^2) clamped +-1, KV through the FP8
 round trip, ``scale = 512**-0.5``, sinks N(0, 2^2), half the indices -1.
+``large_logits_decode`` / ``large_logits_prefill`` (tier-A lse / max_logits only, ``stats_only``):
+the decode domain with ``scale * 2**9`` (|lse| up to ~100) and the prefill domain with
+``scale * 2**6`` -- the GPU fuzz's q x 2**6 (a power-of-two scale gives the same bits as scaling
+q), where the fp32 logit chain's error (~ u * scale * sum_i |q_i k_i|) dominates the statistics.
 Reproducibility: every reduction in the sweep has a FIXED order built from elementwise IEEE ops
 (no ``einsum``/``matmul``/``sum``/``mean``/``softmax``, no fp32 ``torch.exp``/``log``/``rsqrt``):
 float64 parts use the oracle's helpers (``reference.attention._logits``/``_seq_sum_last``/
@@ -135,13 +144,31 @@ class Config:
     domain: str  # "decode" | "prefill" | "sm120"
     sink: bool
     tiers: tuple[str, ...] = ("A", "B")
+    stats_only: bool = False  # measure only the tier-A softmax statistics (lse, max_logits)
 
+
+# Large logits: ``scale * 2**u`` gives the same bits as ``q * 2**u`` (a power-of-two scaling is
+# exact in bf16/fp32/fp64 away from overflow), the GPU fuzz's ``_scale_q`` (q x 2**-6 .. 2**6;
+# on production-shaped cases |lse| reaches ~110 there). The fp32 logit chain's error scales with
+# ``scale * sum_i |q_i k_i|``, not with |lse|, so these set the statistics' relative bound.
+LARGE_Q_LOG2 = 6  # the fuzz's largest q scale
+LARGE_DECODE_LOG2 = 9  # the decode domain's KV is ~10x smaller than production: |lse| reaches ~100
 
 CONFIGS = (
     Config("flashmla_decode", T=4, H=16, K_main=128, K_extra=64, scale=512**-0.55, domain="decode", sink=True),
     Config("flashmla_prefill", T=4, H=16, K_main=128, K_extra=0, scale=0.5, domain="prefill", sink=True),
     Config("sm120_dsv4", T=4, H=16, K_main=128, K_extra=64, scale=512**-0.5, domain="sm120", sink=True),
     Config("peaked", T=4, H=16, K_main=64, K_extra=64, scale=4.0, domain="decode", sink=False, tiers=("A",)),
+    Config("large_logits_decode", T=4, H=16, K_main=128, K_extra=64, scale=2**LARGE_DECODE_LOG2 * 512**-0.55,
+           domain="decode", sink=True, tiers=("A",), stats_only=True),
+    Config("large_logits_prefill", T=4, H=16, K_main=128, K_extra=0, scale=2**LARGE_Q_LOG2 * 0.5,
+           domain="prefill", sink=True, tiers=("A",), stats_only=True),
+    # the same at production head counts (H = 128: 8x the rows per token, the fuzz's shapes): the
+    # worst relative error of an fp32 chain is an extreme over many rows
+    Config("large_logits_prefill_h128", T=8, H=128, K_main=128, K_extra=0, scale=2**LARGE_Q_LOG2 * 0.5,
+           domain="prefill", sink=True, tiers=("A",), stats_only=True),
+    Config("large_logits_decode_h128", T=8, H=128, K_main=128, K_extra=64, scale=2**LARGE_DECODE_LOG2 * 512**-0.55,
+           domain="decode", sink=True, tiers=("A",), stats_only=True),
 )
 
 
@@ -226,9 +253,23 @@ def _f32_log(x: torch.Tensor) -> torch.Tensor:
     return det_log(x.to(torch.float64)).to(torch.float32)
 
 
+def _f32_exp2(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``exp2`` with fixed bits on every host: ``fl32(det_exp(fl64(x * ln 2)))`` (x fp32;
+    the float64 product adds < 1e-16 relative, far below the fp32 rounding)."""
+    return det_exp(x.to(torch.float64) * math.log(2.0)).to(torch.float32)
+
+
+# FlashMLA's base-2 constants, fp32 as the kernels hold them (attention 2.1): the fold
+# ``sm_scale_div_log2 = sm_scale * 1.44269504f`` (FMLA ``csrc/api/common.h:12``), the sink factor
+# ``CUDART_L2E_F`` and the back-conversion factor ``CUDART_LN2_F`` (``phase1.cuh:205,448-449``).
+# 1.44269504 and fl64(1/ln 2) round to the same fp32 value, as do 0.693147181 and fl64(ln 2).
+FLASHMLA_LOG2E_F32 = float(torch.tensor(1.44269504, dtype=torch.float32))
+FLASHMLA_LN2_F32 = float(torch.tensor(math.log(2.0), dtype=torch.float32))
+
+
 def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink: torch.Tensor | None,
                    p_round: str, q_round: str, dtype_logits: torch.dtype = torch.float64,
-                   abs_values: bool = False) -> dict[str, torch.Tensor]:
+                   abs_values: bool = False, base2: bool = False) -> dict[str, torch.Tensor]:
     """Dense attention with rounding points (derivation only; not bit-defining, but every
     reduction has a FIXED order, so the figures are the same on every host: no einsum/sum).
 
@@ -249,13 +290,31 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     exact for E4M3 P x bf16 V), with P = ``e4m3(fl32(P * 448))`` for ``p_round="e4m3"`` and the
     448 divided out with the denominator ``L + exp(sink - m)`` (fp32).  A kernel's MMA sums a
     k-block per instruction and its split-KV combine reorders the chain: the margin covers it.
+
+    ``base2=True`` (fp32 only): FlashMLA's base-2 statistics (attention 2.1: ``log2 e`` folded into
+    the scale, running max and sum in the log2 domain, converted back to natural units at the
+    end; SM90 prefill ``phase1.cuh:152-176,205,448-449``, decode ``splitkv_mla.cuh:61-77,203,340``).
+    With ``qk`` the same fp32 chain as above and ``c = fl32(fl32(scale) * fl32(1.44269504))``:
+    ``s2 = fl32(qk * c)``, ``M = max s2`` (log2 units), ``p = fl32(exp2(fl32(s2 - M)))``
+    (``_f32_exp2``), ``L`` the same fp32 chain over k, sink term
+    ``fl32(exp2(fl32(fl32(sink * fl32(log2 e)) - M)))``, ``lse = fl32(fl32(ln L) + fl32(M * fl32(ln 2)))``,
+    ``max_logits = fl32(M * fl32(ln 2))``; out as above (P.V over the base-2 ``p``, divided by
+    ``L`` + the sink term).  Every step is a separately rounded fp32 op; the kernels' source
+    writes ``exp2f(qk * c - M)`` and ``logf(L) + M * ln2``, which nvcc may contract to one FMA
+    each (one rounding instead of two) -- the separately rounded form is the less accurate one.
+    ROCm Triton (natural ``tl.exp``) is the ``base2=False`` model.
     """
+    if base2 and dtype_logits != torch.float32:
+        fail("_softmax_model", "base2", "models fp32 kernel statistics: needs dtype_logits=torch.float32", dtype_logits)
     g, valid = _gathered(q, segments)
     qq = quantize_q_e4m3_per64(q) if q_round == "e4m3_per64" else q
     vm = valid.unsqueeze(1)
     f32 = dtype_logits == torch.float32
     ft = torch.float32 if f32 else torch.float64
-    if f32:
+    if base2:  # c = fl32(fl32(scale) * fl32(log2 e)): FlashMLA's sm_scale_div_log2
+        c = torch.tensor(scale, dtype=torch.float32) * torch.tensor(FLASHMLA_LOG2E_F32, dtype=torch.float32)
+        s = _logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * c
+    elif f32:
         s = _logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * torch.tensor(scale, dtype=torch.float32)
     else:
         s = _logits(qq.to(torch.float64), g, scale)
@@ -264,7 +323,7 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     has = torch.isfinite(m)
     msafe = torch.where(has, m, torch.zeros_like(m))
     diff = torch.where(vm, s - msafe, torch.full_like(s, -math.inf))
-    p = _f32_exp(diff) if f32 else det_exp(diff)
+    p = _f32_exp2(diff) if base2 else (_f32_exp(diff) if f32 else det_exp(diff))
     L = _seq_sum_last(p).unsqueeze(-1)
     v = (g.abs() if abs_values else g).to(ft)
     div = torch.ones_like(L)
@@ -283,7 +342,10 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
         den = L
     else:
         sk = sink.to(ft).view(1, -1, 1)
-        den = L + (_f32_exp(sk - msafe) if f32 else det_exp(sk - msafe))
+        if base2:
+            den = L + _f32_exp2(sk * torch.tensor(FLASHMLA_LOG2E_F32, dtype=torch.float32) - msafe)
+        else:
+            den = L + (_f32_exp(sk - msafe) if f32 else det_exp(sk - msafe))
     out = num / (den * div)
     if p_round != "none" or q_round != "none":
         out = out.to(torch.float32).to(torch.bfloat16)
@@ -291,13 +353,18 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     out = torch.where(has, out, torch.zeros_like(out))
     if sink is not None:
         out = torch.where(torch.isposinf(sink.view(1, -1, 1)), torch.zeros_like(out), out)
-    lse = msafe + (_f32_log(L) if f32 else det_log(L))
+    if base2:  # back to natural units: M * fl32(ln 2), then + fl32(ln L)
+        ml = m * torch.tensor(FLASHMLA_LN2_F32, dtype=torch.float32)
+        lse = _f32_log(L) + msafe * torch.tensor(FLASHMLA_LN2_F32, dtype=torch.float32)
+    else:
+        ml = m
+        lse = msafe + (_f32_log(L) if f32 else det_log(L))
     lse = torch.where(has, lse, torch.full_like(lse, -math.inf)).squeeze(-1).to(torch.float64)
-    return {"out": out, "lse": lse, "max_logits": m.squeeze(-1).to(torch.float64)}
+    return {"out": out, "lse": lse, "max_logits": ml.squeeze(-1).to(torch.float64)}
 
 
 def _errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
-            weight: torch.Tensor | None = None) -> dict[str, float]:
+            weight: torch.Tensor | None = None, atol_cap: float | None = None) -> dict[str, float]:
     """Worst-case figures of ``model`` vs ``exact`` over entries finite in both.
 
     Without ``weight``: ``abs`` = max abs error, ``rel_ulps`` = max relative error / ``eps``.
@@ -306,6 +373,9 @@ def _errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
     (``|exact| >= A/2``), and ``abs`` = max abs error over the elements whose relative error
     exceeds that (those a relative bound does not cover); ``abs_all`` = max abs error.
     With ``atol = M*abs``, ``rtol = M*rel`` every model element passes abs-or-rel with headroom M.
+    ``atol_cap`` (the tier ceiling of ``atol``): also ``rel_ulps_uncovered``, the max relative
+    error / ``eps`` over the elements with ``M * err > atol_cap`` -- those an atol clamped to the
+    ceiling does not cover, so the only ones the relative limit must (0 when there are none).
     """
     fin = torch.isfinite(exact) & torch.isfinite(model)
     a, r = model[fin], exact[fin]
@@ -316,6 +386,9 @@ def _errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
     out = {"cos": cos_diff(a, r), "abs_all": float(err.max()), "ref_ms_min": float(fixed_sum(r * r)) / r.numel()}
     if weight is None:
         out.update(abs=float(err.max()), rel_ulps=float(rel.max()) / eps)
+        if atol_cap is not None:
+            unc = MARGIN * err > atol_cap
+            out["rel_ulps_uncovered"] = float(rel[unc].max()) / eps if bool(unc.any()) else 0.0
         return out
     keep = (r.abs() >= 0.5 * weight[fin]) & (r != 0)
     rel_nc = float(rel[keep].max()) if bool(keep.any()) else 0.0
@@ -441,13 +514,18 @@ def sweep(seeds: int = 2, device: str = "cpu", configs: tuple[Config, ...] = CON
             inp = make_inputs(cfg, 1000 * seed + len(cfg.name), device)
             q, segs, sc, sink = inp["q"], inp["segments"], inp["scale"], inp["sink"]
             ex = sparse_attention(q, segs, sc, sink, mode=AttentionMode.EXACT)
-            bp = sparse_attention(q, segs, sc, sink, mode=AttentionMode.BF16_P)
-            A = _softmax_model(q, segs, sc, sink, "none", "none", abs_values=True)["out"]
             vrms = v_rms(segs, q.shape[0], HEAD_DIM)
-            _merge(meas.setdefault(("A", "out"), {}), _per_vrms(_errors(bp.out, ex.out, BF16_EPS, A), vrms))
-            f32 = _softmax_model(q, segs, sc, sink, "none", "none", torch.float32)
-            _merge(meas.setdefault(("A", "lse"), {}), _errors(f32["lse"], ex.lse, FP32_EPS))
-            _merge(meas.setdefault(("A", "max_logits"), {}), _errors(f32["max_logits"], ex.max_logits, FP32_EPS))
+            if not cfg.stats_only:
+                bp = sparse_attention(q, segs, sc, sink, mode=AttentionMode.BF16_P)
+                A = _softmax_model(q, segs, sc, sink, "none", "none", abs_values=True)["out"]
+                _merge(meas.setdefault(("A", "out"), {}), _per_vrms(_errors(bp.out, ex.out, BF16_EPS, A), vrms))
+            # the fp32 statistics of both arithmetics: natural exp/log (ROCm Triton) and FlashMLA's
+            # base-2 (attention 2.1); the record covers the worse of the two
+            for base2 in (False, True):
+                f32 = _softmax_model(q, segs, sc, sink, "none", "none", torch.float32, base2=base2)
+                for name, ref in (("lse", ex.lse), ("max_logits", ex.max_logits)):
+                    cap = TIER_CEILINGS.get(("A", name), {}).get("atol")
+                    _merge(meas.setdefault(("A", name), {}), _errors(f32[name], ref, FP32_EPS, atol_cap=cap))
             count += 1
             if "B" not in cfg.tiers:
                 continue
@@ -510,9 +588,16 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
             model = {("A", "out"): "oracle bf16_p mode", ("B", "out"): "fp8 route model (q e4m3/64, P e4m3)",
                      ("B", "lse"): "fp8 route model, fp32 statistics",
                      ("A", "normed"): "fp32 compressor model (softmax, weighted sum, rsqrt in fp32; H7)"}.get(
-                (tier, output), "fp32 softmax-statistics model")
+                (tier, output), "fp32 softmax-statistics models (natural exp/log and FlashMLA base-2 exp2, the worse of the two)")
             unit = "vrms" if output == "out" else "abs"
-            lim = {"atol": _r(MARGIN * m["abs"]), "rtol_ulps": _r(MARGIN * m["rel_ulps"]),
+            ceil_atol = TIER_CEILINGS.get((tier, output), {}).get("atol")
+            # an atol the ceiling clamps leaves the elements with M*err > ceiling to the relative
+            # limit: rtol from those alone (near-zero references, which atol covers, would set an
+            # unbounded relative error otherwise)
+            uncovered = ("rel_ulps_uncovered" in m and ceil_atol is not None and unit == "abs"
+                         and MARGIN * m["abs"] > ceil_atol)
+            rel = m["rel_ulps_uncovered"] if uncovered else m["rel_ulps"]
+            lim = {"atol": _r(MARGIN * m["abs"]), "rtol_ulps": _r(MARGIN * rel),
                    "cos_tol": _r(MARGIN * MARGIN * m["cos"])}
             implied = ""
             if output != "out":  # fp32 statistics: the cosine the elementwise limits imply
@@ -525,6 +610,7 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
             rec.update(metric="kernelkit", atol=lim["atol"], atol_unit=unit, rtol_ulps=lim["rtol_ulps"],
                        rtol_format=fmt, cos_tol=lim["cos_tol"],
                        derived=f"{model} vs fp64 oracle: atol = M*max abs{' / RMS(V)' if unit == 'vrms' else ''}, rtol_ulps = M*max rel/eps({fmt})"
+                               f"{' over the elements the ceiling-clamped atol does not cover (M*err > ceiling atol)' if uncovered else ''}"
                                f"{' over non-cancelling elements (|ref| >= A/2), atol over the rest' if output in ('out', 'normed') else ''}, cos_tol = M^2*max cos_diff; {how}"
                                + implied + (f"; clamped to the attention.md 7 ceiling: {', '.join(clamped)}" if clamped else ""),
                        measured={k: _r(v) for k, v in m.items()})
