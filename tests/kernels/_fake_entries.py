@@ -66,3 +66,9 @@ def fake_judge(entry, cases=None, device=None):
         ok = bool(torch.equal(got["y"], case.inputs["x"] * 2))
         out.append({"case": case.name, "verdict": "pass" if ok else "fail", "rule": "exact"})
     return out
+
+# an entry whose availability probe fails (a probing job must run none of its cases), and one
+# whose probe passes
+MISSING = SimpleNamespace(name="fake.missing", stage="fake", call=_call,
+                          available=lambda: (False, "needs the fake package (not installed)"))
+PRESENT = SimpleNamespace(name="fake.present", stage="fake", call=_call, available=lambda: (True, ""))

@@ -422,3 +422,21 @@ def test_a_warm_pool_starts_its_children_before_the_first_entry(tmp_path):
         assert all(r["verdict"] == "pass" for v in res.values() for r in v.values())
         ran = {p for tag in ("a", "b", "c") for p in _pids(tmp_path / f"w{tag}").values()}
         assert ran <= set(pids) and all(s.starts == 1 for s in pool.sessions)
+
+
+def test_a_probing_job_reports_an_unavailable_entry_and_runs_nothing(tmp_path):
+    """``probe=True`` (how ``check`` hands entries over unprobed): the child runs the entry's
+    availability probe first; a failing probe gives ``{UNAVAILABLE: reason}`` and no case runs;
+    a passing one runs the cases as usual, in the same session."""
+    from dsv4_numerics.kernel_worker import UNAVAILABLE, WorkerSession
+
+    path, names = _entry(tmp_path, "p", ["ok", "ok"])
+    with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:
+        miss = run_isolated("tests.kernels._fake_entries:MISSING", None, device="cpu", cases_file=path,
+                            judge=JUDGE, workdir=str(tmp_path / "m"), session=sess, probe=True)
+        assert miss == {UNAVAILABLE: {"verdict": "unavailable", "message": "needs the fake package (not installed)"}}
+        assert not _pids(tmp_path / "m")  # no case started
+        ok = run_isolated("tests.kernels._fake_entries:PRESENT", names, device="cpu", cases_file=path,
+                          judge=JUDGE, workdir=str(tmp_path / "o"), session=sess, probe=True)
+        assert set(ok) == set(names) and all(r["verdict"] == "pass" for r in ok.values())
+        assert sess.starts == 1
