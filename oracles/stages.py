@@ -476,7 +476,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device; the
     inputs' preparation stays on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
     (max per output of ``|fast - ordered|``; 0 for the ordered oracle)."""
-    from dsv4_numerics.reference.attention import sparse_attention
+    from dsv4_numerics.reference.attention import Segment, sparse_attention
 
     inp = case.inputs
     nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
@@ -510,7 +510,9 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
            "_oracle": oracle}
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
-        out["_same_precision"] = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan,
+        csegs = [Segment(s.rows.to(q.device), s.idx.to(q.device), None if s.length is None else s.length.to(q.device),
+                         s.rule) for s in segs]  # the ordered oracle runs where q is (the CPU)
+        out["_same_precision"] = sparse_attention(q, csegs, inp["scale"], sink, nan_policy=nan,
                                                   mode=AttentionMode.BF16_P).out
     if _flag(policies, "output_inv_roped"):
         out = _inv_roped(case, policies, out)
@@ -543,22 +545,28 @@ def _inv_roped(case: Case, policies: dict, out: dict) -> dict:
     return out
 
 
-def decode_segments(case: Case, policies: dict) -> list:
+def decode_segments(case: Case, policies: dict, device: str | torch.device | None = None) -> list:
     """The oracle segments of a ``decode`` case: ``[SWA, compressed?]`` over the exactly
-    dequantised 584-byte caches (SWA in the declared ``fp8`` flavour; compressed always OCP)."""
+    dequantised 584-byte caches (SWA in the declared ``fp8`` flavour; compressed always OCP).
+    ``device``: dequantise there (the reference gives the same bits on every device; a production
+    cache dequantised on the GPU takes milliseconds instead of seconds); None: where the case is."""
     from dsv4_numerics.reference.attention import Segment
     from dsv4_numerics.reference.policies import IndexRule
 
     inp = case.inputs
+
+    def on(x):
+        return x if x is None or device is None else x.to(device)
+
     rule = IndexRule(_index_rule(case, policies))
-    main_rows = cache_model1.dequantize_all(inp["swa_cache"], inp["swa_block_size"],
+    main_rows = cache_model1.dequantize_all(on(inp["swa_cache"]), inp["swa_block_size"],
                                             flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
                                             consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
-    segs = [Segment(main_rows, inp["swa_indices"], inp.get("swa_lens"), rule)]
+    segs = [Segment(main_rows, on(inp["swa_indices"]), on(inp.get("swa_lens")), rule)]
     if "extra_cache" in inp:  # the compressed cache is OCP on every platform (datapath 2.3, H8)
-        extra_rows = cache_model1.dequantize_all(inp["extra_cache"], inp["extra_block_size"],
+        extra_rows = cache_model1.dequantize_all(on(inp["extra_cache"]), inp["extra_block_size"],
                                                  consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
-        segs.append(Segment(extra_rows, inp["extra_indices"], inp.get("extra_lens"), rule))
+        segs.append(Segment(extra_rows, on(inp["extra_indices"]), on(inp.get("extra_lens")), rule))
     return segs
 
 
@@ -573,7 +581,9 @@ def prefill_segments(case: Case, policies: dict) -> list:
 
 
 def _expected_decode(case: Case, policies: dict) -> dict:
-    return _attention_outputs(case, policies, case.inputs["q"], decode_segments(case, policies))
+    # under the fast oracle the caches are dequantised where the attention runs (the kernel's device)
+    dev = _pol(policies, "oracle_device", "cpu") if _pol(policies, "oracle", ORDERED) == FAST else None
+    return _attention_outputs(case, policies, case.inputs["q"], decode_segments(case, policies, dev))
 
 
 def _expected_prefill(case: Case, policies: dict) -> dict:

@@ -423,13 +423,18 @@ def _softmax_pv(table, gidx, negmask, qrows, scale, d_v):
     # not; a -0 turns +0, which neither the max nor exp sees). It needs every logit finite: true when
     # no row needs the ordered logits (q and every valid row finite, invalid slots read the zero
     # row); a chunk with such a row is discarded and run by ``_chunk_ordered``.
+    # It also turns a -0 logit +0 (+0 + -0 = +0), as the ordered oracle's accumulation from +0 does,
+    # so the max below needs no canonicalisation.
     torch.add(negmask.unsqueeze(1), s, alpha=scale, out=s)
-    return _softmax_tail(s, g, d_v)
+    return _softmax_tail(s, g, d_v, canonical=True)
 
 
-def _softmax_tail(s, g, d_v):
-    """Steps 2-3 and ``bmm(p, V) / L`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed)."""
-    m = s.amax(dim=2).add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
+def _softmax_tail(s, g, d_v, canonical=False):
+    """Steps 2-3 and ``bmm(p, V) / L`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed);
+    ``canonical``: no logit is -0 (else the max is made +0, as the ordered oracle's)."""
+    m = s.amax(dim=2)
+    if not canonical:
+        m.add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
     p = s.sub_(m.unsqueeze(2)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
     L = p.sum(dim=2)
     O = torch.bmm(p, g[:, :, :d_v]).div_(L.unsqueeze(2))
@@ -566,7 +571,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         # _finish works in place on O: one chunk's own O (a redo replaces that chunk), or a fresh cat
         cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*parts)]
         O, m, L, x, vmax, approx = cols
-        n_approx = (approx.sum(dim=1) * n_valid).sum()
+        n_approx = (approx * n_valid.unsqueeze(1)).sum()
         return _finish(O, m, L, x, vmax, n_valid, sk, coef), n_approx
 
     res, n_approx = finish(parts)
