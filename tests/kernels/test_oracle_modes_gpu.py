@@ -1,0 +1,50 @@
+"""Every live-kernel verdict of the GPU matrix is the same under both oracle modes (issue 13,
+item 2): each decode / prefill entry's default cases are judged in its isolated child once with
+the fast oracle on the GPU (the default there) and once with the ordered float64 oracle, and the
+(verdict, rule) pairs must match case by case. The CPU tests prove the same for the reference
+entries, the mutants and the replayed kernel fixtures (``tests/attention/test_attention_fast.py``);
+this one runs the real kernels. Skips with the probe's reason where a kernel or GPU is absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4_numerics.kernels import registry
+from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
+
+from .conftest import _child_env, _device, _workdir
+
+
+def _entries():
+    out = []
+    for e in registry.all_entries():
+        if e.stage in FAST_ORACLE_STAGES:
+            marks = [pytest.mark.gpu] + [getattr(pytest.mark, m) for m in e.markers if m != "gpu"]
+            out.append(pytest.param(e.name, id=e.name, marks=marks + [pytest.mark.xdist_group(e.name)]))
+    return out
+
+
+@pytest.mark.parametrize("entry_name", _entries())
+def test_kernel_verdicts_identical_under_both_oracle_modes(entry_name, kernel_session):
+    from dsv4_numerics.kernel_worker import load_cases, run_isolated, stage_cases_file
+
+    entry = registry.get(entry_name)
+    ok, reason = entry.available()
+    if not ok:
+        pytest.skip(reason)
+    path = stage_cases_file(entry.stage)
+    names = [c.name for c in load_cases(path)]
+    res = run_isolated(entry_name, names, device=_device(), cases_file=path, judge="tests.kernels._both_modes:both",
+                       workdir=_workdir(f"{entry_name}-modes"), env=_child_env(), session=kernel_session)
+    judged = 0
+    for name in names:
+        r = res[name]
+        assert r["verdict"] != "error", f"{name}: {r.get('message')}"
+        o = r["details"]["ordered"]
+        assert (r["verdict"], r.get("rule")) == (o["verdict"], o["rule"]), (
+            f"{entry_name} {name}: fast oracle gives {r['verdict']} ({r.get('rule')}), ordered gives "
+            f"{o['verdict']} ({o['rule']})")
+        if r["verdict"] in ("pass", "fail"):
+            judged += 1
+            assert r["details"]["oracle"]["mode"] == "fast" and o["oracle"]["mode"] == "ordered"
+    assert judged, f"{entry_name}: no case reached a verdict under both modes"
