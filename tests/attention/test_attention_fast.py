@@ -299,3 +299,36 @@ def test_fast_on_gpu_within_bound_of_ordered_on_cpu(i):
         assert torch.equal(fin, torch.isfinite(a)), name
         assert torch.equal(torch.isnan(a), torch.isnan(b)), name
         assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
+
+
+def test_deferred_validation_raises_the_ordered_oracles_errors():
+    """The value rules the fast oracle checks on the device and reads with its one sync (lengths in
+    [0, K], -1-only indices, a NaN sink, an out-of-range index under any rule never faulting a
+    gather) raise exactly the ordered oracle's InputError; host-side rules too."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, 16, generator=g).to(torch.bfloat16)
+    rows = torch.randn(10, 16, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 10, (3, 4), generator=g, dtype=torch.int32)
+    ln = torch.tensor([4, 2, 0], dtype=torch.int32)
+    sink = torch.tensor([0.5, -1.0])
+    m1 = IndexRule.MINUS1_ONLY
+    bad = [
+        ([Segment(rows, idx, torch.tensor([5, 1, 0], dtype=torch.int32))], sink),  # length > K
+        ([Segment(rows, idx, torch.tensor([1, -1, 0], dtype=torch.int32))], sink),  # length < 0
+        ([Segment(rows, idx.clone().index_fill_(1, torch.tensor([1]), 10), ln, m1)], sink),  # -1-only: 10 >= N
+        ([Segment(rows, idx.clone().index_fill_(1, torch.tensor([0]), -2), ln, m1)], sink),  # -1-only: -2
+        ([Segment(rows, idx, ln), Segment(rows[:3], idx, torch.tensor([4, 5, 0], dtype=torch.int32))], sink),
+        ([Segment(rows, idx, ln)], torch.tensor([0.5, math.nan])),  # NaN sink
+        ([Segment(rows.float()[:, :8], idx, ln)], sink),  # rows width != D (host rule)
+        ([Segment(rows, idx.to(torch.float32), ln)], sink),  # index dtype (host rule)
+    ]
+    for segs, sk in bad:
+        with pytest.raises(InputError) as ordered:
+            sparse_attention(q, segs, 0.25, sk)
+        with pytest.raises(InputError) as fast:
+            fast_sparse_attention(q, segs, 0.25, sk)
+        assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
+    # out-of-range indices are invalid slots under the default rule, never a gather fault
+    wild = idx.clone()
+    wild[0, 0], wild[1, 1] = 10**6, -(10**6)
+    assert_within_bound(q, [Segment(rows, wild, ln)], 0.25, sink)
