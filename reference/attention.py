@@ -167,9 +167,13 @@ def _check_segment_host(fn: str, si: int, seg: object, T: int, D: int, device: t
     return rule
 
 
-def _prepare_segments(fn: str, segments: object, T: int, D: int, device: torch.device) -> list[_Seg]:
+def _check_segment_list(fn: str, segments: object) -> None:
     if not isinstance(segments, (list, tuple)) or len(segments) == 0:
         fail(fn, "segments", "must be a non-empty list of Segment", type(segments).__name__)
+
+
+def _prepare_segments(fn: str, segments: object, T: int, D: int, device: torch.device) -> list[_Seg]:
+    _check_segment_list(fn, segments)
     out = []
     for si, seg in enumerate(segments):
         a = f"segments[{si}]"
@@ -203,30 +207,36 @@ def _check_scale(fn: str, scale: object) -> float:
     return float(scale)
 
 
-def _check_sink(fn: str, sink: object, H: int, device: torch.device) -> torch.Tensor | None:
-    if sink is None:
-        return None
+def _check_sink_host(fn: str, sink: object, H: int, device: torch.device) -> None:
+    """The sink's dtype, shape and device (no device value read)."""
     check_dtype(fn, "sink", sink, _FLOATS)
     if tuple(sink.shape) != (H,):
         fail(fn, "sink", f"must have shape [H={H}]", f"shape {tuple(sink.shape)}")
     if sink.device != device:
         fail(fn, "sink", f"must be on the device of q ({device})", str(sink.device))
+
+
+def _check_sink(fn: str, sink: object, H: int, device: torch.device) -> torch.Tensor | None:
+    if sink is None:
+        return None
+    _check_sink_host(fn, sink, H, device)
     if bool(torch.isnan(sink).any()):
         fail(fn, "sink", "must not contain NaN (+-inf are allowed)")
     return sink.to(torch.float64)
 
 
-def _check_common(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
-                  chunk_tokens: object):
+def _check_q(fn: str, q: object) -> tuple[int, int, int]:
     check_dtype(fn, "q", q, _FLOATS)
     if q.dim() != 3:
         fail(fn, "q", "must have shape [T, H, D]", f"shape {tuple(q.shape)}")
     T, H, D = q.shape
     if H < 1 or D < 1:
         fail(fn, "q", "must have H >= 1 and D >= 1", f"shape {tuple(q.shape)}")
-    segs = _prepare_segments(fn, segments, T, D, q.device)
-    sc = _check_scale(fn, scale)
-    sk = _check_sink(fn, sink, H, q.device)
+    return T, H, D
+
+
+def _check_dv_chunk(fn: str, d_v: object, D: int, chunk_tokens: object) -> int:
+    """``d_v`` (None: ``D``) in ``[1, D]`` and ``chunk_tokens`` (None or >= 1); returns ``d_v``."""
     if d_v is None:
         d_v = D
     check_int(fn, "d_v", d_v, minimum=1)
@@ -234,39 +244,33 @@ def _check_common(fn: str, q: object, segments: object, scale: object, sink: obj
         fail(fn, "d_v", f"must be <= D={D}", d_v)
     if chunk_tokens is not None:
         check_int(fn, "chunk_tokens", chunk_tokens, minimum=1)
+    return d_v
+
+
+def _check_common(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
+                  chunk_tokens: object):
+    T, H, D = _check_q(fn, q)
+    segs = _prepare_segments(fn, segments, T, D, q.device)
+    sc = _check_scale(fn, scale)
+    sk = _check_sink(fn, sink, H, q.device)
+    d_v = _check_dv_chunk(fn, d_v, D, chunk_tokens)
     return T, H, D, segs, sc, sk, d_v
 
 
 def _check_host(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
                 chunk_tokens: object) -> tuple[int, int, int, list[IndexRule], float, int]:
     """Every check of ``_check_common`` that reads no device value (types, dtypes, shapes, devices,
-    rules, scale, sink shape, d_v, chunk_tokens): ``(T, H, D, rules, scale, d_v)``. The value
-    checks (lengths in [0, K], -1-only indices, a NaN sink) stay ``_check_common``'s: a caller that
-    defers them (``attention_fast``) calls ``_check_common`` to raise the precise error."""
-    check_dtype(fn, "q", q, _FLOATS)
-    if q.dim() != 3:
-        fail(fn, "q", "must have shape [T, H, D]", f"shape {tuple(q.shape)}")
-    T, H, D = q.shape
-    if H < 1 or D < 1:
-        fail(fn, "q", "must have H >= 1 and D >= 1", f"shape {tuple(q.shape)}")
-    if not isinstance(segments, (list, tuple)) or len(segments) == 0:
-        fail(fn, "segments", "must be a non-empty list of Segment", type(segments).__name__)
+    rules, scale, sink shape, d_v, chunk_tokens), in the same order: ``(T, H, D, rules, scale,
+    d_v)``. The value checks (lengths in [0, K], -1-only indices, a NaN sink) stay
+    ``_check_common``'s: a caller that defers them (``attention_fast``) calls ``_check_common`` to
+    raise the precise error."""
+    T, H, D = _check_q(fn, q)
+    _check_segment_list(fn, segments)
     rules = [_check_segment_host(fn, si, seg, T, D, q.device) for si, seg in enumerate(segments)]
     sc = _check_scale(fn, scale)
     if sink is not None:
-        check_dtype(fn, "sink", sink, _FLOATS)
-        if tuple(sink.shape) != (H,):
-            fail(fn, "sink", f"must have shape [H={H}]", f"shape {tuple(sink.shape)}")
-        if sink.device != q.device:
-            fail(fn, "sink", f"must be on the device of q ({q.device})", str(sink.device))
-    if d_v is None:
-        d_v = D
-    check_int(fn, "d_v", d_v, minimum=1)
-    if d_v > D:
-        fail(fn, "d_v", f"must be <= D={D}", d_v)
-    if chunk_tokens is not None:
-        check_int(fn, "chunk_tokens", chunk_tokens, minimum=1)
-    return T, H, D, rules, sc, d_v
+        _check_sink_host(fn, sink, H, q.device)
+    return T, H, D, rules, sc, _check_dv_chunk(fn, d_v, D, chunk_tokens)
 
 
 def segment_validity(segments: list[Segment], num_tokens: int) -> torch.Tensor:
