@@ -473,8 +473,9 @@ FAST_ORACLE_STAGES = ("decode", "prefill")
 
 def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
     """Oracle outputs (and judge aux, all on the CPU) for ``q`` over ``segs`` under ``policies``.
-    Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device; the
-    inputs' preparation stays on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
+    Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device;
+    ``_expected_decode`` dequantises the decode caches there too, the rest of the preparation stays
+    on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
     (max per output of ``|fast - ordered|``; 0 for the ordered oracle)."""
     from dsv4_numerics.reference.attention import Segment, sparse_attention
 
@@ -485,13 +486,11 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     if _flag(policies, "fp8_q"):  # attention 7 adapters: feed the oracle the FP8-rounded q
         q = _e4m3_values(q)
     if _flag(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
-        from dsv4_numerics.reference.attention import Segment
-
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
     if _pol(policies, "oracle", ORDERED) == FAST:
         from dsv4_numerics.reference.attention_fast import fast_sparse_attention
 
-        from dsv4_numerics.reference.attention import OracleOut, Segment
+        from dsv4_numerics.reference.attention import OracleOut
 
         dev = torch.device(_pol(policies, "oracle_device", "cpu"))
         dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)

@@ -314,7 +314,7 @@ _TABLE64_BYTES = 2**29  # largest float64 copy of the table made once per call (
 def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> tuple:
     """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
     segment, its segment's ``N``, the segment's first table row, the -1-only flag, the segment
-    index; and ``[S]`` the segments' ``K``. Built on the host, copied once, kept for the next call
+    index. Built on the host, copied once, kept for the next call
     with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
     key = (Ks, Ns, rules, str(dev))
     hit = _COLUMNS.get(key)
@@ -326,7 +326,7 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
                                  torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i)]))
         off += N
     ci = torch.cat(cols, dim=1).to(dev)
-    hit = (*ci.unbind(0), torch.tensor(Ks, dtype=torch.int64).to(dev))
+    hit = tuple(ci.unbind(0))
     if len(_COLUMNS) >= _COLUMNS_MAX:
         _COLUMNS.pop(next(iter(_COLUMNS)))
     _COLUMNS[key] = hit
@@ -343,8 +343,8 @@ def _layout(segments, rules, T: int, dev: torch.device):
     reach a gather (they point at the zero row), so a bad input cannot fault the device first."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     Ns = tuple(s.rows.shape[0] for s in segments)
-    K, Nrows = sum(Ks), sum(Ns)
-    pos, ncol, offcol, m1, seg_of_col, _ = _column_constants(Ks, Ns, tuple(rules), dev)
+    Nrows = sum(Ns)
+    pos, ncol, offcol, m1, seg_of_col = _column_constants(Ks, Ns, tuple(rules), dev)
     idx = segments[0].idx if len(segments) == 1 else torch.cat([s.idx for s in segments], dim=1)
     lens = [s.length if s.length is not None else torch.full((T,), k, dtype=torch.int64, device=dev)
             for s, k in zip(segments, Ks)]
