@@ -18,18 +18,21 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    exponents, minimum over the row's dims, of q[t,h] and K_k) and ``sum_d |q_d k_d| < 2**(53 + lq
    + lk)``, every product and partial sum is an exact float64 integer multiple of that unit, so
    the dot product is EXACT in any order (FMA or not): ``s~_k`` equals the ordered oracle's logit
-   bit for bit. With ``sum |q_d k_d| <= A = ||q||_2 ||K_k||_2`` (Cauchy-Schwarz, inflated by
-   ``1 + 2**-30`` for the norms' own rounding) the test is per row: ``alpha[t,h] + max_k
-   beta[t,k] < 53`` with ``alpha = log2||q|| - lq``, ``beta = log2||K_k|| - lk`` (norms and lsb
-   exponents of q and of the table rows are computed once per call, then gathered; the norm is a
-   proven upper bound, ``_row_stats``: every use of a norm below only needs an upper bound).
+   bit for bit. With ``sum |q_d k_d| <= A = ||q||_2 ||K_k||_2`` (Cauchy-Schwarz) the test is per
+   row: ``alpha[t,h] + max_k beta[t,k] < exact_bits(D)`` (53 less the norms' upper-bound factor
+   ``norm_factor(D)`` in bits, less a margin for evaluating the test in float32) with ``alpha =
+   log2 n_q - lq``, ``beta = log2 n_k - lk`` (``n``: the computed norm, ``||x|| <= norm_factor(D)
+   n``; norms and lsb exponents of q and of the table rows are computed once per call, float32
+   for a bfloat16 table, then gathered, ``_row_stats``: every use of a norm below only needs an
+   upper bound, and ``A <= _x_factor(D) x`` for the computed product ``x = fl(n_q max_k n_k)``).
    Elsewhere both the
    GEMM and the ordered d-loop are within ``g_D A`` of the exact dot product, and the two scale
    multiplications add ``u`` each: ``e_k = scale A (2 g_D + 4u)``, bounded per row by
-   ``scale ||q|| max_k ||K_k|| (2 g_D + 4u)``. Logits whose ``A`` is
-   not finite or above ``2**1000`` (NaN/Inf in q or a valid row, overflow risk) make their whole
-   (t, h) row recomputed by the ordered d-loop itself (bit-identical, so non-finite logits match),
-   ``e_s = 0`` there.
+   ``scale ||q|| max_k ||K_k|| (2 g_D + 4u)``. Logits whose ``A`` may be
+   non-finite or above ``2**1000`` (NaN/Inf in q or a valid row, a bfloat16 value of magnitude
+   ``>= 2**64`` whose float32 square overflows, overflow risk) make their whole (t, h) row
+   recomputed by the ordered d-loop itself (bit-identical, so non-finite logits match), ``e_s =
+   0`` there.
    ``e_s = max_k e_k``; ``max_logits``: ``|m~ - m| <= e_s`` (max is 1-Lipschitz), 0 if all exact.
    A (t, h) row whose ``delta`` (step 2) would exceed ``2**-30`` (logits so large that ``g_D A``
    is not small against 1: extreme magnitudes) takes the ordered logits too (``e_s = 0``), so
@@ -51,7 +54,8 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    (``L~ >= 1``: the arg-max slot contributes ``exp(0) = 1`` exactly).
 4. ``lse = m + log(L)`` (ordered: ``det_log``; fast: ``torch.log``): ``e_lse = e_s + rho/(1 - rho)
    + 2 eps_l (|ln L~| + 1) + 2u (|lse~| + e_s + 1)`` with ``eps_l = 2**-48`` (a few ulps, step 2).
-5. ``O = bmm(p, V) / L``: with ``V_j = max |v_kj|`` over the token's valid slots k and all dims
+5. ``O = bmm(p, V) / L`` (fast: ``N = bmm(p, V)``, divided once in step 6): with ``V_j = max |v_kj|``
+   over the token's valid slots k and all dims
    (finite values only: a non-finite value reaches only outputs that are non-finite in both
    modes) the same argument as 3 bounds ``|N~ - N| <= rho L~ V_j`` and ``|O| <= V_j (1 + 3 g_K)``,
    so ``e_O = V_j (2 rho + 2u) (1 + 3 g_K)``.
@@ -59,7 +63,10 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    1/4``; each side's rounding is
    ``<= eps_f f``, ``eps_f = eps_e + u (|sink - lse~| + e_lse) + 3u``: ``e_f = e_lse / 4 + 2
    eps_f`` (0 for +-inf sinks: ``f`` is exactly 0 or 1 on both sides). ``out = O f``:
-   ``e_out = e_O + V_j (1 + 3 g_K) (e_f + 2u)``.
+   ``e_out = e_O + V_j (1 + 3 g_K) (e_f + 2u)``. The fast side computes ``out = N / (L + L e)``
+   (``e = exp(sink - lse)``; no sink: ``N / L``): three roundings after ``e`` (product, sum, or
+   one fused, and the division) against the four of ``fl(fl(N/L) fl(1/fl(1 + e)))`` that the
+   terms above allow it, so the same bound holds.
 7. ``lse_with_sink = logaddexp(lse, sink)`` (ordered: ``hi + det_log1p_exp_neg(lo - hi)``; fast:
    ``torch.logaddexp``, the same ``max + log1p(exp(-|d|))`` form) is 1-Lipschitz in ``lse``; each
    side rounds ``<= eps_l (1 + |lws|) + 2u |lws|`` (the rounding ``u |d|`` of ``d`` moves
@@ -80,8 +87,12 @@ coefficients upper-bound the formulas above on every row the fast logits serve (
 values at ``delta = 2**-30``, ``|sink - lse| <= |sink| + |lse|`` and ``|lse_with_sink| <= max(|lse|,
 |sink|) + ln 2``. A ``+-inf`` sink enters as 0: the sink factor is then exactly 1 or 0 in both
 modes (and ``lse_with_sink`` is ``lse`` or ``+inf``), so any non-negative bound holds there. The
-combination is one float64 ``addmm`` of non-negative terms (relative rounding ``g_5``, inside the
-``1 + 2**-20``).
+combination is one float64 ``addmm`` (``ln L``, ``|lse|``), one ``addcmul`` (``x``) and one add
+(``|sink|``) of non-negative terms (relative rounding ``g_5``, inside the ``1 + 2**-20``).
+
+Assumes float32 arithmetic per IEEE for the row statistics of a bfloat16 table (any summation
+order or accumulator width; ``log2`` within 1 ulp, as CUDA documents for ``log2f`` and SLEEF for
+its 1-ulp variants).
 
 Assumes IEEE float64 GEMMs (every product and sum correctly rounded or fused; no reduced-precision
 float64 emulation) and denormals not flushed.
@@ -90,15 +101,18 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 (1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
 Results do not depend on the chunk size beyond the bound.
 
-Speed (the GPU call is launch-bound: ~14 us per kernel launch on the H200 host, against ~0.2 ms
-of GEMMs at production decode shapes): ~100 kernels per call. The validation rules that need
-device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and read with
-the call's one host sync (``_layout``; ``_check_common`` then raises the precise error). Every
-segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics are one
-pass (``_row_stats``) and whose slot rows are one ``index_select`` per chunk; chunks issue ~30
-kernels (``_chunk``); steps 4-7 and all bounds run once on ``[T, H]`` tensors (``_finish``: the
-bounds are one ``addmm``). The one host sync at the end also finds the rare chunks that need
-ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed.
+Speed (the GPU call is launch-bound: the host spends ~10-20 us per kernel launch on the H200's
+hosts, against ~0.9 ms of GPU work at production decode h64/top-512, batch 128): ~80 kernels per
+call. The validation rules that need device values (lengths, -1-only indices, a NaN sink) are
+evaluated on the device and read with the call's one host sync (``_layout``; ``_check_common``
+then raises the precise error). Every segment's rows, a zero row and q's rows form one table
+(``_table``), whose row statistics are one float32 norm and one bits lookup (``_row_stats``,
+written into one ``[3, N]`` tensor) and whose slot rows are one ``index_select`` per chunk
+(gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
+(``_finish``: the bounds are one ``addmm``); the host values travel as one float64 vector. No
+``where`` takes a Python scalar (a cached 0-dim tensor instead: half the host cost). The one host
+sync at the end also finds the rare chunks that need ordered logits (NaN/Inf, extreme
+magnitudes), which are then recomputed.
 """
 from __future__ import annotations
 
@@ -117,18 +131,19 @@ __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast",
 FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
 _CPU_LOGIT_BYTES = 8 * 2**20
 _U = 2.0**-53
+_U32 = 2.0**-24  # float32 unit roundoff (row statistics of a bfloat16 table)
 _EPS_E = 2.0**-48  # exp relative accuracy allowance (det_exp, torch.exp: a few ulps)
 _EPS_L = 2.0**-48  # log accuracy allowance (relative to |ln x| + 1; det_log, torch.log/logaddexp)
 _ETA = 2.0**-1022  # subnormal rounding of one exp value
 _SAFE = 1.0 + 2.0**-20
 _BIG = 2.0**1000
 _DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
-_EXACT_BITS = 53.0 - 2.0**-20  # alpha + beta below this: the row's dot products are exact
-_NQB_UP = 1.0 + 2.0**-28  # >= (1 + 2**-30)**2 (1 + 2u): fl(n_q n_k) -> upper bound of the exact product
-_NO_LSB = 1 << 20
+_EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``_row_stats``)
+_NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
+_NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
 _STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
 _STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
-_STAT_PER_ELEM_BF16 = 16  # bfloat16 tables: int64 lookup index, int16 bits, int32 result (or a float64 copy)
+_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input (a cast copy, if any)
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
 # rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
 _B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
@@ -137,6 +152,29 @@ _F_X, _F_LNL, _F_LSE, _F_SINK = range(4)
 
 def _gamma(n: int) -> float:
     return n * _U / (1.0 - n * _U)
+
+
+def norm_factor(D: int) -> float:
+    """``c_D`` with ``||x||_2 <= c_D n`` for the norm ``n`` that ``_row_stats`` computes of a row of
+    ``D`` values (module docstring, step 1; ``_row_stats``): ``1 / ((1 - u32)**3 sqrt(1 - g32_D))``
+    (a float32 sum of exact squares in any order, its rounding to float32 if accumulated wider,
+    the square root, the underflow floor's addition), which also covers the float64 table's ``1 +
+    2**-30``. ``D <= 2**20``."""
+    g32 = D * _U32 / (1.0 - D * _U32)
+    return 1.0 / ((1.0 - _U32) ** 3 * math.sqrt(1.0 - g32)) * (1.0 + 2.0**-40)
+
+
+def _x_factor(D: int) -> float:
+    """Upper bound of ``A / x``: ``x = fl(n_q n_k)`` (float32 or float64, relative ``u32`` at most)
+    and each norm within ``c_D``: ``c_D**2 / (1 - u32)``."""
+    return norm_factor(D) ** 2 / (1.0 - _U32) * (1.0 + 2.0**-40)
+
+
+def exact_bits(D: int) -> float:
+    """The exactness test's threshold (step 1): ``alpha + beta`` below it proves ``sum |q_d k_d| <
+    2**(53 + lq + lk)``: ``53 - 2 log2(c_D)`` (the norms are upper bounds within ``c_D``) less
+    ``_EXACT_MARGIN`` (the float32 evaluation of ``log2(n) - lsb`` and of the sum, ``< 2**-12``)."""
+    return 53.0 - 2.0 * math.log2(norm_factor(D)) - _EXACT_MARGIN
 
 
 @dataclass(frozen=True)
@@ -166,11 +204,9 @@ def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int,
     ``c * (K*D*(b + 8) + 2*H*K*8 + 2*H*(D + d_v)*8 + 64*K + 64*H)``: the gathered rows in the
     table's dtype (``b`` bytes) and as float64, the ``[H, K]`` logits (exponentiated in place) and
     one spare logit-sized allowance (index/redo temporaries, masks), q in float64 and the chunk's
-    ``O``, and per-slot / per-row scalars (indices, gathered statistics). Once per call come the
+    ``N``, and per-slot / per-row scalars (indices, gathered statistics). Once per call come the
     table (rows of every segment, a zero row and q's ``T*H`` rows: ``(N + 1 + T*H) * D * b``), its
-    float64 copy when that takes at most ``_TABLE64_BYTES`` (512 MiB; the default chunking takes
-    it out of the budget), its statistics (``24``
-    bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
+    statistics (``<= 24`` bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
     outputs and bounds of all ``T`` tokens (``T * (2 * H * d_v + 12 * H) * 8`` bytes), held until
     the call returns. Production decode (H=128, K=1152, D=d_v=512): 9.95 MiB per token, so the
     default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk)."""
@@ -188,8 +224,8 @@ def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.T
     """float64 ``[4, 5]``: per output row (``lse``, ``lse_with_sink``, ``max_logits``, ``out``
     divided by ``V_j``) the coefficients of the features ``(x, ln L, |lse|, |sink|, 1)`` whose
     combination upper-bounds the module docstring's steps 1-7 (section "Evaluation"), ``_SAFE``,
-    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_NQB_UP`` (``x`` multiplies the computed float64
-    norms; their upper bounds are ``1 + 2**-30`` larger each) included. ``K``: total slots,
+    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_x_factor(D)`` (``x`` is the computed product of the
+    computed norms; ``A`` is at most ``_x_factor(D)`` times it) included. ``K``: total slots,
     ``D``: head dim."""
     u, gK = _U, _gamma(K)
     ck = scale * (2.0 * _gamma(D) + 4.0 * u)  # e_s = ck x
@@ -219,19 +255,19 @@ def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.T
     e_max = [ck, 0.0, 0.0, 0.0, 0.0]
     coef = torch.tensor([e_lse, e_lws, e_max, e_out], dtype=torch.float64) * _SAFE
     coef[_B_OUT] *= 1 + 3 * gK
-    coef[:, _F_X] *= _NQB_UP  # x is the product of the float64 norms, not of their upper bounds
+    coef[:, _F_X] *= _x_factor(D)  # x is the computed product of the computed norms, not A
     return coef
 
 
 def _delta_coefficient(D: int, scale: float) -> float:
-    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_NQB_UP`` included)."""
+    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_x_factor`` included)."""
     ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
-    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _NQB_UP
+    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _x_factor(D)
 
 
 # ----------------------------------------------------------------------------- row statistics
 
-_BF16_LSB: dict = {}
+_BF16_LUT: dict = {}
 
 
 def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
@@ -250,56 +286,76 @@ def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
 def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
     """int32 lsb exponent of each bfloat16 ``x`` read from its 16 bits: a finite bf16 is
     ``sig * 2**(ef - 134)`` (normal: ``sig = 0x80 | man``, ``ef >= 1``) or ``man * 2**-133``
-    (subnormal); ``_NO_LSB`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
+    (subnormal); ``_NO_LSB_BF16`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
     b = x.view(torch.int16).to(torch.int32) & 0x7FFF
     ef = b >> 7
     sig = torch.where(ef > 0, (b & 0x7F) | 0x80, b)
     _, e = torch.frexp((sig & (-sig)).to(torch.float32))  # a power of two <= 2**7 (exact)
     lsb = e - 1 + torch.clamp(ef, min=1) - 134
-    return torch.where(sig == 0, _NO_LSB, lsb)
+    return torch.where(sig == 0, _NO_LSB_BF16, lsb)
 
 
-def _lsb_exp_bf16(x: torch.Tensor) -> torch.Tensor:
-    """int32 lsb exponent of each bfloat16 ``x``: one lookup of its 16 bits (as int16: negative
-    patterns index from the end) in a table of all 2**16 patterns (built once per device by
-    ``_lsb_exp_bf16_bits``; no float64 copy)."""
-    lut = _BF16_LSB.get(x.device)
+def _bf16_lut(dev: torch.device) -> torch.Tensor:
+    """int16 ``[2**16]``: ``-lsb`` of each bfloat16 bit pattern (as uint16; ``_lsb_exp_bf16_bits``,
+    ``-_NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
+    lut = _BF16_LUT.get(dev)
     if lut is None:
         pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        lut = _BF16_LSB[x.device] = _lsb_exp_bf16_bits(pat).to(x.device)
-    return lut[x.view(torch.int16).to(torch.int32)]
+        lut = _BF16_LUT[dev] = (-_lsb_exp_bf16_bits(pat)).to(torch.int16).to(dev)
+    return lut
+
+
+def _vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``[N]`` ``max |x_j|`` over the finite values of the first ``d_v`` dims of each table row
+    (``_chunk_ordered``'s ``V_j``), in pieces of ``_STAT_BYTES`` of temporaries."""
+    step = max(1, _STAT_BYTES // (max(1, d_v) * rows.element_size()))
+    pieces = [torch.linalg.vector_norm(rows[r0:r0 + step, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0),
+                                       ord=math.inf, dim=1) for r0 in range(0, rows.shape[0], step)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
-    """``[N, 3]`` float64 per row of a 2-D table (read as it is: the caller scrubs NaN where the
-    policy says so): the float64 L2 norm ``n`` (``n (1 + 2**-30)`` bounds the exact norm, below),
-    ``log2(n) - lsb`` (``lsb``: the
-    least-significant-bit exponent, min over the dims; ``2**20`` for a zero row) and ``max_j
-    |v_j|`` over the finite values of the first ``d_v`` dims (a non-finite value only reaches
-    outputs that are non-finite in both modes). Pieces of ``_STAT_BYTES`` of temporaries.
+    """``[3, N]`` per row of a 2-D table (read as it is: the caller scrubs NaN where the policy
+    says so), float32 for a bfloat16 table, else float64: a norm ``n`` with ``||x||_2 <= c_D n``
+    (``norm_factor``), ``log2(n) - lsb`` (``lsb``: the least-significant-bit exponent, min over the
+    dims; a zero row gives a very negative value) and ``max_j |x_j|`` over the first ``d_v`` dims
+    (NaN/Inf on a row with a non-finite value, whose norm is non-finite too: every
+    token that reads the row takes the ordered path, ``_chunk_ordered``, which takes ``max |v|``
+    over the finite values of its gathered rows). Pieces of ``_STAT_BYTES`` of temporaries.
 
-    The norm (step 1): ``torch.linalg.vector_norm(dtype=float64)``. A bfloat16/float16/float32
-    value squares exactly in float64 (at most 48 significant bits, no underflow); a float64 value's
-    square is within ``u`` relative, or ``2**-1075`` absolute when it underflows (``|x| <
-    2**-537``). Any summation order is within ``g_D`` relative and the square root adds ``u``, so
-    ``n (1 + 2**-30)`` (``n`` includes ``sqrt(D) 2**-537`` for a float64 table) bounds the exact
-    norm from above for ``D <= 2**20``; the callers fold that factor into their constants
-    (``_NQB_UP``; the exactness test's ``2**-20`` margin covers ``2 log2(1 + 2**-30)``). NaN/Inf give a non-finite ``n``: the caller then takes the ordered path."""
+    bfloat16 table (one float32 norm, one lookup): ``n = fl32(||x||_fl32 + 2**(ceil(log2 sqrt D)
+    - 75))``. A bfloat16 value squares exactly in float32 (16 significant bits) unless the square
+    is below ``2**-126`` (absolute rounding ``<= 2**-150`` each: the power-of-two floor covers
+    ``sqrt(D) 2**-75``) or overflows (``|x| >= 2**64``: ``n = inf``, the caller takes the ordered
+    path, as for NaN/Inf). Any summation order (float32 or wider, then rounded to float32) is
+    within ``g32_D`` relative, the square root and the floor's addition round once each:
+    ``norm_factor``. The lsb: one lookup of the 16 bits (as uint16) in ``_bf16_lut`` (``-lsb``;
+    the row's ``max`` is ``-min lsb``).
+
+    Other tables (float64 arithmetic): ``torch.linalg.vector_norm(dtype=float64)``, plus ``sqrt(D)
+    2**-537`` (float64 squares can underflow), within ``1 + 2**-30 <= c_D``; the lsb from the
+    float64 bits. NaN/Inf give a non-finite ``n``: the caller then takes the ordered path. Both
+    ``log2(n) - lsb`` evaluations are within ``2**-12`` of their exact values (float32: ``log2`` 1
+    ulp, two roundings), inside ``exact_bits``' margin."""
     N, D = rows.shape
     bf16 = rows.dtype == torch.bfloat16
     step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
-    floor = math.sqrt(D) * 2.0**-537
-    pieces = []
+    st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
     for r0 in range(0, N, step):
-        x = rows[r0:r0 + step]
-        n = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)
-        if x.dtype == torch.float64:  # only float64 squares can underflow
-            n.add_(floor)
-        lsb = (_lsb_exp_bf16(x) if bf16 else _lsb_exp(x.to(torch.float64))).amin(dim=1)
-        v = x[:, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-        vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=1)
-        pieces.append(torch.stack([n, torch.log2(n).sub_(lsb), vmax], dim=1))
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        x = rows if step >= N else rows[r0:r0 + step]
+        n, beta, vmax = st.unbind(0) if step >= N else st[:, r0:r0 + step].unbind(0)
+        if bf16:
+            floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # a power of two: exact in float32
+            torch.linalg.vector_norm(x, dim=1, dtype=torch.float32, out=n).add_(floor)
+            bits = x.view(torch.uint16).to(torch.int32).view(-1)
+            neg_lsb = _bf16_lut(x.device).index_select(0, bits).view(x.shape).amax(dim=1)  # -(min lsb)
+            torch.log2(n, out=beta).add_(neg_lsb)
+        else:
+            x = x.to(torch.float64)
+            torch.linalg.vector_norm(x, dim=1, out=n).add_(math.sqrt(D) * 2.0**-537)
+            torch.log2(n, out=beta).sub_(_lsb_exp(x).amin(dim=1))
+        torch.linalg.vector_norm(x if d_v == D else x[:, :d_v], ord=math.inf, dim=1, dtype=st.dtype, out=vmax)
+    return st
 
 
 # ----------------------------------------------------------------------------- layout
@@ -308,25 +364,26 @@ _COLUMNS: dict = {}
 _COLUMNS_MAX = 32
 _COEF: dict = {}  # bound_coefficients on a device, per (K, D, scale, sink?, device)
 _ZERO_ROWS: dict = {}  # one zero row per (D, dtype, device)
-_TABLE64_BYTES = 2**29  # largest float64 copy of the table made once per call (512 MiB)
 
 
 def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> tuple:
     """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
-    segment, its segment's ``N``, the segment's first table row, the -1-only flag, the segment
-    index. Built on the host, copied once, kept for the next call
-    with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
+    segment, its segment's ``N - 1``, the segment's first table row, the -1-only flag, the segment
+    index, the zero row's index ``sum N``; then 0-dim int64 ``0`` and ``-1``. Built on the host,
+    copied once, kept for the next call with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
     key = (Ks, Ns, rules, str(dev))
     hit = _COLUMNS.get(key)
     if hit is not None:
         return hit
     cols, off = [], 0
     for i, (k, N, r) in enumerate(zip(Ks, Ns, rules)):
-        cols.append(torch.stack([torch.arange(k), torch.full((k,), N), torch.full((k,), off),
-                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i)]))
+        cols.append(torch.stack([torch.arange(k), torch.full((k,), N - 1), torch.full((k,), off),
+                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i),
+                                 torch.full((k,), sum(Ns))]))
         off += N
-    ci = torch.cat(cols, dim=1).to(dev)
-    hit = tuple(ci.unbind(0))
+    ci = torch.cat(cols + [torch.tensor([[0], [-1], [0], [0], [0], [0]])], dim=1).to(dev)
+    *c, tail = ci[:, :sum(Ks)].unbind(0) + (ci[:2, -1],)
+    hit = (*c, *tail.unbind(0))
     if len(_COLUMNS) >= _COLUMNS_MAX:
         _COLUMNS.pop(next(iter(_COLUMNS)))
     _COLUMNS[key] = hit
@@ -334,17 +391,18 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
 
 
 def _layout(segments, rules, T: int, dev: torch.device):
-    """``(valid, inv, gidx, n_valid, flags)``: validity ``[T, K]`` (bool) and its negation, table row of every slot
-    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` and
-    ``flags()``, the values that show whether a rule ``_check_common`` enforces is broken (a
-    length outside ``[0, K_s]``, or a -1-only segment holding another out-of-range value in its
-    prefix). No host sync: the caller issues ``flags()`` after the heavy kernels, reads them with
-    its one sync and then lets ``_check_common`` raise the precise error. Out-of-range slots never
-    reach a gather (they point at the zero row), so a bad input cannot fault the device first."""
+    """``(valid, gidx, n_valid, flags)``: validity ``[T, K]`` (bool), table row of every slot
+    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32) and
+    ``flags``, float64 1-D tensors whose values show whether a rule ``_check_common`` enforces is
+    broken: the lengths' ``[S]`` min and max per segment (in ``[0, K_s]``) and, with a -1-only segment,
+    the count ``[1]`` of in-prefix slots that are not -1 (every rule -1-only: it must equal
+    ``sum(n_valid)``) or of those that are not valid either (mixed rules: 0). No host sync: the caller
+    reads ``flags`` with its one sync after the heavy kernels and then lets ``_check_common`` raise
+    the precise error. Out-of-range slots never reach a gather (they point at the zero row), so a
+    bad input cannot fault the device first."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     Ns = tuple(s.rows.shape[0] for s in segments)
-    Nrows = sum(Ns)
-    pos, ncol, offcol, m1, seg_of_col = _column_constants(Ks, Ns, tuple(rules), dev)
+    pos, nmax, offcol, m1, seg_of_col, zrow, zero, minus1 = _column_constants(Ks, Ns, tuple(rules), dev)
     idx = segments[0].idx if len(segments) == 1 else torch.cat([s.idx for s in segments], dim=1)
     lens = [s.length if s.length is not None else torch.full((T,), k, dtype=torch.int64, device=dev)
             for s, k in zip(segments, Ks)]
@@ -355,22 +413,15 @@ def _layout(segments, rules, T: int, dev: torch.device):
         lts = torch.stack(lens, dim=1)  # [T, S]
         lcol = lts.index_select(1, seg_of_col)  # [T, K]
     in_prefix = pos < lcol
-    in_range = (idx >= 0) & (idx < ncol)
-    valid = in_prefix & in_range
-    inv = ~valid
-    gidx = (idx + offcol).masked_fill_(inv, Nrows)  # int64 (offcol is)
-
-    def flags() -> list[torch.Tensor]:
-        """1-D tensors whose values the host checks: the lengths' ``[min]`` and ``[max]`` per
-        segment (in ``[0, K_s]``) and the count of -1-only violations (0)."""
-        mn, mx = torch.aminmax(lts, dim=0)
-        out = [mn, mx]
-        if any(r == IndexRule.MINUS1_ONLY for r in rules):
-            b2 = (in_prefix ^ valid) & (idx != -1)
-            out.append((b2 if all(r == IndexRule.MINUS1_ONLY for r in rules) else b2 & m1.bool()).sum().view(1))
-        return out
-
-    return valid, inv, gidx, valid.sum(dim=1), flags
+    valid = in_prefix & (idx == idx.clamp(zero, nmax))  # in the prefix and in [0, N_s)
+    flags = list(torch.aminmax(lts.to(torch.float64), dim=0))
+    if all(r == IndexRule.MINUS1_ONLY for r in rules):
+        # every in-prefix slot that is not -1 must be valid: their count equals sum(n_valid)
+        flags.append((in_prefix & (idx != minus1)).sum(dtype=torch.float64).view(1))
+    elif any(r == IndexRule.MINUS1_ONLY for r in rules):
+        flags.append((in_prefix & (idx != minus1) & ~valid & m1.bool()).sum(dtype=torch.float64).view(1))
+    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
+    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), flags
 
 
 def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
@@ -387,7 +438,9 @@ def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
     if zero is None:
         zero = _ZERO_ROWS[zkey] = torch.zeros(1, D, dtype=dt, device=q.device)
     parts = [s.rows for s in segments] + [zero, q.reshape(T * H, D)]
-    table = torch.cat(parts).to(dt)
+    table = torch.cat(parts)  # promotes mixed dtypes (exactly)
+    if table.dtype != dt:
+        table = table.to(dt)
     if nan_policy == NanPolicy.SCRUB:
         r = table[:Nrows]
         r.masked_fill_(torch.isnan(r), 0.0)
@@ -407,103 +460,144 @@ def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale:
     return acc.mul_(scale)
 
 
-def _softmax_pv(table, gidx, negmask, qrows, scale, d_v):
-    """Steps 1-3 and ``bmm(p, V) / L`` for one chunk of ``c`` tokens with the fast logits:
-    ``gidx`` ``[c, K]`` table rows of the slots, ``negmask`` ``[c, K]`` float64 ``0`` (valid) /
-    ``-inf`` (invalid), ``qrows`` the chunk's q rows of the table (``slice``). Returns ``(O [c, H,
-    d_v], m, L)`` (no host sync). Only the GEMMs and the softmax passes: issued first, so the GPU
-    runs them while the host issues the statistics and bounds (``_row_tests``) that decide whether
-    these logits stand. Lonely rows (no valid slot) give garbage, masked by ``_finish``."""
-    c, K = gidx.shape
-    D = table.shape[1]
-    g = table.index_select(0, gidx.reshape(-1)).view(c, K, D).to(torch.float64)
-    qc = table[qrows].view(c, -1, D).to(torch.float64)
-    s = torch.bmm(qc, g.transpose(1, 2))
+def _gather(table, gflat, c):
+    """The chunk's slot rows ``[c, K, D]`` as float64 (gathered in the table's dtype by the flat
+    ``[c*K]`` table rows ``gflat``, then converted: exact)."""
+    return table.index_select(0, gflat).view(c, -1, table.shape[1]).to(torch.float64)
+
+
+def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v):
+    """Steps 1-3 and ``N = bmm(p, V)`` for one chunk of ``c`` tokens with the fast logits:
+    ``gflat`` ``[c*K]`` table rows of the slots, ``negmask`` ``[c, 1, K]`` float64 ``0`` (valid) /
+    ``-inf`` (invalid), ``lonely`` ``[c, 1, 1]`` (no valid slot), ``qc`` the chunk's q ``[c, H,
+    D]``. Returns ``(N [c, H, d_v], m, L)`` (``m``, ``L``: ``[c, H, 1]``; no host sync). Only the
+    GEMMs and the softmax passes: issued first, so the GPU runs them while the host issues the
+    statistics and bounds (``_row_tests``) that decide whether these logits stand."""
+    g = _gather(table, gflat, qc.shape[0])
+    s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
     # scale and mask in one pass: -inf + fl(scale s) = -inf, 0 + fl(scale s) = fl(scale s) (fused or
     # not; a -0 turns +0, which neither the max nor exp sees). It needs every logit finite: true when
     # no row needs the ordered logits (q and every valid row finite, invalid slots read the zero
     # row); a chunk with such a row is discarded and run by ``_chunk_ordered``.
     # It also turns a -0 logit +0 (+0 + -0 = +0), as the ordered oracle's accumulation from +0 does,
     # so the max below needs no canonicalisation.
-    torch.add(negmask.unsqueeze(1), s, alpha=scale, out=s)
-    return _softmax_tail(s, g, d_v, canonical=True)
+    torch.add(negmask, s, alpha=scale, out=s)
+    return _softmax_tail(s, g, d_v, lonely, canonical=True)
 
 
-def _softmax_tail(s, g, d_v, canonical=False):
-    """Steps 2-3 and ``bmm(p, V) / L`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed);
-    ``canonical``: no logit is -0 (else the max is made +0, as the ordered oracle's)."""
-    m = s.amax(dim=2)
+def _softmax_tail(s, g, d_v, lonely, canonical=False):
+    """Steps 2-3 and ``N = bmm(p, V)`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed);
+    ``canonical``: no logit is -0 (else the max is made +0, as the ordered oracle's). A lonely row
+    (every logit ``-inf``) keeps ``m = -inf`` and is shifted by 0 instead: ``p = 0``, ``L = 0``,
+    ``N = 0`` (``_finish`` relies on it)."""
+    m = s.amax(dim=2, keepdim=True)
     if not canonical:
         m.add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
-    p = s.sub_(m.unsqueeze(2)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
-    L = p.sum(dim=2)
-    O = torch.bmm(p, g[:, :, :d_v]).div_(L.unsqueeze(2))
-    return O, m, L
+    p = s.sub_(torch.where(lonely, 0.0, m)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
+    L = p.sum(dim=2, keepdim=True)
+    N = torch.bmm(p, g if d_v == g.shape[2] else g[:, :, :d_v])
+    return N, m, L
 
 
-def _row_tests(stats, gidx, qrows, lims):
-    """Step 1's per-row decisions for one chunk from the row statistics (``_row_stats`` of the
-    table): ``(x [c, H], vmax [c], approx [c, H], fast [c, H])``. ``x = ||q|| max_k ||K_k||`` on rows
-    whose logits are approximate (bounded), else 0; ``approx``: those rows (the others are proven
-    exact or redone); ``fast``: the row keeps the fast logits (else it must take the ordered
-    logits: its products are NaN/Inf/huge, or its ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max
-    |v|`` over the token's slots. ``lims``: float64 ``[xmax, _BIG, 0, -inf]`` on the device."""
-    c, K = gidx.shape
-    ks = stats.index_select(0, gidx.reshape(-1)).view(c, K, 3).amax(dim=1)  # max ||K||, max beta, max |v|
-    qs = stats[qrows].view(c, -1, 3)
-    nqb = qs[:, :, 0] * ks[:, 0:1]  # ||q|| max_k ||K_k|| (NaN/inf where a norm is)
-    exact = (qs[:, :, 1] + ks[:, 1:2]) < _EXACT_BITS
-    fast = nqb <= torch.where(exact, lims[1], lims[0])  # NaN: False
+def _row_tests(stats, gflat, qrows, c, lims):
+    """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
+    (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
+    the chunk's q rows of the table: ``(x, vmax, approx, fast)``, ``[c, H, 1]`` each but ``vmax``
+    ``[c, 1, 1]``. ``x = fl(n_q max_k n_k)`` on rows whose logits are approximate (bounded), else
+    0; ``approx``: those rows (the others are proven exact or redone); ``fast``: the row keeps the
+    fast logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its
+    ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max |v|`` over the token's slots. ``lims``:
+    ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
+    0-dim tensors of the statistics' dtype (the limits rounded down)."""
+    ebits, lim_exact, lim_approx, zero = lims
+    nk, bk, vk = stats.index_select(1, gflat).view(3, c, -1).amax(dim=2, keepdim=True).view(3, c, 1, 1).unbind(0)
+    nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
+    nqb = nq * nk  # NaN/inf where a norm is
+    exact = (aq + bk) < ebits
+    fast = nqb < torch.where(exact, lim_exact, lim_approx)  # NaN: False
     approx = fast > exact  # fast and not exact
-    return torch.where(approx, nqb, lims[2]), ks[:, 2], approx, fast
+    return torch.where(approx, nqb, zero), vk, approx, fast
 
 
-def _chunk_ordered(table, stats, gidx, inv, qrows, scale, d_v, lims):
+def _chunk_ordered(table, stats, vfin, gidx, valid, lonely, qc, qrows, scale, d_v, lims):
     """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
     recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
     and invalid slots masked to ``-inf`` whatever their logit. Returns ``_softmax_pv``'s triple and
-    ``_row_tests``' first three."""
+    ``_row_tests``' first three, with ``vmax`` over the finite values only (``vfin``:
+    ``_vmax_finite`` of the table)."""
     c, K = gidx.shape
-    D = table.shape[1]
-    g = table.index_select(0, gidx.reshape(-1)).view(c, K, D).to(torch.float64)
-    qc = table[qrows].view(c, -1, D).to(torch.float64)
+    gflat = gidx.reshape(-1)
+    g = _gather(table, gflat, c)
+    qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    x, vmax, approx, fast = _row_tests(stats, gidx, qrows, lims)
-    redo = ~fast
-    w = (redo.unsqueeze(2) & ~inv.unsqueeze(1)).nonzero()
+    x, _, approx, fast = _row_tests(stats, gflat, qrows, c, lims)
+    vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(stats.dtype).view(c, 1, 1)  # finite values
+    w = (~fast & valid.unsqueeze(1)).nonzero()
     s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
-    s.masked_fill_(inv.unsqueeze(1), -math.inf)
-    return (*_softmax_tail(s, g, d_v), x, vmax, approx)
+    s.masked_fill_(~valid.unsqueeze(1), -math.inf)
+    return (*_softmax_tail(s, g, d_v, lonely), x, vmax, approx)
 
 
-def _finish(O, m, L, x, vmax, n_valid, sink, coef):
-    """Steps 4-7 and the bounds for all tokens at once (``[T, H]`` tensors, a fixed number of
-    kernel launches per call), with the ordered oracle's lonely-row conventions. ``coef``:
-    ``bound_coefficients`` (on the device). Works in place on ``O``. A row with a finite output
-    has finite features (``x <= 2**1000``, ``ln L`` in ``[0, ln K]``, finite ``lse`` and sink),
-    so its bounds are finite; a lonely row has ``lse = -inf``, so every bound of it comes out
-    non-finite and is set to 0, as are the bounds of rows whose ``lse`` is NaN/Inf. Bounds at
-    other non-finite outputs (NaN/Inf values, a ``+inf`` sink's ``lse_with_sink``: the same values
-    in both modes) are finite and carry no meaning. The ``out`` bound is a broadcast view ``[T,
-    H, d_v]`` of ``V_j * B[t, h]``."""
-    T, H = m.shape
-    nohas = (n_valid == 0).unsqueeze(1)  # [T, 1]
-    lnL = torch.log(L)
-    lse = (m + lnL).masked_fill_(nohas, -math.inf)
-    feats = [x, lnL, lse]
+def _finish(N, m, L, x, vmax, lonely, sink, coef):
+    """Steps 4-7 and the bounds for all tokens at once (a fixed number of kernel launches per
+    call), with the ordered oracle's lonely-row conventions. ``N``, ``m``, ``L``: ``_softmax_tail``'s
+    (``[T, H, d_v]``, ``[T, H, 1]``; ``N`` is divided in place), ``x`` ``[T, H, 1]``, ``vmax``
+    ``[T, 1, 1]``, ``lonely`` ``[T, 1, 1]``, ``coef``: ``bound_coefficients``' columns ``(x, (ln L,
+    |lse|), |sink|, 1)`` on the device (``[4, 1]``, ``[4, 2]``, ``[4, 1, 1]``, ``[4, 1]``). ``out = N / L`` (no sink) or ``N / (L + L e)``,
+    ``e = exp(sink - lse)``: one division by ``L (1 + e)`` rounded twice (or once, fused), no more
+    roundings than the ordered ``(N / L) f`` with ``f = 1 / (1 + e)`` (steps 5-6; where ``L (1 +
+    e)`` overflows, ``f < 2**-1000`` and ``out`` is 0, within the bound's absolute ``V_j 2u``
+    term); lonely rows divide by 1 (``N = 0``). A row with a finite output has finite features
+    (``x <= 2**1000``, ``ln L`` in ``[0, ln K]``, finite ``lse`` and sink), so its bounds are
+    finite; a lonely row has ``lse = -inf``, so every bound of it comes out non-finite and is set
+    to 0, as are the bounds of rows whose ``lse`` is NaN/Inf. Bounds at other non-finite outputs
+    (NaN/Inf values, a ``+inf`` sink's ``lse_with_sink``: the same values in both modes) are
+    finite and carry no meaning. The ``out`` bound is a broadcast view ``[T, H, d_v]`` of ``V_j *
+    B[t, h]``."""
+    T, H, _ = m.shape
+    cx, cF, cs, cb = coef
+    lnL = torch.log(L)  # -inf on lonely rows (L = 0)
+    lse = m + lnL  # -inf + -inf on lonely rows
     if sink is None:
-        out, lws = O, lse
+        den, lws = L.masked_fill(lonely, 1.0), lse
     else:
-        sk = sink.unsqueeze(0)  # [1, H]
-        out = O.mul_(torch.exp(sk - lse).add_(1.0).reciprocal_().unsqueeze(2))
+        sk = sink.view(1, H, 1)
+        den = torch.addcmul(L, L, torch.exp(sk - lse)).masked_fill_(lonely, 1.0)
         lws = torch.logaddexp(lse, sk)
-        feats.append(sink.nan_to_num(posinf=0.0, neginf=0.0).expand(T, H))  # +-inf sinks: see "Evaluation"
-    F = torch.stack(feats).abs_().view(len(feats), T * H)
-    B = torch.addmm(coef[:, -1:], coef[:, :len(feats)], F).view(4, T, H).nan_to_num_(nan=0.0, posinf=0.0)
-    out.masked_fill_(nohas.unsqueeze(2), 0.0)
-    e_out = (B[_B_OUT].unsqueeze(2) * vmax.view(T, 1, 1)).expand(T, H, out.shape[2])
-    bound = {"out": e_out, "lse": B[_B_LSE], "lse_with_sink": B[_B_LWS], "max_logits": B[_B_MAX]}
-    return (out, lse, lws, m, n_valid), bound
+    out = N.div_(den)
+    # B = cb + cF (ln L, |lse|) + cx x + cs |sink| (+-inf sinks enter as 0: "Evaluation")
+    B = torch.addmm(cb, cF, torch.stack([lnL, lse]).abs_().view(2, T * H)).addcmul_(cx, x.view(1, T * H))
+    B = B.view(4, T, H)
+    if sink is not None:
+        B.add_(cs * sink.nan_to_num(posinf=0.0, neginf=0.0).abs().view(1, 1, H))
+    b_lse, b_lws, b_max, b_out = B.nan_to_num_(nan=0.0, posinf=0.0).unbind(0)
+    e_out = torch.mul(b_out.unsqueeze(2), vmax).expand(T, H, out.shape[2])
+    bound = {"out": e_out, "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
+    return (out, lse.view(T, H), lws.view(T, H), m.view(T, H)), bound
+
+
+def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
+    """Per ``(K, D, scale, sink?, statistics dtype, device)``, kept: ``bound_coefficients``' columns
+    as ``_finish`` takes them, ``_row_tests``' ``lims`` (the x limits rounded down to the
+    statistics' dtype, and its 0) and the float64 ``(0, -inf)`` of the logit mask (0-dim tensors on
+    the device)."""
+    key = (K, D, scale, with_sink, sdt, str(dev))
+    hit = _COEF.get(key)
+    if hit is None:
+        if len(_COEF) >= _COLUMNS_MAX:
+            _COEF.pop(next(iter(_COEF)))
+        coef = bound_coefficients(K, D, scale, with_sink)
+        lim = torch.tensor([_DELTA_MAX / _delta_coefficient(D, scale), _BIG / _x_factor(D)], dtype=torch.float64)
+        low = lim.to(sdt)
+        low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
+        mask = torch.tensor([0.0, -math.inf], dtype=torch.float64)
+        both = torch.cat([coef[:, _F_X], coef[:, _F_LNL], coef[:, _F_LSE], coef[:, _F_SINK], coef[:, -1],
+                          low.double(), mask]).to(dev)
+        cx, cl, ce, cs, cb = both[:20].view(5, 4, 1).unbind(0)
+        coefs = (cx, torch.cat([cl, ce], dim=1), cs.view(4, 1, 1), cb)
+        la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
+        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero), both[22:].unbind(0))
+    return hit
 
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
@@ -522,77 +616,89 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
                              {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
-    valid, inv, gidx, n_valid, flags = _layout(segments, rules, T, dev)
-    sk = None if sink is None else sink.to(torch.float64)
+    valid, gidx, n_valid, checks = _layout(segments, rules, T, dev)
+    nv3 = n_valid.view(T, 1, 1)
+    lonely = nv3 == 0
     table, Nrows = _table(segments, q, nan_policy)
-    # the GEMMs read float64 rows: convert the table once when that is small (it is smaller than
-    # the gathered rows at production shapes); the chunks' budget shrinks by its size
-    src = table if table.dtype == torch.float64 or table.numel() * 8 > _TABLE64_BYTES else table.to(torch.float64)
     if chunk_tokens is None:
         per = peak_bytes_estimate_fast(1, H, K, D, d_v, table.element_size())
-        chunk_tokens = max(1, (FAST_BUDGET_BYTES - (src.numel() * 8 if src is not table else 0)) // per)
+        chunk_tokens = max(1, FAST_BUDGET_BYTES // per)
         if dev.type == "cpu":
             chunk_tokens = min(chunk_tokens, max(1, _CPU_LOGIT_BYTES // max(1, 8 * H * K)))
     q0 = Nrows + 1
-    key = (K, D, sc, sk is not None, str(dev))
-    consts = _COEF.get(key)
-    if consts is None:
-        if len(_COEF) >= _COLUMNS_MAX:
-            _COEF.pop(next(iter(_COEF)))
-        lims = [_DELTA_MAX / _delta_coefficient(D, sc), _BIG, 0.0, -math.inf]  # [xmax, _BIG, 0, -inf]
-        both = torch.cat([bound_coefficients(K, D, sc, sk is not None).view(-1), torch.tensor(lims, dtype=torch.float64)])
-        both = both.to(dev)
-        consts = _COEF[key] = (both[:20].view(4, 5), both[20:])
-    coef, lims = consts
+    sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
+    coef, lims, (zero, ninf) = _constants(K, D, sc, sink is not None, sdt, dev)
     spans = [(t0, min(T, t0 + chunk_tokens)) for t0 in range(0, T, chunk_tokens)]
+    one = len(spans) == 1
+    gflat = gidx.view(-1)
 
     def rows(t0, t1):
         return slice(q0 + t0 * H, q0 + t1 * H)
+
+    def part(x, t0, t1):
+        return x if one else x[t0:t1]
+
+    def flat(t0, t1):
+        return gflat if one else gflat[t0 * K:t1 * K]
 
     # Issue order (the call is launch-bound): the GEMMs and softmax passes first, so the GPU runs
     # them while the host issues the row statistics, the exactness tests, the bounds and the
     # validation flags; then the call's one host sync. Chunks with rows that need the ordered
     # logits (NaN/Inf, extreme magnitudes: rare) are then run again with them and steps 4-7 redone.
     if K == 0:  # every row lonely (m = -inf, as ``_finish`` expects of a lonely row)
-        z = torch.zeros(T, H, dtype=torch.float64, device=dev)
+        z = torch.zeros(T, H, 1, dtype=torch.float64, device=dev)
         heavy = [(torch.zeros(T, H, d_v, dtype=torch.float64, device=dev), torch.full_like(z, -math.inf), z)]
-        spans = [(0, T)]
+        spans, one = [(0, T)], True
     else:
-        negmask = torch.where(valid, lims[2], lims[3])  # float64 0 / -inf
-        heavy = [_softmax_pv(src, gidx[t0:t1], negmask[t0:t1], rows(t0, t1), sc, d_v) for t0, t1 in spans]
+        negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
+        heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
+                             sc, d_v) for t0, t1 in spans]
     stats = _row_stats(table, d_v)
     if K == 0:
-        tests = [(z, z[:, 0], torch.zeros(T, H, dtype=torch.bool, device=dev), torch.ones(T, H, dtype=torch.bool, device=dev))]
+        z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
+        tests = [(z2, z2[:, :1], torch.zeros(T, H, 1, dtype=torch.bool, device=dev),
+                  torch.ones(T, H, 1, dtype=torch.bool, device=dev))]
     else:
-        tests = [_row_tests(stats, gidx[t0:t1], rows(t0, t1), lims) for t0, t1 in spans]
+        tests = [_row_tests(stats, flat(t0, t1), rows(t0, t1), t1 - t0, lims) for t0, t1 in spans]
     parts = [(*h, *t[:3]) for h, t in zip(heavy, tests)]
 
     def finish(parts):
-        # _finish works in place on O: one chunk's own O (a redo replaces that chunk), or a fresh cat
+        # _finish divides in place: one chunk's own N (a redo replaces that chunk), or a fresh cat
         cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*parts)]
-        O, m, L, x, vmax, approx = cols
-        n_approx = (approx * n_valid.unsqueeze(1)).sum()
-        return _finish(O, m, L, x, vmax, n_valid, sk, coef), n_approx
+        N, m, L, x, vmax, approx = cols
+        return _finish(N, m, L, x, vmax, lonely, sink, coef), (approx * nv3).sum(dim=(0, 1), dtype=torch.float64)
 
     res, n_approx = finish(parts)
-    checks = flags()
-    if sk is not None:
-        checks.append(torch.isnan(sk).sum().view(1))
+    # the one host sync (float64 values): lengths' min and max per segment, [the -1-only count],
+    # sum(n_valid), the approximate logits, each chunk's count of rows that keep the fast logits,
+    # [the sum of the sink values: NaN if one is (or if both infinities are: then checked exactly)]
     S, nck = len(segments), len(spans)
-    fast_flags = [t[3].all().view(1) for t in tests]
-    host = torch.cat(checks + [n_valid.sum().view(1), n_approx.view(1)] + fast_flags).tolist()  # the one host sync
+    vals = checks + [n_valid.sum(0, keepdim=True, dtype=torch.float64), n_approx] + \
+        [t[3].sum(dim=(0, 1), dtype=torch.float64) for t in tests]  # [c, H, 1] -> [1]
+    if sink is not None:
+        vals.append(sink.sum(0, keepdim=True, dtype=torch.float64))
+    host = torch.cat(vals).tolist()
     lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
-    n_total, n_ap, redo = rest[-2 - nck], rest[-1 - nck], [not f for f in rest[len(rest) - nck:]]
-    if (any(v < 0 for v in lmin) or any(v > s.idx.shape[1] for v, s in zip(lmax, segments))
-            or any(rest[:len(rest) - 2 - nck])):
+    if len(checks) > 2:  # the -1-only count
+        m1, rest = rest[0], rest[1:]
+    n_total, n_ap, kept = int(rest[0]), rest[1], rest[2:2 + nck]
+    redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
+    bad = any(v < 0 for v in lmin) or any(v > s.idx.shape[1] for v, s in zip(lmax, segments))
+    if len(checks) > 2:
+        bad = bad or m1 != (n_total if all(r == IndexRule.MINUS1_ONLY for r in rules) else 0)
+    if sink is not None and rest[-1] != rest[-1]:
+        bad = bad or bool(torch.isnan(sink).any())  # NaN, or +inf and -inf together
+    if bad:
         _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
                              "_check_common accepts")  # pragma: no cover - a bug, not an input error
     if any(redo):
-        parts = [_chunk_ordered(src, stats, gidx[t0:t1], inv[t0:t1], rows(t0, t1), sc, d_v, lims)
+        vfin = _vmax_finite(table, d_v)
+        parts = [_chunk_ordered(table, stats, vfin, part(gidx, t0, t1), part(valid, t0, t1), part(lonely, t0, t1),
+                                part(q, t0, t1), rows(t0, t1), sc, d_v, lims)
                  if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, parts))]
         res, n_approx = finish(parts)
         n_ap = int(n_approx)
-    (out, lse, lws, m, n_valid), bound = res
+    (out, lse, lws, m), bound = res
     na = n_total * H
-    return FastOracleOut(out, lse, lws, m, n_valid.to(torch.int32), bound, (1.0 - n_ap / na) if na else 1.0)
+    return FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / na) if na else 1.0)

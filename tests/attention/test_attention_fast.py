@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
 from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.attention_fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats,
-                                                    fast_sparse_attention, peak_bytes_estimate_fast)
+from dsv4_numerics.reference.attention_fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite, exact_bits,
+                                                    fast_sparse_attention, norm_factor, peak_bytes_estimate_fast)
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
 from dsv4_numerics.reference.errors import InputError
@@ -136,15 +136,20 @@ def test_chunking_and_validation():
     assert FAST_BUDGET_BYTES == 3 * 2**29
 
 
-def test_row_stats_bf16_and_float64_paths():
-    """``_row_stats`` of a bfloat16 table (lsb from a bits lookup) and of its float64 copy (lsb
-    from the float64 bits): identical lsb exponents and ``max |v|``; norms that, times ``1 + 2**-30``,
-    are upper bounds of the exact norm (checked in rational arithmetic), and within that of it
-    (plus ``sqrt(D) 2**-537`` for the float64 table). Values span subnormals, zeros, +-inf, NaN and +-max."""
+@pytest.mark.parametrize("d_v", [64, 96])
+def test_row_stats_bf16_and_float64_paths(d_v):
+    """``_row_stats`` (``[3, N]``) of a bfloat16 table (float32 norm, lsb from a bits lookup) and of its float64
+    copy (float64 norm, lsb from the float64 bits): identical lsb exponents and ``max |v|`` over
+    the first ``d_v`` dims (on finite rows; ``_vmax_finite`` skips NaN/Inf); norms that, times
+    ``norm_factor(D)``, are upper bounds of the exact norm (checked in rational arithmetic) and
+    close to it. Values span subnormals (whose float32 squares underflow: the floor), zeros,
+    +-inf, NaN and +-max (whose float32 squares overflow: ``n = inf``, the caller goes ordered)."""
     from fractions import Fraction
 
     g = torch.Generator().manual_seed(11)
     D = 96
+    c = norm_factor(D)
+    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)
     bits = torch.randint(-2**15, 2**15, (300, D), generator=g, dtype=torch.int32).to(torch.int16)
     x = bits.view(torch.bfloat16).clone()
     x[:40] = (torch.randn(40, D, generator=g) * 2.0**-130).to(torch.bfloat16)  # bf16 subnormals
@@ -152,27 +157,44 @@ def test_row_stats_bf16_and_float64_paths():
     x[60, 3], x[61, 5], x[62, 7] = math.inf, -math.inf, math.nan
     x[63:80] = torch.randn(17, D, generator=g).to(torch.bfloat16)  # ordinary magnitudes
     x[80] = torch.finfo(torch.bfloat16).max
-    s16, s64 = _row_stats(x, 64), _row_stats(x.double(), 64)
-    n16, n64 = s16[:, 0], s64[:, 0]
-    assert torch.equal(torch.isfinite(n16), torch.isfinite(n64))
-    fin = torch.isfinite(n16)
-    assert torch.equal(fin, torch.isfinite(x.double()).all(dim=1))  # NaN/Inf rows: the caller goes ordered
-    assert not bool(fin[60:63].any()) and bool(fin[:60].all() & fin[63:81].all())
+    x[81:90] = (torch.randn(9, D, generator=g) * 2.0**-70).to(torch.bfloat16)  # squares below 2**-126
+    s16, s64 = _row_stats(x, d_v).T, _row_stats(x.double(), d_v).T  # [N, 3] views of [3, N]
+    assert s16.dtype == torch.float32 and s64.dtype == torch.float64
+    n16, n64 = s16[:, 0].double(), s64[:, 0]
     x64 = x.double()
-    for r in fin.nonzero().flatten().tolist():
+    finite = torch.isfinite(x64).all(dim=1)
+    assert torch.equal(torch.isfinite(n64), finite)  # NaN/Inf rows: the caller goes ordered
+    small = x64.abs().nan_to_num(nan=0.0).amax(dim=1) < 2.0**64
+    assert torch.equal(torch.isfinite(n16), finite & small)  # float32 squares overflow above 2**64
+    assert not bool(torch.isfinite(n16[80])) and bool(torch.isfinite(n64[80]))
+    for r in finite.nonzero().flatten().tolist():
         exact = sum(Fraction(v) ** 2 for v in x64[r].tolist())  # the exact squared norm
-        for n in (float(n16[r]), float(n64[r])):
-            assert (Fraction(n) * Fraction(1 + 2.0**-30)) ** 2 >= exact, r  # the stated upper bound
-            assert n <= math.sqrt(float(exact)) * (1 + 2.0**-29) + math.sqrt(D) * 2.0**-537 * 2, r
-    assert bool((n16[40:60] == 0).all())  # zero rows: exact squares, no floor for a bf16 table
-    assert bool((n64[40:60] > 0).all())  # a float64 table: the underflow floor
-    nz = fin & (n16 > 0)
-    lsb16 = (s16[:, 1] - torch.log2(n16))[nz]  # column 1 is log2(n) - lsb
-    lsb64 = (s64[:, 1] - torch.log2(n64))[nz]
-    assert torch.equal(lsb16.round(), lsb64.round())
-    assert torch.equal(s16[:, 2], s64[:, 2])
-    assert float(s16[63:80, 2].max()) == float(x[63:80, :64].double().abs().max())
-    assert bool((s16[40:60, 1] < -2**19).all())  # zero rows: no lsb (2**20)
+        for n, fin in ((float(n16[r]), bool(small[r])), (float(n64[r]), True)):
+            if not fin:
+                continue
+            assert (Fraction(n) * Fraction(c)) ** 2 >= exact, r  # the stated upper bound
+            assert n <= math.sqrt(float(exact)) * (1 + 2.0**-12) + 2 * floor, r  # and close to the norm
+    assert bool((n16[40:60] == floor).all())  # zero rows: the float32 underflow floor
+    assert bool((n64[40:60] > 0).all())  # a float64 table: its underflow floor
+    nz = torch.isfinite(n16) & torch.isfinite(n64) & (x64 != 0).any(dim=1)
+    lsb16 = (torch.log2(n16.float()).double() - s16[:, 1].double())[nz]  # column 1 is log2(n) - lsb
+    lsb64 = (torch.log2(n64) - s64[:, 1])[nz]
+    assert torch.equal(lsb16.round(), lsb64.round()) and bool(((lsb16 - lsb16.round()).abs() < 2.0**-12).all())
+    assert torch.equal(s16[:, 2].double()[finite], s64[:, 2][finite])
+    assert torch.equal(s16[:, 2].double()[finite], x64[finite, :d_v].abs().amax(dim=1))
+    assert not bool(torch.isfinite(s16[60:63, 2]).any())  # NaN/Inf in the first d_v dims: vmax is not finite
+    assert torch.equal(_vmax_finite(x, d_v).double(), x64[:, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().amax(dim=1))
+    assert bool((s16[40:60, 1] < -2**13).all()) and bool((s64[40:60, 1] < -2**19).all())  # zero rows: no lsb
+
+
+def test_exactness_threshold_and_norm_factor():
+    """``exact_bits``: 53 less twice the norms' upper-bound factor (in bits) less the evaluation
+    margin; ``norm_factor`` covers the float64 path's ``1 + 2**-30`` and grows with D."""
+    for D in (1, 64, 512, 576, 2**20):
+        c = norm_factor(D)
+        assert c >= 1 + 2.0**-30
+        assert exact_bits(D) == 53.0 - 2.0 * math.log2(c) - 2.0**-10
+    assert norm_factor(512) < norm_factor(576) < 1 + 2.0**-15
 
 
 # ----------------------------------------------------------------------------- hypothesis
