@@ -26,11 +26,11 @@ from dsv4_numerics.reference.policies import IndexRule, NanPolicy
 from ..mutants import MUTANTS, reference_entry
 
 
-def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None):
+def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None, d_v=None):
     """|fast - ordered| <= bound elementwise at finite positions; identical non-finite values;
     identical n_valid. Returns (fast result, {output: max observed difference})."""
-    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy)
-    f = fast_sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, chunk_tokens=chunk_tokens)
+    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, d_v=d_v)
+    f = fast_sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
     assert torch.equal(o.n_valid, f.n_valid)
     seen = {}
     for name in BOUND_OUTPUTS:
@@ -214,7 +214,7 @@ def problems(draw):
     g = torch.Generator().manual_seed(seed)
     T, H = draw(st.integers(1, 3)), draw(st.integers(1, 4))
     D = draw(st.sampled_from([16, 64, 128]))
-    kind = draw(st.sampled_from(["fp8", "bf16", "f64"]))
+    kind = draw(st.sampled_from(["fp8", "bf16", "f64", "mixed"]))  # mixed: bf16 q, float32 rows
     eq = draw(st.integers(-60, 60))  # extreme magnitudes of q and rows
     ek = draw(st.sampled_from([-120, -30, 0, 30, 120] + ([500] if kind == "f64" else [])))
     q = (torch.randn(T, H, D, generator=g, dtype=torch.float64) * 2.0**eq)
@@ -226,9 +226,12 @@ def problems(draw):
             rows = _fp8_rows(g, N, D, ek)
         else:
             rows = torch.randn(N, D, generator=g, dtype=torch.float64) * 2.0**ek
-            rows = rows.to(torch.bfloat16) if kind == "bf16" else rows
+            rows = {"bf16": rows.to(torch.bfloat16), "mixed": rows.float(), "f64": rows}[kind]
         idx = torch.randint(-1, N + 2, (T, K), generator=g)
         length = torch.randint(0, K + 1, (T,), generator=g)
+        rule = draw(st.sampled_from([IndexRule.ANY_OUT_OF_RANGE_INVALID, IndexRule.MINUS1_ONLY]))
+        if rule == IndexRule.MINUS1_ONLY:  # only -1 may mark an invalid slot inside the prefix
+            idx[(idx >= N) & (torch.arange(K)[None, :] < length[:, None])] = -1
         if draw(st.booleans()):
             length[0] = 0  # a lonely candidate
         used = torch.zeros(N, dtype=torch.bool)
@@ -241,7 +244,7 @@ def problems(draw):
         if poison != "none" and bool(used.any()):
             r = int(used.nonzero()[0])
             rows[r, int(torch.randint(0, D, (1,), generator=g))] = math.nan if poison == "nan" else -math.inf
-        segs.append(Segment(rows, idx, length, IndexRule.ANY_OUT_OF_RANGE_INVALID))
+        segs.append(Segment(rows, idx, length, rule))
     sink_kind = draw(st.sampled_from(["none", "finite", "mixed_inf"]))
     sink = None
     if sink_kind != "none":
@@ -251,14 +254,16 @@ def problems(draw):
             sink[-1] = -math.inf if H > 1 else sink[-1]
     scale = draw(st.sampled_from([512**-0.5, 512**-0.55, 1.0, 3.0]))
     nan = draw(st.sampled_from([NanPolicy.PROPAGATE, NanPolicy.SCRUB]))
-    return q, segs, scale, sink, nan
+    d_v = draw(st.one_of(st.none(), st.integers(1, D)))
+    chunk = draw(st.one_of(st.none(), st.integers(1, 3)))
+    return q, segs, scale, sink, nan, d_v, chunk
 
 
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_fast_within_bound_under_hypothesis(prob):
-    q, segs, scale, sink, nan = prob
-    assert_within_bound(q, segs, scale, sink, nan)
+    q, segs, scale, sink, nan, d_v, chunk = prob
+    assert_within_bound(q, segs, scale, sink, nan, chunk_tokens=chunk, d_v=d_v)
 
 
 # ----------------------------------------------------------------------------- verdicts
