@@ -87,8 +87,9 @@ coefficients upper-bound the formulas above on every row the fast logits serve (
 values at ``delta = 2**-30``, ``|sink - lse| <= |sink| + |lse|`` and ``|lse_with_sink| <= max(|lse|,
 |sink|) + ln 2``. A ``+-inf`` sink enters as 0: the sink factor is then exactly 1 or 0 in both
 modes (and ``lse_with_sink`` is ``lse`` or ``+inf``), so any non-negative bound holds there. The
-combination is one float64 ``addmm`` (``ln L``, ``|lse|``), one ``addcmul`` (``x``) and one add
-(``|sink|``) of non-negative terms (relative rounding ``g_5``, inside the ``1 + 2**-20``).
+combination is three float64 ``addcmul`` (``ln L``, ``|lse|``, ``x``) and one add (``|sink|``) of
+non-negative terms (relative rounding ``g_5``, inside the ``1 + 2**-20``; an ``addmm`` cost the
+host ~50 us).
 
 Assumes float32 arithmetic per IEEE for the row statistics of a bfloat16 table (any summation
 order or accumulator width; ``log2`` within 1 ulp, as CUDA documents for ``log2f`` and SLEEF for
@@ -109,7 +110,7 @@ then raises the precise error). Every segment's rows, a zero row and q's rows fo
 (``_table``), whose row statistics are one float32 norm and one bits lookup (``_row_stats``,
 written into one ``[3, N]`` tensor) and whose slot rows are one ``index_select`` per chunk
 (gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
-(``_finish``: the bounds are one ``addmm``); the host values travel as one float64 vector. No
+(``_finish``: the bounds are three ``addcmul`` and an add); the host values travel as one float64 vector. No
 ``where`` takes a Python scalar (a cached 0-dim tensor instead: half the host cost). The one host
 sync at the end also finds the rare chunks that need ordered logits (NaN/Inf, extreme
 magnitudes), which are then recomputed.
@@ -542,8 +543,8 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef):
     """Steps 4-7 and the bounds for all tokens at once (a fixed number of kernel launches per
     call), with the ordered oracle's lonely-row conventions. ``N``, ``m``, ``L``: ``_softmax_tail``'s
     (``[T, H, d_v]``, ``[T, H, 1]``; ``N`` is divided in place), ``x`` ``[T, H, 1]``, ``vmax``
-    ``[T, 1, 1]``, ``lonely`` ``[T, 1, 1]``, ``coef``: ``bound_coefficients``' columns ``(x, (ln L,
-    |lse|), |sink|, 1)`` on the device (``[4, 1]``, ``[4, 2]``, ``[4, 1, 1]``, ``[4, 1]``). ``out = N / L`` (no sink) or ``N / (L + L e)``,
+    ``[T, 1, 1]``, ``lonely`` ``[T, 1, 1]``, ``coef``: ``bound_coefficients``' columns ``(x, ln L,
+    |lse|, |sink|, 1)`` on the device (``[4, 1]`` each, ``|sink|``'s ``[4, 1, 1]``). ``out = N / L`` (no sink) or ``N / (L + L e)``,
     ``e = exp(sink - lse)``: one division by ``L (1 + e)`` rounded twice (or once, fused), no more
     roundings than the ordered ``(N / L) f`` with ``f = 1 / (1 + e)`` (steps 5-6; where ``L (1 +
     e)`` overflows, ``f < 2**-1000`` and ``out`` is 0, within the bound's absolute ``V_j 2u``
@@ -555,7 +556,7 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef):
     finite and carry no meaning. The ``out`` bound is a broadcast view ``[T, H, d_v]`` of ``V_j *
     B[t, h]``."""
     T, H, _ = m.shape
-    cx, cF, cs, cb = coef
+    cx, cl, ce, cs, cb = coef
     lnL = torch.log(L)  # -inf on lonely rows (L = 0)
     lse = m + lnL  # -inf + -inf on lonely rows
     if sink is None:
@@ -565,9 +566,10 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef):
         den = torch.addcmul(L, L, torch.exp(sk - lse)).masked_fill_(lonely, 1.0)
         lws = torch.logaddexp(lse, sk)
     out = N.div_(den)
-    # B = cb + cF (ln L, |lse|) + cx x + cs |sink| (+-inf sinks enter as 0: "Evaluation")
-    B = torch.addmm(cb, cF, torch.stack([lnL, lse]).abs_().view(2, T * H)).addcmul_(cx, x.view(1, T * H))
-    B = B.view(4, T, H)
+    # B = cb + cl ln L + ce |lse| + cx x + cs |sink| (+-inf sinks enter as 0: "Evaluation"); ln L >= 0
+    # but on lonely rows (-inf there: their B is reset below)
+    B = torch.addcmul(cb, cl, lnL.view(1, T * H)).addcmul_(ce, lse.abs().view(1, T * H))
+    B = B.addcmul_(cx, x.view(1, T * H)).view(4, T, H)
     if sink is not None:
         B.add_(cs * sink.nan_to_num(posinf=0.0, neginf=0.0).abs().view(1, 1, H))
     b_lse, b_lws, b_max, b_out = B.nan_to_num_(nan=0.0, posinf=0.0).unbind(0)
@@ -594,7 +596,7 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
         both = torch.cat([coef[:, _F_X], coef[:, _F_LNL], coef[:, _F_LSE], coef[:, _F_SINK], coef[:, -1],
                           low.double(), mask]).to(dev)
         cx, cl, ce, cs, cb = both[:20].view(5, 4, 1).unbind(0)
-        coefs = (cx, torch.cat([cl, ce], dim=1), cs.view(4, 1, 1), cb)
+        coefs = (cx, cl, ce, cs.view(4, 1, 1), cb)
         la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
         hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero), both[22:].unbind(0))
     return hit
