@@ -7,8 +7,9 @@ exactly 0 / ``-inf``, +-inf sinks, invalid rows zeroed before any arithmetic, Na
 ``NanPolicy``) plus ``bound``: per output (``out`` ``[T, H, d_v]``; ``lse``, ``lse_with_sink``,
 ``max_logits`` ``[T, H]``) an elementwise float64 ``B >= 0`` with ``|fast - ordered| <= B`` wherever
 the output is finite; non-finite outputs are the same values in both modes (``B`` is finite there
-and carries no meaning; 0 on lonely rows and on rows whose ``lse`` is not finite). Not bit-identical across devices (cuBLAS/BLAS choose the reduction order); the
-ordered oracle stays the fixture path. Only ``AttentionMode.EXACT`` is provided.
+and carries no meaning; 0 on lonely rows and on rows whose ``lse`` is not finite). Not
+bit-identical across devices (cuBLAS/BLAS choose the reduction order); the ordered oracle stays
+the fixture path. Only ``AttentionMode.EXACT`` is provided.
 
 Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, valid slots only):
 
@@ -144,7 +145,7 @@ _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
 _NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
 _STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
 _STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
-_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input (a cast copy, if any)
+_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
 # rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
 _B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
@@ -342,11 +343,11 @@ def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     bf16 = rows.dtype == torch.bfloat16
     step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
     st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
+    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # bf16: a power of two, exact in float32
     for r0 in range(0, N, step):
         x = rows if step >= N else rows[r0:r0 + step]
         n, beta, vmax = st.unbind(0) if step >= N else st[:, r0:r0 + step].unbind(0)
         if bf16:
-            floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # a power of two: exact in float32
             torch.linalg.vector_norm(x, dim=1, dtype=torch.float32, out=n).add_(floor)
             bits = x.view(torch.uint16).to(torch.int32).view(-1)
             neg_lsb = _bf16_lut(x.device).index_select(0, bits).view(x.shape).amax(dim=1)  # -(min lsb)
@@ -363,7 +364,7 @@ def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
 
 _COLUMNS: dict = {}
 _COLUMNS_MAX = 32
-_COEF: dict = {}  # bound_coefficients on a device, per (K, D, scale, sink?, device)
+_COEF: dict = {}  # ``_constants``: per (K, D, scale, sink?, statistics dtype, device)
 _ZERO_ROWS: dict = {}  # one zero row per (D, dtype, device)
 
 
@@ -494,7 +495,7 @@ def _softmax_tail(s, g, d_v, lonely, canonical=False):
     m = s.amax(dim=2, keepdim=True)
     if not canonical:
         m.add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
-    p = s.sub_(torch.where(lonely, 0.0, m)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
+    p = s.sub_(m.masked_fill(lonely, 0.0)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
     L = p.sum(dim=2, keepdim=True)
     N = torch.bmm(p, g if d_v == g.shape[2] else g[:, :, :d_v])
     return N, m, L
@@ -520,19 +521,19 @@ def _row_tests(stats, gflat, qrows, c, lims):
     return torch.where(approx, nqb, zero), vk, approx, fast
 
 
-def _chunk_ordered(table, stats, vfin, gidx, valid, lonely, qc, qrows, scale, d_v, lims):
+def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests):
     """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
     recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
-    and invalid slots masked to ``-inf`` whatever their logit. Returns ``_softmax_pv``'s triple and
-    ``_row_tests``' first three, with ``vmax`` over the finite values only (``vfin``:
-    ``_vmax_finite`` of the table)."""
+    and invalid slots masked to ``-inf`` whatever their logit. ``tests``: the chunk's
+    ``_row_tests``. Returns ``_softmax_pv``'s triple and ``_row_tests``' first three, with ``vmax``
+    over the finite values only (``vfin``: ``_vmax_finite`` of the table)."""
     c, K = gidx.shape
     gflat = gidx.reshape(-1)
     g = _gather(table, gflat, c)
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    x, _, approx, fast = _row_tests(stats, gflat, qrows, c, lims)
-    vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(stats.dtype).view(c, 1, 1)  # finite values
+    x, vk, approx, fast = tests
+    vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
     s.masked_fill_(~valid.unsqueeze(1), -math.inf)
@@ -544,8 +545,8 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef):
     call), with the ordered oracle's lonely-row conventions. ``N``, ``m``, ``L``: ``_softmax_tail``'s
     (``[T, H, d_v]``, ``[T, H, 1]``; ``N`` is divided in place), ``x`` ``[T, H, 1]``, ``vmax``
     ``[T, 1, 1]``, ``lonely`` ``[T, 1, 1]``, ``coef``: ``bound_coefficients``' columns ``(x, ln L,
-    |lse|, |sink|, 1)`` on the device (``[4, 1]`` each, ``|sink|``'s ``[4, 1, 1]``). ``out = N / L`` (no sink) or ``N / (L + L e)``,
-    ``e = exp(sink - lse)``: one division by ``L (1 + e)`` rounded twice (or once, fused), no more
+    |lse|, |sink|, 1)`` on the device (``[4, 1]`` each, ``|sink|``'s ``[4, 1, 1]``). ``out = N / L``
+    (no sink) or ``N / (L + L e)``, ``e = exp(sink - lse)``: one division by ``L (1 + e)`` rounded twice (or once, fused), no more
     roundings than the ordered ``(N / L) f`` with ``f = 1 / (1 + e)`` (steps 5-6; where ``L (1 +
     e)`` overflows, ``f < 2**-1000`` and ``out`` is 0, within the bound's absolute ``V_j 2u``
     term); lonely rows divide by 1 (``N = 0``). A row with a finite output has finite features
@@ -696,8 +697,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
                              "_check_common accepts")  # pragma: no cover - a bug, not an input error
     if any(redo):
         vfin = _vmax_finite(table, d_v)
-        parts = [_chunk_ordered(table, stats, vfin, part(gidx, t0, t1), part(valid, t0, t1), part(lonely, t0, t1),
-                                part(q, t0, t1), rows(t0, t1), sc, d_v, lims)
+        parts = [_chunk_ordered(table, vfin, part(gidx, t0, t1), part(valid, t0, t1), part(lonely, t0, t1),
+                                part(q, t0, t1), sc, d_v, tests[i])
                  if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, parts))]
         res, n_approx = finish(parts)
         n_ap = int(n_approx)
