@@ -1,0 +1,170 @@
+"""CUDA-graph replay of the fast oracle's device work, for call signatures that come again.
+
+The fast oracle (``attention_fast``) issues ~80 small kernels per call; at production decode
+shapes the host's cost of launching them one by one (10-20 us each on the H200's hosts) is
+larger than the GPU work itself. A CUDA graph replays the same kernels with one launch.
+
+What is cached: per *signature* (device; shape and dtype of q, sink and every segment's rows,
+indices and lengths; rules, scale, ``d_v``, NaN policy, chunks) one ``torch.cuda.CUDAGraph`` of
+``attention_fast._issue`` (every kernel up to the call's one host sync) with its static input
+buffers and outputs. A call with a cached signature copies its inputs into the static buffers,
+replays, then runs the host side as an eager call would (deferred validation errors, the rare
+chunks that need ordered logits) and returns clones of the outputs: results never alias the
+cache, and the next replay cannot change them.
+
+When: a signature is captured on its ``CAPTURE_AFTER``-th call (2: a shape seen once, as in
+hypothesis fuzzing or a matrix of cases, never pays a capture, which costs about two eager
+calls), unless ``fast_sparse_attention(graph=True)`` asks for it on the first call or
+``graph=False`` refuses it. The cached graphs hold at most ``max_bytes`` (default
+``GRAPH_CACHE_BYTES``, 2 GiB) by the callers' estimates, least recently used evicted first; a
+signature larger than that, or whose capture failed, runs eagerly. ``set_enabled(False)`` or the
+environment variable ``DSV4_FAST_GRAPHS=0`` turns the default (``graph=None``) off.
+
+Numerics: a replay runs the kernels the eager call runs, on the same values; cuBLAS may choose
+another GEMM algorithm under capture, which the fast oracle's bound already allows (it is not
+bit-identical across devices or libraries either). Thread safety: ``LOCK`` serialises the calls
+that use the cache (static buffers are shared).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["GraphCache", "CACHE", "LOCK", "GRAPH_CACHE_BYTES", "CAPTURE_AFTER", "set_enabled", "signature"]
+
+GRAPH_CACHE_BYTES = 2 * 2**30
+CAPTURE_AFTER = 2
+_SEEN_MAX = 1024  # signatures remembered for the capture count
+LOCK = threading.RLock()
+
+
+def signature(flat: list) -> tuple:
+    """Shape and dtype of each tensor of ``flat`` (``None`` kept): what a captured graph fixes."""
+    return tuple(None if t is None else (tuple(t.shape), t.dtype) for t in flat)
+
+
+@dataclass
+class _Entry:
+    graph: torch.cuda.CUDAGraph
+    static: list
+    issued: object
+    nbytes: int
+
+
+class GraphCache:
+    """Captured graphs by signature key (see the module docstring). ``stats()``: counters."""
+
+    def __init__(self, max_bytes: int = GRAPH_CACHE_BYTES):
+        self.max_bytes = max_bytes
+        self.enabled = os.environ.get("DSV4_FAST_GRAPHS", "1").strip() not in ("0", "false", "no", "off")
+        self._entries: OrderedDict = OrderedDict()
+        self._seen: OrderedDict = OrderedDict()
+        self._failed: dict = {}
+        self._bytes = 0
+        self.captures = self.replays = 0
+
+    def stats(self) -> dict:
+        return {"enabled": self.enabled, "entries": len(self._entries), "bytes": self._bytes,
+                "captures": self.captures, "replays": self.replays, "failed": dict(self._failed)}
+
+    def clear(self) -> None:
+        """Drop every graph (their memory returns to PyTorch's caching allocator) and the counts."""
+        self._entries.clear()
+        self._seen.clear()
+        self._failed.clear()
+        self._bytes = 0
+
+    def replay(self, key, flat: list, nbytes: Callable[[], int], issue: Callable[[list], object],
+               always: bool = False):
+        """The issued outputs of a replay for ``key`` with inputs ``flat`` (copied into the static
+        buffers first), capturing ``issue(static_inputs)`` when the signature is due; ``None``
+        where the call should run eagerly (not due yet, disabled, capture failed, too large).
+        ``nbytes()``: the caller's upper estimate of the graph's bytes (called before a capture, to
+        make room); what is kept is measured (the private pool's new segments plus the static
+        inputs), and a graph larger than ``max_bytes`` is dropped, its signature then eager. The
+        returned outputs are the graph's static buffers: valid until the next replay."""
+        e = self._entries.get(key)
+        if e is None:
+            if not (self.enabled or always) or key in self._failed:
+                return None
+            n = self._seen.pop(key, 0) + 1
+            self._seen[key] = n
+            if len(self._seen) > _SEEN_MAX:
+                self._seen.popitem(last=False)
+            if n < CAPTURE_AFTER and not always:
+                return None
+            e = self._capture(key, flat, nbytes(), issue)
+            if e is None:
+                return None
+        else:
+            self._entries.move_to_end(key)
+        _copy_all([s for s in e.static if s is not None], [t for t in flat if t is not None])
+        e.graph.replay()
+        self.replays += 1
+        return e.issued
+
+    def _capture(self, key, flat: list, nbytes: int, issue) -> _Entry | None:
+        while self._entries and self._bytes + min(nbytes, self.max_bytes) > self.max_bytes:
+            self._evict()
+        dev = next(t.device for t in flat if t is not None)
+        with torch.cuda.device(dev):
+            static = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device=dev).copy_(t) for t in flat]
+            # warm-up on the current stream: fills every constant cache the kernels read (a cache
+            # miss would copy from the host inside the capture) and initialises lazy library state
+            issue(static)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    r0 = torch.cuda.memory_reserved(dev)  # after the context's empty_cache
+                    issued = issue(static)
+                    r1 = torch.cuda.memory_reserved(dev)
+            except Exception as exc:  # an op that cannot be captured: this signature stays eager
+                self._failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                return None
+            # the graph's private pool (new segments) and the static inputs
+            size = max(0, r1 - r0) + sum(t.numel() * t.element_size()
+                                                                     for t in static if t is not None)
+        if size > self.max_bytes:
+            self._failed[key] = f"needs {size} bytes, more than the cache's {self.max_bytes}"
+            return None
+        while self._entries and self._bytes + size > self.max_bytes:
+            self._evict()
+        e = self._entries[key] = _Entry(graph, static, issued, size)
+        self._seen.pop(key, None)
+        self._bytes += size
+        self.captures += 1
+        return e
+
+    def _evict(self) -> None:
+        _, old = self._entries.popitem(last=False)
+        self._bytes -= old.nbytes
+
+
+def _copy_all(dst: list, src: list) -> None:
+    """``d.copy_(s)`` for each pair, as one ``torch._foreach_copy_`` call where this PyTorch has it
+    (the loop runs in C++: a fraction of the host cost of one Python call per tensor)."""
+    fe = getattr(torch, "_foreach_copy_", None)
+    if fe is not None:
+        fe(dst, src)
+    else:  # pragma: no cover - PyTorch < 2.1
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
+CACHE = GraphCache()
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn the default graph replay (``fast_sparse_attention(graph=None)``) on or off; off also
+    drops the cached graphs."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_enabled: enabled must be a bool, got {enabled!r}")
+    with LOCK:
+        CACHE.enabled = enabled
+        if not enabled:
+            CACHE.clear()
