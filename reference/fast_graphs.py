@@ -15,9 +15,10 @@ cache, and the next replay cannot change them.
 When: a signature is captured on its ``CAPTURE_AFTER``-th call (2: a shape seen once, as in
 hypothesis fuzzing or a matrix of cases, never pays a capture, which costs about two eager
 calls), unless ``fast_sparse_attention(graph=True)`` asks for it on the first call or
-``graph=False`` refuses it. The cached graphs hold at most ``max_bytes`` (default
-``GRAPH_CACHE_BYTES``, 2 GiB) by the callers' estimates, least recently used evicted first; a
-signature larger than that, or whose capture failed, runs eagerly. ``set_enabled(False)`` or the
+``graph=False`` refuses it. The cached graphs (all devices together) hold at most ``max_bytes``
+(default ``GRAPH_CACHE_BYTES``, 2 GiB) and at most 1/32 of the capturing device's memory (a GPU
+CI runner may run 16 test workers per GPU, each with its own cache), measured at capture, least recently used
+evicted first; a signature larger than that, or whose capture failed, runs eagerly. ``set_enabled(False)`` or the
 environment variable ``DSV4_FAST_GRAPHS=0`` turns the default (``graph=None``) off.
 
 Numerics: a replay runs the kernels the eager call runs, on the same values; cuBLAS may choose
@@ -40,6 +41,7 @@ __all__ = ["GraphCache", "CACHE", "LOCK", "GRAPH_CACHE_BYTES", "CAPTURE_AFTER", 
 GRAPH_CACHE_BYTES = 2 * 2**30
 CAPTURE_AFTER = 2
 _SEEN_MAX = 1024  # signatures remembered for the capture count
+_DEVICE_SHARE = 32  # the cache holds at most 1/32 of a device's memory
 LOCK = threading.RLock()
 
 
@@ -109,9 +111,10 @@ class GraphCache:
         return e.issued
 
     def _capture(self, key, flat: list, nbytes: int, issue) -> _Entry | None:
-        while self._entries and self._bytes + min(nbytes, self.max_bytes) > self.max_bytes:
-            self._evict()
         dev = next(t.device for t in flat if t is not None)
+        limit = min(self.max_bytes, torch.cuda.get_device_properties(dev).total_memory // _DEVICE_SHARE)
+        while self._entries and self._bytes + min(nbytes, limit) > limit:
+            self._evict()
         with torch.cuda.device(dev):
             static = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device=dev).copy_(t) for t in flat]
             # warm-up on the current stream: fills every constant cache the kernels read (a cache
@@ -127,12 +130,11 @@ class GraphCache:
                 self._failed[key] = f"{type(exc).__name__}: {exc}"[:300]
                 return None
             # the graph's private pool (new segments) and the static inputs
-            size = max(0, r1 - r0) + sum(t.numel() * t.element_size()
-                                                                     for t in static if t is not None)
-        if size > self.max_bytes:
-            self._failed[key] = f"needs {size} bytes, more than the cache's {self.max_bytes}"
+            size = max(0, r1 - r0) + sum(t.numel() * t.element_size() for t in static if t is not None)
+        if size > limit:
+            self._failed[key] = f"needs {size} bytes, more than the cache's {limit}"
             return None
-        while self._entries and self._bytes + size > self.max_bytes:
+        while self._entries and self._bytes + size > limit:
             self._evict()
         e = self._entries[key] = _Entry(graph, static, issued, size)
         self._seen.pop(key, None)
