@@ -151,3 +151,43 @@ def test_a_graph_larger_than_the_cache_is_dropped_and_the_call_stays_correct(mon
     _check(f, q, segs, 0.125, sink)
     fast_sparse_attention(q, segs, 0.125, sink, graph=True)  # refused at once now: eager
     assert small.stats()["replays"] == 0
+
+
+@cuda
+@pytest.mark.parametrize("variant", ["chunks", "no_topk", "scrub", "no_sink", "no_lengths", "float32_rows", "two_segments"])
+def test_every_call_shape_captures(variant, monkeypatch):
+    """``_issue`` reads no device value on any of its paths (several chunks, K = 0, NaN scrubbing,
+    no sink, no lengths, a float64 table from mixed dtypes, two segments with mixed rules): the
+    capture succeeds and the replay is within the bound of the ordered oracle."""
+    cache = fast_graphs.GraphCache()
+    monkeypatch.setattr(fast_graphs, "CACHE", cache)
+    q, segs, sink = _inputs(17, T=6, H=4, N=30, K=10, dev="cuda")
+    s = segs[0]
+    kw = {}
+    if variant == "chunks":
+        kw["chunk_tokens"] = 2
+    elif variant == "no_topk":
+        segs = [Segment(s.rows, s.idx[:, :0], torch.zeros_like(s.length), s.rule)]
+    elif variant == "scrub":
+        rows = s.rows.clone()
+        rows[3, 1] = math.nan
+        segs, kw["nan_policy"] = [Segment(rows, s.idx, s.length, s.rule)], "scrub"
+    elif variant == "no_sink":
+        sink = None
+    elif variant == "no_lengths":
+        segs = [Segment(s.rows, s.idx.clamp(min=0), None, IndexRule.MINUS1_ONLY)]
+    elif variant == "float32_rows":
+        segs = [Segment(s.rows.float(), s.idx, s.length, s.rule)]
+    elif variant == "two_segments":
+        segs = [s, Segment(s.rows[:7], s.idx.remainder(9), s.length.clamp(max=4), IndexRule.ANY_OUT_OF_RANGE_INVALID)]
+    f = fast_sparse_attention(q, segs, 0.125, sink, graph=True, **kw)
+    st = cache.stats()
+    assert st["captures"] == 1 and st["replays"] == 1 and not st["failed"], st
+    o = sparse_attention(q.cpu(), [Segment(x.rows.cpu(), x.idx.cpu(), None if x.length is None else x.length.cpu(),
+                                           x.rule) for x in segs], 0.125, None if sink is None else sink.cpu(),
+                         nan_policy=kw.get("nan_policy", "propagate"))
+    for name in BOUND_OUTPUTS:
+        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
+        fin = torch.isfinite(b)
+        assert torch.equal(fin, torch.isfinite(a)), name
+        assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
