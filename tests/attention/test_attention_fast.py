@@ -26,15 +26,20 @@ from dsv4_numerics.reference.policies import IndexRule, NanPolicy
 from ..mutants import MUTANTS, reference_entry
 
 
-def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None, d_v=None):
-    """|fast - ordered| <= bound elementwise at finite positions; identical non-finite values;
-    identical n_valid. Returns (fast result, {output: max observed difference})."""
-    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, d_v=d_v)
-    f = fast_sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
-    assert torch.equal(o.n_valid, f.n_valid)
+def segments_on(segs, dev):
+    """``segs`` with rows, indices and lengths moved to ``dev``."""
+    return [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
+            for s in segs]
+
+
+def assert_matches_ordered(f, o):
+    """The fast result ``f`` (any device) against the ordered result ``o`` (CPU): |fast - ordered|
+    <= bound elementwise at finite positions; identical non-finite values; identical n_valid.
+    Returns {output: max observed difference}."""
+    assert torch.equal(o.n_valid, f.n_valid.cpu())
     seen = {}
     for name in BOUND_OUTPUTS:
-        a, b, bound = getattr(f, name), getattr(o, name), f.bound[name]
+        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
         assert a.shape == b.shape == bound.shape, name
         fin = torch.isfinite(b)
         assert torch.equal(fin, torch.isfinite(a)), f"{name}: non-finite positions differ"
@@ -47,7 +52,15 @@ def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGAT
         over = d > bound[fin]
         assert not bool(over.any()), f"{name}: |fast - ordered| {float(d[over].max()):.3g} exceeds the bound"
         seen[name] = float(d.max()) if d.numel() else 0.0
-    return f, seen
+    return seen
+
+
+def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None, d_v=None):
+    """``assert_matches_ordered`` of the fast and the ordered oracle on these inputs. Returns (fast
+    result, {output: max observed difference})."""
+    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, d_v=d_v)
+    f = fast_sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
+    return f, assert_matches_ordered(f, o)
 
 
 _SEGS: dict = {}
@@ -315,17 +328,10 @@ def test_fast_on_gpu_within_bound_of_ordered_on_cpu(i):
     segs = _segments(case, stage)
     o = sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
     dev = torch.device("cuda")
-    gsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
-             for s in segs]
     sink = inp.get("sink")
-    f = fast_sparse_attention(inp["q"].to(dev), gsegs, inp["scale"], None if sink is None else sink.to(dev))
-    assert torch.equal(o.n_valid, f.n_valid.cpu())
-    for name in BOUND_OUTPUTS:
-        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
-        fin = torch.isfinite(b)
-        assert torch.equal(fin, torch.isfinite(a)), name
-        assert torch.equal(torch.isnan(a), torch.isnan(b)), name
-        assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
+    f = fast_sparse_attention(inp["q"].to(dev), segments_on(segs, dev), inp["scale"],
+                              None if sink is None else sink.to(dev))
+    assert_matches_ordered(f, o)
 
 
 def test_deferred_validation_raises_the_ordered_oracles_errors():

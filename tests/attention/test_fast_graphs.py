@@ -17,7 +17,7 @@ from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_at
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import IndexRule
 
-from .test_attention_fast import HELD_OUT, _all_cases, _segments
+from .test_attention_fast import HELD_OUT, _all_cases, _segments, assert_matches_ordered, segments_on
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 
@@ -36,16 +36,10 @@ def _inputs(seed: int, T=5, H=4, D=64, N=40, K=12, dev="cpu", nan_row=None):
     return q.to(dev), segs, sink.to(dev)
 
 
-def _check(f, q, segs, scale, sink):
-    o = sparse_attention(q.cpu(), [Segment(s.rows.cpu(), s.idx.cpu(), s.length.cpu(), s.rule) for s in segs], scale,
-                         sink.cpu())
-    assert torch.equal(o.n_valid, f.n_valid.cpu())
-    for name in BOUND_OUTPUTS:
-        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
-        fin = torch.isfinite(b)
-        assert torch.equal(fin, torch.isfinite(a)), name
-        assert torch.equal(torch.isnan(a), torch.isnan(b)), name
-        assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
+def _check(f, q, segs, scale, sink, **kw):
+    """``f`` against the ordered oracle on the same inputs, on the CPU."""
+    o = sparse_attention(q.cpu(), segments_on(segs, "cpu"), scale, None if sink is None else sink.cpu(), **kw)
+    assert_matches_ordered(f, o)
 
 
 def test_graph_argument_is_validated():
@@ -75,8 +69,7 @@ def test_replay_within_bound_and_owned(i):
     stage, case = _all_cases()[i]
     inp = case.inputs
     dev = torch.device("cuda")
-    segs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
-            for s in _segments(case, stage)]
+    segs = segments_on(_segments(case, stage), dev)
     sink = inp.get("sink")
     sink = None if sink is None else sink.to(dev)
     q = inp["q"].to(dev)
@@ -90,12 +83,7 @@ def test_replay_within_bound_and_owned(i):
     for n in BOUND_OUTPUTS:
         assert torch.equal(getattr(f1, n).nan_to_num(), keep[n].nan_to_num()), n
     for f, qq in ((f1, q), (f2, q2)):
-        o = sparse_attention(qq.cpu(), _segments(case, stage), inp["scale"], inp.get("sink"))
-        for name in BOUND_OUTPUTS:
-            a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
-            fin = torch.isfinite(b)
-            assert torch.equal(fin, torch.isfinite(a)), name
-            assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
+        assert_matches_ordered(f, sparse_attention(qq.cpu(), _segments(case, stage), inp["scale"], inp.get("sink")))
 
 
 @cuda
@@ -123,8 +111,7 @@ def test_replay_raises_the_deferred_validation_errors():
     bad_idx = [Segment(s.rows, s.idx.clone().fill_(-5), s.length.clone().fill_(3), s.rule)]
     for bs, sk in ((bad_len, sink), (bad_idx, sink), (segs, sink.clone().fill_(math.nan))):
         with pytest.raises(InputError) as ordered:
-            sparse_attention(q.cpu(), [Segment(x.rows.cpu(), x.idx.cpu(), x.length.cpu(), x.rule) for x in bs], 0.125,
-                             sk.cpu())
+            sparse_attention(q.cpu(), segments_on(bs, "cpu"), 0.125, sk.cpu())
         with pytest.raises(InputError) as fast:
             fast_sparse_attention(q, bs, 0.125, sk, graph=True)
         assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
@@ -183,11 +170,4 @@ def test_every_call_shape_captures(variant, monkeypatch):
     f = fast_sparse_attention(q, segs, 0.125, sink, graph=True, **kw)
     st = cache.stats()
     assert st["captures"] == 1 and st["replays"] == 1 and not st["failed"], st
-    o = sparse_attention(q.cpu(), [Segment(x.rows.cpu(), x.idx.cpu(), None if x.length is None else x.length.cpu(),
-                                           x.rule) for x in segs], 0.125, None if sink is None else sink.cpu(),
-                         nan_policy=kw.get("nan_policy", "propagate"))
-    for name in BOUND_OUTPUTS:
-        a, b, bound = getattr(f, name).cpu(), getattr(o, name), f.bound[name].cpu()
-        fin = torch.isfinite(b)
-        assert torch.equal(fin, torch.isfinite(a)), name
-        assert bool(((a - b).abs()[fin] <= bound[fin]).all()), name
+    _check(f, q, segs, 0.125, sink, nan_policy=kw.get("nan_policy", "propagate"))
