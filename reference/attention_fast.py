@@ -433,14 +433,20 @@ def _layout(segments, rules, T: int, dev: torch.device):
     return valid, gidx, valid.sum(dim=1, dtype=torch.int32), flags, cols
 
 
+def _table_dtype(segments, q: torch.Tensor) -> torch.dtype:
+    """The table's dtype: the one dtype of q and every segment's rows, else float64 (every accepted
+    dtype converts to float64 exactly)."""
+    dts = {s.rows.dtype for s in segments} | {q.dtype}
+    return dts.pop() if len(dts) == 1 else torch.float64
+
+
 def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
     """One table ``[Nrows + 1 + T*H, D]``: every segment's rows (NaN scrubbed under ``SCRUB``),
     one zero row (what an invalid slot reads, ``attention._gather``) and q's ``T*H`` rows (never
     scrubbed; their statistics come from the same pass). One dtype: the common one, else float64
     (every accepted dtype converts to float64 exactly)."""
     T, H, D = q.shape
-    dts = {s.rows.dtype for s in segments} | {q.dtype}
-    dt = dts.pop() if len(dts) == 1 else torch.float64
+    dt = _table_dtype(segments, q)
     Nrows = sum(s.rows.shape[0] for s in segments)
     zkey = (D, dt, str(q.device))
     zero = _ZERO_ROWS.get(zkey)
@@ -649,6 +655,12 @@ def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.d
     return [(t0, min(T, t0 + chunk_tokens)) for t0 in range(0, T, chunk_tokens)]
 
 
+def _part(x: torch.Tensor, t0: int, t1: int, one_chunk: bool) -> torch.Tensor:
+    """Tokens ``[t0, t1)`` of a per-token tensor (the tensor itself when the call has one chunk:
+    no slicing view to issue)."""
+    return x if one_chunk else x[t0:t1]
+
+
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it): layout and deferred validation flags, the table, per chunk
@@ -668,7 +680,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     gflat = gidx.view(-1)
 
     def part(x, t0, t1):
-        return x if one_chunk else x[t0:t1]
+        return _part(x, t0, t1, one_chunk)
 
     def flat(t0, t1):
         return gflat if one_chunk else gflat[t0 * K:t1 * K]
@@ -739,13 +751,10 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     if any(redo):
         coef, _, (zero, _, one) = iss.keep[0]
         vfin = _vmax_finite(iss.table, d_v)
-        one_chunk = len(spans) == 1
-
-        def part(x, t0, t1):
-            return x if one_chunk else x[t0:t1]
-
-        parts = [_chunk_ordered(iss.table, vfin, part(iss.gidx, t0, t1), part(iss.valid, t0, t1),
-                                part(iss.lonely, t0, t1), part(q, t0, t1), sc, d_v, iss.tests[i], zero)
+        single = len(spans) == 1
+        parts = [_chunk_ordered(iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
+                                _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i],
+                                zero)
                  if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, iss.parts))]
         res, approx = _finish_parts(parts, iss.lonely, sink, coef, one)
         n_ap = float(approx.sum())
@@ -789,8 +798,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
                              {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
-    dts = {s.rows.dtype for s in segments} | {q.dtype}
-    itemsize = (dts.pop() if len(dts) == 1 else torch.float64).itemsize
+    itemsize = _table_dtype(segments, q).itemsize
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
     if dev.type == "cuda" and graph is not False:

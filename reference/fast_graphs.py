@@ -53,9 +53,12 @@ def signature(flat: list) -> tuple:
 @dataclass
 class _Entry:
     graph: torch.cuda.CUDAGraph
-    static: list
+    static: list  # the static inputs, None where the call had none (no sink, no lengths)
     issued: object
     nbytes: int
+
+    def __post_init__(self):
+        self.dst = [s for s in self.static if s is not None]  # what a replay copies into
 
 
 class GraphCache:
@@ -105,7 +108,7 @@ class GraphCache:
                 return None
         else:
             self._entries.move_to_end(key)
-        _copy_all([s for s in e.static if s is not None], [t for t in flat if t is not None])
+        _copy_all(e.dst, [t for t in flat if t is not None])
         e.graph.replay()
         self.replays += 1
         return e.issued
@@ -113,8 +116,7 @@ class GraphCache:
     def _capture(self, key, flat: list, nbytes: int, issue) -> _Entry | None:
         dev = next(t.device for t in flat if t is not None)
         limit = min(self.max_bytes, torch.cuda.get_device_properties(dev).total_memory // _DEVICE_SHARE)
-        while self._entries and self._bytes + min(nbytes, limit) > limit:
-            self._evict()
+        self._make_room(min(nbytes, limit), limit)
         with torch.cuda.device(dev):
             static = [None if t is None else torch.empty(t.shape, dtype=t.dtype, device=dev).copy_(t) for t in flat]
             # warm-up on the current stream: fills every constant cache the kernels read (a cache
@@ -134,17 +136,18 @@ class GraphCache:
         if size > limit:
             self._failed[key] = f"needs {size} bytes, more than the cache's {limit}"
             return None
-        while self._entries and self._bytes + size > limit:
-            self._evict()
+        self._make_room(size, limit)
         e = self._entries[key] = _Entry(graph, static, issued, size)
         self._seen.pop(key, None)
         self._bytes += size
         self.captures += 1
         return e
 
-    def _evict(self) -> None:
-        _, old = self._entries.popitem(last=False)
-        self._bytes -= old.nbytes
+    def _make_room(self, need: int, limit: int) -> None:
+        """Evict the least recently used graphs until ``need`` more bytes fit under ``limit``."""
+        while self._entries and self._bytes + need > limit:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= old.nbytes
 
 
 def _copy_all(dst: list, src: list) -> None:
