@@ -58,7 +58,9 @@ def _desc(t: Any) -> str:
 
 
 def _block_size(inputs: dict) -> int | None:
-    for k in ("block_size", "kv_block_size"):
+    """Entries per page of the case's output cache: ``kv_block_size`` where a case has one (the
+    compressor: its ``block_size`` counts the state cache's entries), else ``block_size``."""
+    for k in ("kv_block_size", "block_size"):
         if isinstance(inputs.get(k), int):
             return inputs[k]
     return None

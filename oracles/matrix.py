@@ -25,8 +25,9 @@ Per case:
    ``error``, never a pass).
 
 Outputs are moved to CPU before judging; the case handed to ``call`` is moved to ``device``.
-The tolerance arch is ``arch`` if given, else the device's (``sm90``, ``sm100``, ``gfx942`` ...,
-``cpu``).
+The tolerance arch is ``arch`` if given, else the entry's ``run_arch()`` (a CPU production
+kernel's x86 ISA tag), else the device's (``sm90``, ``sm100``, ``gfx942`` ..., ``cpu``); every
+Result records it (``Result.arch``) with the entry's ``version()`` (``Result.kernel_version``).
 """
 
 from __future__ import annotations
@@ -117,11 +118,17 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     family = getattr(entry, "family", "")
     policies = dict(getattr(entry, "policies", {}) or {})
     dev_str = str(device) if device is not None else "cpu"
-    arch = arch or device_arch(device)
+    run_arch, version = getattr(entry, "run_arch", None), getattr(entry, "version", None)
+    arch = arch or (run_arch() if callable(run_arch) else None) or device_arch(device)
+    try:
+        kernel_version = (version() if callable(version) else "") or ""
+    except Exception as e:  # noqa: BLE001 - provenance must not stop judging
+        kernel_version = f"unknown ({type(e).__name__}: {e})"
 
     def res(case_name: str, verdict: str, **kw: Any) -> Result:
         return Result(entry=name, stage=stage, case=case_name, verdict=verdict, family=family,
-                      device=dev_str, policies={k: str(v) for k, v in policies.items()}, **kw)
+                      device=dev_str, policies={k: str(v) for k, v in policies.items()}, arch=arch,
+                      kernel_version=kernel_version, **kw)
 
     try:
         spec = st.get(stage)

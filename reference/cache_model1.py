@@ -45,8 +45,8 @@ from .constants import (
 )
 from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
 from .fp8 import _validate_flavour, _validate_nonfinite, fp8_max
-from .policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
-from .quant import _quantize_tiles, _validate_rule, dequantize_tiles
+from .policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
+from .quant import _quantize_tiles, _validate_rule, dequantize_tiles, validate_subnormals
 
 __all__ = [
     "empty_cache",
@@ -195,11 +195,12 @@ def encode_records(
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     nonfinite: NonFinite | str = NonFinite.FINITE,
     clamp: float | None = None,
+    subnormals: Fp8Subnormals | str = Fp8Subnormals.KEEP,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode bf16 rows ``k [N, 512]`` (already roped) into MODEL1 record parts.
 
     Returns ``(data uint8 [N, 576], scales uint8 [N, 8])``: ``data[:, :448]`` = FP8 codes of the
-    7 tiles (``quant.quantize_tiles`` under ``rule``/``flavour``/``nonfinite``/``clamp``),
+    7 tiles (``quant.quantize_tiles`` under ``rule``/``flavour``/``nonfinite``/``clamp``/``subnormals``),
     ``data[:, 448:]`` = the little-endian bytes of ``k[:, 448:]`` verbatim, ``scales[:, :7]`` = UE8M0
     bytes, ``scales[:, 7]`` = 0 (the vLLM writers' pad byte). Under ``nonfinite=FINITE`` any
     non-finite element of ``k`` (RoPE dims included) raises; otherwise RoPE NaN/Inf are copied.
@@ -210,6 +211,7 @@ def encode_records(
     rule = _validate_rule(fn, rule)
     flavour = _validate_flavour(fn, flavour)
     nonfinite = _validate_nonfinite(fn, nonfinite)
+    subnormals = validate_subnormals(fn, subnormals)
     fmax = fp8_max(flavour)
     if clamp is not None:
         if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (0.0 < float(clamp) <= fmax):
@@ -217,13 +219,13 @@ def encode_records(
     if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(k).all()):  # the one device sync
         fail(fn, "k", "must be finite under nonfinite=FINITE (RoPE dims included)",
              f"{int((~torch.isfinite(k)).sum())} non-finite elements")
-    return _encode_records(k, rule, flavour, nonfinite, fmax if clamp is None else float(clamp))
+    return _encode_records(k, rule, flavour, nonfinite, fmax if clamp is None else float(clamp), subnormals)
 
 
 def _encode_records(k: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
-                    m: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """``encode_records`` of validated bf16 ``k [N, 512]`` (wide tensor operations, no sync)."""
-    codes, sbytes = _quantize_tiles(k[:, :NOPE_DIM], rule, flavour, nonfinite, m)
+    codes, sbytes = _quantize_tiles(k[:, :NOPE_DIM], rule, flavour, nonfinite, m, subnormals)
     n = k.shape[0]
     data = torch.empty((n, DATA_ROW_BYTES), dtype=torch.uint8, device=k.device)
     data[:, :NOPE_DIM] = codes
@@ -299,6 +301,7 @@ def insert(
     slot_skip: SlotSkip | str = SlotSkip.ALL_NEGATIVE,
     clamp: float | None = None,
     inplace: bool = False,
+    subnormals: Fp8Subnormals | str = Fp8Subnormals.KEEP,
 ) -> torch.Tensor:
     """Quantise ``k`` and write token ``t`` to global slot ``slot_mapping[t]``; returns a NEW cache.
 
@@ -311,7 +314,7 @@ def insert(
     skips ``-1`` and raises for any other negative slot, which that writer would write out of
     bounds (``V:.../cache_utils.py:81-84``). Slots ``>= num_blocks * block_size`` and a slot
     written twice (a race between producer threads) raise InputError.
-    rule/flavour/nonfinite/clamp: as ``encode_records``.
+    rule/flavour/nonfinite/clamp/subnormals: as ``encode_records``.
     inplace: True writes into ``cache`` itself and returns it (same bytes, no whole-cache copy):
     for a caller that discards the input cache (building a case's history).
     """
@@ -356,7 +359,7 @@ def insert(
     if n_skipped:
         tokens = torch.nonzero(slots >= 0).flatten()
         slots, rows = slots[tokens], rows[tokens.to(k.device)]
-    data, scales = encode_records(rows, rule, flavour, nonfinite, clamp)
+    data, scales = encode_records(rows, rule, flavour, nonfinite, clamp, subnormals)
     out = cache if inplace else _clone_cache(cache)
     # Row scatter through two non-overlapping views of the page bytes: [nb, bs, 576] data rows at
     # page*P + e*576 and [nb, bs, 8] scale rows at page*P + bs*576 + e*8 (datapath 1.3).

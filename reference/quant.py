@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .constants import OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_NAN
+from .constants import E4M3_BIAS, E4M3FNUZ_BIAS, OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
 from .errors import check_dtype, check_int, check_tensor, fail
 from .fp8 import (
     _ceil_log2,
@@ -33,7 +33,7 @@ from .fp8 import (
     pow2_f64,
     ue8m0_from_exponent,
 )
-from .policies import Fp8Flavour, NonFinite, ScaleRule, Ue8m0Consumer
+from .policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, Ue8m0Consumer
 
 __all__ = [
     "tile_exponent",
@@ -129,6 +129,7 @@ def quantize_tiles(
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     nonfinite: NonFinite | str = NonFinite.FINITE,
     clamp: float | None = None,
+    subnormals: Fp8Subnormals | str = Fp8Subnormals.KEEP,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise ``x[..., D]`` in 64-wide tiles with power-of-two scales (datapath 2.0).
 
@@ -154,12 +155,18 @@ def quantize_tiles(
                       an Inf tile gets 255, finite elements +-0, Inf elements NaN (0x7F).
                       NaN produced by arithmetic is taken as the canonical positive NaN (its sign
                       is platform dependent in torch and is not modelled).
+      VLLM_CPU        the codes of TRITON; an Inf tile's scale byte is 127 (``_inf_tile_byte``).
+
+    ``subnormals`` (``Fp8Subnormals``): KEEP encodes a scaled value below the smallest normal onto
+    the subnormal codes (RNE); FLUSH writes a signed zero for every ``|y| < 2**emin`` (``emin`` -6
+    for E4M3FN, -7 for E4M3FNUZ, which has no -0), decided on the exact scaled value.
     """
     fn = "quantize_tiles"
     check_tensor(fn, "x", x)
     rule = _validate_rule(fn, rule)
     flavour = _validate_flavour(fn, flavour)
     nonfinite = _validate_nonfinite(fn, nonfinite)
+    subnormals = validate_subnormals(fn, subnormals)
     check_bf16_values(fn, "x", x)
     if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % TILE != 0:
         fail(fn, "x", f"must have a last dimension that is a positive multiple of {TILE}",
@@ -172,11 +179,34 @@ def quantize_tiles(
     if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(x).all()):  # the one device sync
         fail(fn, "x", "must be finite under nonfinite=FINITE (pick a producer NonFinite policy to "
              "model NaN/Inf)", f"{int((~torch.isfinite(x)).sum())} non-finite elements")
-    return _quantize_tiles(x, rule, flavour, nonfinite, m)
+    return _quantize_tiles(x, rule, flavour, nonfinite, m, subnormals)
+
+
+def validate_subnormals(fn: str, subnormals: object) -> Fp8Subnormals:
+    try:
+        return Fp8Subnormals(subnormals)
+    except ValueError:
+        fail(fn, "subnormals", f"must be one of {[s.value for s in Fp8Subnormals]}", subnormals)
+
+
+def _inf_tile_byte(nonfinite: NonFinite) -> int:
+    """Scale byte a producer writes for a tile whose (NaN-ignoring) amax is infinite, or whose
+    amax is NaN under the TORCH policies: 255 (the UE8M0 NaN byte), except VLLM_CPU's 127."""
+    return UE8M0_BIAS if nonfinite is NonFinite.VLLM_CPU else UE8M0_NAN
+
+
+def _flush_subnormals(codes: torch.Tensor, y: torch.Tensor, flavour: Fp8Flavour) -> torch.Tensor:
+    """``Fp8Subnormals.FLUSH``: a signed zero wherever the exact scaled value ``|y|`` is below the
+    flavour's smallest normal ``2**emin`` (E4M3FN: 0x00 / 0x80; E4M3FNUZ: 0x00, it has no -0).
+    ``y`` is exact (float64, or a bf16 power-of-two scaling, exact down to ``2**-126``)."""
+    emin = 1 - (E4M3_BIAS if flavour is Fp8Flavour.E4M3FN else E4M3FNUZ_BIAS)
+    tiny = y.abs() < 2.0**emin  # False for NaN
+    zero = (codes & 0x80) if flavour is Fp8Flavour.E4M3FN else torch.zeros_like(codes)
+    return torch.where(tiny, zero, codes)
 
 
 def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
-                    m: float) -> tuple[torch.Tensor, torch.Tensor]:
+                    m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_tiles`` of validated input (finite under FINITE, bf16 values, ``D % 64 == 0``,
     ``m`` the clamp / scale divisor): a fixed sequence of wide tensor operations over all tiles,
     no device synchronisation. Rows are processed in chunks (``_CHUNK_ELEMENTS_*``) that only
@@ -192,7 +222,8 @@ def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfi
     codes = torch.empty(rows.shape, dtype=torch.uint8, device=x.device)
     sbytes = torch.empty((rows.shape[0], d // TILE), dtype=torch.uint8, device=x.device)
     for i in range(0, rows.shape[0], step):  # loop over bounded chunks, not over tokens or tiles
-        codes[i : i + step], sbytes[i : i + step] = _quantize_rows(rows[i : i + step], rule, flavour, nonfinite, m)
+        codes[i : i + step], sbytes[i : i + step] = _quantize_rows(rows[i : i + step], rule, flavour, nonfinite, m,
+                                                                   subnormals)
     return codes.reshape(x.shape), sbytes.reshape(*x.shape[:-1], d // TILE)
 
 
@@ -221,7 +252,7 @@ def _code_table(flavour: Fp8Flavour, nonfinite: NonFinite, m: float, device: tor
 
 
 def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
-                   m: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes ``[R, D]`` and scale bytes ``[R, D // 64]`` of validated rows ``[R, D]``.
 
     bf16 fast path (``m >= 8``, every production writer), equal bit for bit to
@@ -239,11 +270,11 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
       maps to the canonical positive NaN's code, which is the float64 path's canonicalisation.
     """
     if m < _FAST_MIN_M:
-        return _quantize_rows_f64(rows, rule, flavour, nonfinite, m)
+        return _quantize_rows_f64(rows, rule, flavour, nonfinite, m, subnormals)
     n, d = rows.shape
     tiles = rows.to(torch.bfloat16).reshape(n, d // TILE, TILE)
     absx = tiles.abs()
-    if nonfinite in (NonFinite.CUDA_SATFINITE, NonFinite.TRITON):  # fmaxf / tl.max ignore NaN
+    if nonfinite in (NonFinite.CUDA_SATFINITE, NonFinite.TRITON, NonFinite.VLLM_CPU):  # fmaxf / tl.max ignore NaN
         absx = torch.nan_to_num(absx, nan=0.0, posinf=float("inf"))
     amax = absx.amax(dim=-1).to(torch.float32)  # NaN-propagating under the TORCH policies
     floor = SCALE_FLOOR_F32  # an fp32 value: clamp_min compares exactly
@@ -257,15 +288,17 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
         sbytes = biased.to(torch.uint8)
     else:
         ok = torch.isfinite(amax)  # not ok: Inf tile, or NaN tile under the TORCH policies
-        sbytes = torch.where(ok, biased, UE8M0_NAN).to(torch.uint8)
+        sbytes = torch.where(ok, biased, _inf_tile_byte(nonfinite)).to(torch.uint8)
         scale = torch.where(ok, scale, torch.where(torch.isnan(amax), float("nan"), 0.0).to(torch.bfloat16))
     y = tiles * scale.unsqueeze(-1)
     codes = _code_table(flavour, nonfinite, m, rows.device)[y.view(torch.int16).to(torch.int32)]
+    if subnormals is Fp8Subnormals.FLUSH:
+        codes = _flush_subnormals(codes, y, flavour)
     return codes.reshape(n, d), sbytes
 
 
 def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
-                       m: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """``_quantize_rows`` in float64 for any ``m`` (small ``m`` included): the general path."""
     n, d = rows.shape
     tiles = rows.to(torch.float32).reshape(n, d // TILE, TILE)
@@ -277,7 +310,7 @@ def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour,
     ok = torch.isfinite(amax)  # amax >= 0 or NaN or +Inf: not ok = NaN tile (torch) or Inf tile
 
     e = _tile_exponent(torch.where(ok, amax, torch.zeros_like(amax)), rule, m).to(torch.int64)
-    sbytes = torch.where(ok, ue8m0_from_exponent(e), UE8M0_NAN)
+    sbytes = torch.where(ok, ue8m0_from_exponent(e), _inf_tile_byte(nonfinite))
 
     t64 = tiles.to(torch.float64)
     # exact power-of-two scaling in float64; e in [-22, 120] (amax floored at 1e-4, bf16 < 2**128).
@@ -290,6 +323,8 @@ def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour,
     # a NaN element of x is not propagated; float64 CPU arithmetic would keep it): canonicalise.
     y = torch.where(torch.isnan(y), float("nan"), y)
     codes = _encode_fp8_trusted(y, flavour, nonfinite, None if nonfinite in _TORCH_POLICIES else m)
+    if subnormals is Fp8Subnormals.FLUSH:
+        codes = _flush_subnormals(codes, y, flavour)
     return codes.reshape(n, d), sbytes
 
 
