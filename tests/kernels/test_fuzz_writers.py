@@ -186,18 +186,21 @@ def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, case: Case) -> None
             f"{gs[r].tolist()} want {ws[r].tolist()} ({case.params['spec']})")
 
 
-def _run(entry_name: str, spec: WriterSpec, finite: bool) -> None:
+def run_writer(entry_name: str, spec: WriterSpec, device: str = "cuda") -> None:
+    """Call writer ``entry_name`` on ``spec``'s case on ``device`` and compare its bytes with the
+    reference under the entry's declared policies (skips with the probe's reason)."""
     entry = registry.get(entry_name)
     ok, reason = entry.available()
     if not ok:
         pytest.skip(f"{entry_name}: {reason}")
-    case = spec.case("cuda")
+    case = spec.case(device)
     want = expected_cache(entry, case)
     try:
         got = entry.call(case)["cache"]
     except UnsupportedCase as e:  # e.g. a slot the kernel would write out of bounds
         pytest.skip(f"{entry_name}: {e}")
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     assert_same_bytes(got, want, case)
 
 
@@ -229,7 +232,7 @@ HUGE = WriterSpec(1, 5, 5 * 584, (4, 1), 19, tile_amax=(
 @example(spec=TINY)
 @example(spec=HUGE)
 def test_writer_bytes_match_reference_finite(entry_name, spec):
-    _run(entry_name, spec, finite=True)
+    run_writer(entry_name, spec)
 
 
 @pytest.mark.parametrize("entry_name", WRITERS)
@@ -238,7 +241,7 @@ def test_writer_bytes_match_reference_finite(entry_name, spec):
 def test_writer_bytes_match_reference_nonfinite(entry_name, spec):
     # NaN/Inf are outside the neutral contract (README 3): each entry is held to the producer
     # behaviour it declares (policies["nonfinite"]), the datapath 2.8 set E measurements.
-    _run(entry_name, spec, finite=False)
+    run_writer(entry_name, spec)
 
 
 # --------------------------------------------------------------------------- the Triton compressor
