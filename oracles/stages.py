@@ -836,7 +836,7 @@ def get(name: str) -> StageSpec:
 
 
 _WRITE_DEFAULTS = {"fp8": Fp8Flavour.E4M3FN.value, "nonfinite": NonFinite.FINITE.value,
-                   "slot_skip": SlotSkip.ALL_NEGATIVE.value}
+                   "slot_skip": SlotSkip.ALL_NEGATIVE.value, "fp8_subnormals": Fp8Subnormals.KEEP.value}
 
 register(StageSpec("swa_write", "bytes", ("cache",), {"scale_rule": ScaleRule.AMAX_CLAMP.value, **_WRITE_DEFAULTS},
                    _expected_model1, _judge_model1,
@@ -862,7 +862,8 @@ register(StageSpec("rope", "numeric", ("out",), {"rope_arith": RopeArithmetic.FM
                    "RoPE / inverse RoPE on dims 448..511: bit-exact under the declared arithmetic (datapath H6)"))
 register(StageSpec("compressor", "numeric", ("normed", "cache"),
                    {"rope_arith": RopeArithmetic.FMA_TRITON.value, "scale_rule": ScaleRule.SCALE_CLAMP.value,
-                    "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value},
+                    "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value,
+                    "fp8_subnormals": Fp8Subnormals.KEEP.value},
                    _expected_compressor, _judge_compressor,
                    "compressor steps 3-7 for boundary positions of one request: fp32 normed rows by tolerance, "
                    "the written compressed records by the compressor tier (H7)"))

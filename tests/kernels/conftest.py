@@ -54,6 +54,14 @@ def _device() -> str:
     return os.environ.get("DSV4_KERNEL_DEVICE", "cuda:0")
 
 
+def _runs_on_cpu(entry) -> bool:
+    """A CPU production kernel (x86 ISA archs, e.g. vLLM's CPU backend) or a plain CPU entry: its
+    isolated child runs it on the CPU, whatever GPU the worker has."""
+    from dsv4_numerics.kernels.probe import CPU_ISA_ARCHS
+
+    return set(entry.archs) <= {"cpu"} | CPU_ISA_ARCHS
+
+
 def _child_env() -> dict:
     """The children's environment: this worker's (its ``CUDA_VISIBLE_DEVICES`` pin included),
     with one share of the host's CPUs per xdist worker as ``OMP_NUM_THREADS`` unless set: every
@@ -88,7 +96,8 @@ def kernel_results(kernel_session):
             # built once (on disk, shared by the xdist workers), never again in the child
             path = stage_cases_file(entry.stage)
             names = [c.name for c in load_cases(path)]
-            _CACHE[entry_name] = run_isolated(entry_name, names, device=_device(), cases_file=path,
+            device = "cpu" if _runs_on_cpu(entry) else _device()
+            _CACHE[entry_name] = run_isolated(entry_name, names, device=device, cases_file=path,
                                               workdir=_workdir(entry_name), env=_child_env(),
                                               session=kernel_session)
         return _CACHE[entry_name]

@@ -45,6 +45,11 @@ def _rows(draw, n: int) -> torch.Tensor:
     return x
 
 
+# The frozen per-token path (bytes_slow.py) predates NonFinite.VLLM_CPU, which is checked against
+# the CPU writer itself (tests/kernels/test_vllm_cpu.py) and its definition (test_cpu_policies.py).
+_FROZEN_NONFINITE = [p for p in NonFinite if p is not NonFinite.VLLM_CPU]
+
+
 def _slow_insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp):
     """Per-token insert on the pre-vectorisation reference: same validation (the old vectorised
     ``insert`` decides whether the call is legal), then one token at a time."""
@@ -96,7 +101,7 @@ def test_insert_equals_per_token_path(geom, data):
     k = data.draw(_rows(n))
     rule = data.draw(st.sampled_from(list(ScaleRule)))
     flavour, clamp = data.draw(_FLAVOURS)
-    nonfinite = data.draw(st.sampled_from(list(NonFinite)))
+    nonfinite = data.draw(st.sampled_from(_FROZEN_NONFINITE))
     skip = data.draw(st.sampled_from(list(SlotSkip)))
     seed = data.draw(st.integers(0, 2**16))
     before = torch.randint(0, 256, (nb, stride), generator=torch.Generator().manual_seed(seed),
@@ -112,7 +117,7 @@ def test_encode_and_quantize_equal_old_path(data):
     k = data.draw(_rows(n))
     rule = data.draw(st.sampled_from(list(ScaleRule)))
     flavour, clamp = data.draw(_FLAVOURS)
-    nonfinite = data.draw(st.sampled_from(list(NonFinite)))
+    nonfinite = data.draw(st.sampled_from(_FROZEN_NONFINITE))
     x = k[:, :448]
     if data.draw(st.booleans()):
         x = x.to(torch.float32)
