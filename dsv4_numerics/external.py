@@ -212,7 +212,7 @@ def source_paths(sources: Iterable[str]) -> list[str]:
 
 
 def worker_spec(name: str) -> str:
-    """The ``kernel_worker`` ENTRY argument that resolves the external entry ``name``."""
+    """The kernel child's ENTRY argument (``worker_child``) that resolves the external entry ``name``."""
     return f"{__name__}:{name}"
 
 

@@ -1,4 +1,4 @@
-"""A judge for the isolated kernel children (``kernel_worker --judge``): runs ``run_entry`` under
+"""A judge for the isolated kernel children (``worker_child --judge``): runs ``run_entry`` under
 the fast oracle (the GPU default) and under the ordered one, and returns the fast Results with
 the ordered verdict and rule in ``details["ordered"]`` (``test_oracle_modes_gpu.py``)."""
 

@@ -1,13 +1,13 @@
 """Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
 
 ``kernel_results(entry_name)`` runs every default case of the entry's stage in a child process
-(``dsv4_numerics/kernel_worker.py``) the first time it is asked, caches the per-case results for the
+(``dsv4_numerics/worker_pool.py``) the first time it is asked, caches the per-case results for the
 session, and returns ``{case name: result dict}``. Each xdist worker keeps ONE long-lived child
-(``kernel_worker.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it
+(``worker_pool.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it
 pays the child's start-up (imports, CUDA context) once, not once per entry; after a crash, a
 timeout or a device fault the session starts a fresh child; it is closed at the end of the
 pytest session. The cases are built once
-(``kernel_worker.stage_cases_file``: an on-disk cache shared by the xdist workers) and handed to
+(``case_files.stage_cases_file``: an on-disk cache shared by the xdist workers) and handed to
 the child as ``--cases FILE``; children get ``OMP_NUM_THREADS`` = cpus // xdist workers unless set. A kernel crash fails the case that crashed and
 nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
 xdist worker), so ``cuda:0`` in the child is this worker's GPU.
@@ -38,7 +38,7 @@ def pytest_configure(config):
 
 
 _CACHE: dict[str, dict[str, dict]] = {}
-_SESSION: list = []  # this xdist worker's kernel_worker.WorkerSession, made on first use
+_SESSION: list = []  # this xdist worker's worker_pool.WorkerSession, made on first use
 
 
 def _workdir(tag: str) -> str:
@@ -75,9 +75,9 @@ def _child_env() -> dict:
 
 @pytest.fixture(scope="session")
 def kernel_session():
-    """This xdist worker's long-lived kernel child (``kernel_worker.WorkerSession``), closed at
-    the end of the session (and by ``kernel_worker``'s exit hook if the session is cut short)."""
-    from dsv4_numerics.kernel_worker import WorkerSession
+    """This xdist worker's long-lived kernel child (``worker_pool.WorkerSession``), closed at
+    the end of the session (and by ``worker_pool``'s exit hook if the session is cut short)."""
+    from dsv4_numerics.worker_pool import WorkerSession
 
     if not _SESSION:
         _SESSION.append(WorkerSession(_child_env(), workdir=_workdir("session")))
@@ -87,7 +87,8 @@ def kernel_session():
 
 @pytest.fixture(scope="session")
 def kernel_results(kernel_session):
-    from dsv4_numerics.kernel_worker import load_cases, run_isolated, stage_cases_file
+    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.worker_pool import run_isolated
     from dsv4_numerics.kernels import registry
 
     def get(entry_name: str) -> dict[str, dict]:
@@ -107,7 +108,7 @@ def kernel_results(kernel_session):
 
 @pytest.fixture(scope="session")
 def run_cases_isolated(kernel_session):
-    from dsv4_numerics.kernel_worker import run_isolated
+    from dsv4_numerics.worker_pool import run_isolated
 
     counter = [0]
 

@@ -1,7 +1,8 @@
-"""Crash isolation (dsv4_numerics/kernel_worker.py), proved on CPU with fake kernels that abort,
-segfault, hang or raise: the crash fails exactly its own case, the cases after it still run; several
-entries' children run at once (``IsolatedPool``) without one's crash touching another; the cases
-handed to children (``stage_cases_file``) are exactly the stage's default cases."""
+"""Crash isolation (``worker_pool``, ``worker_child`` and ``case_files`` of ``dsv4_numerics``),
+proved on CPU with fake kernels that abort, segfault, hang or raise: the crash fails exactly its
+own case, the cases after it still run; several entries' children run at once (``IsolatedPool``)
+without one's crash touching another; the cases handed to children (``stage_cases_file``) are
+exactly the stage's default cases."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_numerics import kernel_worker as kw
-from dsv4_numerics.kernel_worker import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
+from dsv4_numerics import case_files as cf
+from dsv4_numerics import worker_pool as wp
+from dsv4_numerics.worker_pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
 from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
 
@@ -118,7 +120,7 @@ def test_a_session_reuses_its_child_and_a_crash_fails_only_its_case(tmp_path):
     SIGKILL fails exactly its case, the rest of that entry and the next entry run in a fresh child
     (which later entries reuse); the crash message carries only the crashed job's stderr; a setup
     error leaves the child serving; a hang is killed; close() leaves no child alive."""
-    sess = kw.WorkerSession(dict(os.environ), workdir=str(tmp_path / "s"))
+    sess = wp.WorkerSession(dict(os.environ), workdir=str(tmp_path / "s"))
     run = {}
 
     def job(tag, actions, **kwargs):
@@ -162,7 +164,7 @@ def test_a_session_reuses_its_child_and_a_crash_fails_only_its_case(tmp_path):
     finally:
         sess.close()
     assert sess.pid is None and not _alive(p4)
-    with pytest.raises(kw.SessionClosed):
+    with pytest.raises(wp.SessionClosed):
         run_isolated(FAKE, ["z"], device="cpu", cases_file=_entry(tmp_path, "z", ["ok"])[0],
                      workdir=str(tmp_path / "wz"), session=sess)
 
@@ -173,7 +175,7 @@ def test_a_device_fault_ends_the_child_and_the_next_case_runs_in_a_fresh_one(tmp
     # device "cuda:0" with the fake judge (it ignores the device): every case passes, then the
     # child's after-case synchronize fails as a faulted context does: device_fault, poisoned, exit 3
     path, names = _entry(tmp_path, "f", ["ok", "ok"])
-    with kw.WorkerSession(workdir=str(tmp_path / "s")) as sess:
+    with wp.WorkerSession(workdir=str(tmp_path / "s")) as sess:
         res = run_isolated(FAKE, names, device="cuda:0", cases_file=path, judge=JUDGE,
                            workdir=str(tmp_path / "w"), session=sess)
         assert [res[n]["rule"] for n in names] == ["device_fault"] * 2
@@ -187,7 +189,7 @@ def test_a_device_fault_ends_the_child_and_the_next_case_runs_in_a_fresh_one(tmp
 
 def test_each_job_gets_the_environment_it_asks_for(tmp_path):
     path, names = _entry(tmp_path, "v", ["env"])
-    with kw.WorkerSession(workdir=str(tmp_path / "s")) as sess:
+    with wp.WorkerSession(workdir=str(tmp_path / "s")) as sess:
         seen = []
         for cvd in ("7", "9", "9"):
             wd = tmp_path / f"w{len(seen)}"
@@ -202,7 +204,7 @@ def test_each_job_gets_the_environment_it_asks_for(tmp_path):
 def test_reuse_off_gives_every_entry_a_child_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_KERNEL_REUSE", "0")
     path, names = _entry(tmp_path, "r", ["ok"])
-    with kw.WorkerSession(workdir=str(tmp_path / "s")) as sess:
+    with wp.WorkerSession(workdir=str(tmp_path / "s")) as sess:
         assert sess.reuse is False
         pids = []
         for k in range(2):
@@ -251,15 +253,15 @@ def test_serve_protocol_runs_jobs_in_one_process_and_rejects_a_bad_line(tmp_path
     logs = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
     lines = "".join(json.dumps({"entry": FAKE, "out": str(p), "device": "cpu", "cases": path,
                                 "mode": "judge", "judge": JUDGE}) + "\n" for p in logs)
-    env = kw._child_env(None)
-    done = subprocess.run([sys.executable, "-m", "dsv4_numerics.kernel_worker", "--serve"], input=lines,
+    env = wp._child_env(None)
+    done = subprocess.run([sys.executable, "-m", "dsv4_numerics.worker_child", "--serve"], input=lines,
                           text=True, capture_output=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     evs = [[json.loads(x) for x in p.read_text().splitlines()] for p in logs]
     assert [[e["event"] for e in ev] for ev in evs] == [["cases", "start", "result", "done"]] * 2
     assert evs[0][1]["pid"] == evs[1][1]["pid"]
     assert evs[1][2]["results"][0]["verdict"] == "pass"
-    bad = subprocess.run([sys.executable, "-m", "dsv4_numerics.kernel_worker", "--serve"],
+    bad = subprocess.run([sys.executable, "-m", "dsv4_numerics.worker_child", "--serve"],
                          input='{"entry": "x"}\n', text=True, capture_output=True, env=env, timeout=300)
     assert bad.returncode == 2 and "bad job line" in bad.stderr and "entry, out" in bad.stderr
 
@@ -373,7 +375,7 @@ def test_stage_cases_file_holds_exactly_the_default_cases_of_every_stage(tmp_pat
     torch.set_num_threads(1)
     try:
         for stage in stages_with_cases():
-            loaded = kw.load_cases(kw.stage_cases_file(stage))
+            loaded = cf.load_cases(cf.stage_cases_file(stage))
             fresh = default_cases(stage)
             assert [c.name for c in loaded] == [c.name for c in fresh], stage
             for x, y in zip(fresh, loaded):
@@ -387,20 +389,20 @@ def test_stage_cases_file_holds_exactly_the_default_cases_of_every_stage(tmp_pat
 def test_stage_cases_file_is_built_once_and_rebuilt_when_unreadable(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_CASES_CACHE", str(tmp_path / "cache"))
     built = []
-    real = kw.build_cases_file
-    monkeypatch.setattr(kw, "build_cases_file", lambda s, p: built.append(s) or real(s, p))
-    p1 = kw.stage_cases_file("topk_global")
+    real = cf.build_cases_file
+    monkeypatch.setattr(cf, "build_cases_file", lambda s, p: built.append(s) or real(s, p))
+    p1 = cf.stage_cases_file("topk_global")
     assert built == ["topk_global"] and p1.startswith(str(tmp_path / "cache"))
-    kw._CASES_FILES.clear()  # a new process: found on disk, not rebuilt
-    assert kw.stage_cases_file("topk_global") == p1 and built == ["topk_global"]
+    cf._CASES_FILES.clear()  # a new process: found on disk, not rebuilt
+    assert cf.stage_cases_file("topk_global") == p1 and built == ["topk_global"]
     open(p1, "wb").write(b"truncated")
-    kw._CASES_FILES.clear()
-    assert kw.stage_cases_file("topk_global") == p1 and built == ["topk_global"] * 2
-    assert [c.name for c in kw.load_cases(p1)] == [c.name for c in default_cases("topk_global")]
+    cf._CASES_FILES.clear()
+    assert cf.stage_cases_file("topk_global") == p1 and built == ["topk_global"] * 2
+    assert [c.name for c in cf.load_cases(p1)] == [c.name for c in default_cases("topk_global")]
     with pytest.raises(KeyError, match="no default cases registered"):
-        kw.stage_cases_file("no-such-stage")
+        cf.stage_cases_file("no-such-stage")
     monkeypatch.setenv("DSV4_CASES_CACHE", "off")  # this process only, never the cache folder
-    p3 = kw.stage_cases_file("topk_global")
+    p3 = cf.stage_cases_file("topk_global")
     assert not p3.startswith(str(tmp_path)) and os.path.isfile(p3)
 
 
@@ -428,7 +430,7 @@ def test_a_probing_job_reports_an_unavailable_entry_and_runs_nothing(tmp_path):
     """``probe=True`` (how ``check`` hands entries over unprobed): the child runs the entry's
     availability probe first; a failing probe gives ``{UNAVAILABLE: reason}`` and no case runs;
     a passing one runs the cases as usual, in the same session."""
-    from dsv4_numerics.kernel_worker import UNAVAILABLE, WorkerSession
+    from dsv4_numerics.worker_pool import UNAVAILABLE, WorkerSession
 
     path, names = _entry(tmp_path, "p", ["ok", "ok"])
     with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:

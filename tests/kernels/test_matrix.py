@@ -6,7 +6,7 @@ Test ids read ``<entry>-<case>`` (e.g. ``flashmla.sparse_decode.sm90-h64-swa128-
   collection, ahead of the root conftest's hardware skips, so the reason is the specific one:
   a missing package and version, the architecture found, a library that fails to load).
 * An available entry runs all its cases once, in child processes (``kernel_results`` fixture,
-  ``dsv4_numerics/kernel_worker.py``): a crash or hang fails only the case it happened in.
+  ``dsv4_numerics/worker_pool.py``): a crash or hang fails only the case it happened in.
 * Each case is judged by ``oracles.matrix.run_entry`` (bytes stages bit-exact under the entry's
   declared policies, index stages exact, attention by tolerance records) and its ``Result`` is
   attached to the test report (``matrix_results``), so the session table and the JSON report
@@ -22,7 +22,7 @@ import pytest
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles.report import Result
-from dsv4_numerics.kernel_worker import load_cases, stage_cases_file
+from dsv4_numerics.case_files import load_cases, stage_cases_file
 
 
 def _params():

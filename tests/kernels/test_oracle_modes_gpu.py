@@ -26,7 +26,8 @@ def _entries():
 
 @pytest.mark.parametrize("entry_name", _entries())
 def test_kernel_verdicts_identical_under_both_oracle_modes(entry_name, kernel_session):
-    from dsv4_numerics.kernel_worker import load_cases, run_isolated, stage_cases_file
+    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.worker_pool import run_isolated
 
     entry = registry.get(entry_name)
     ok, reason = entry.available()

@@ -1,0 +1,166 @@
+"""Case files: a stage's default cases built once, saved with ``torch.save`` and handed to
+every kernel child (``python -m dsv4_numerics.worker_child --cases FILE``), so no child rebuilds
+them.
+
+:func:`stage_cases_file` builds ``default_cases(stage)`` at most once per process and, with the
+persistent cache, once per machine: the file's name carries a key (:func:`_cases_key`) over the
+package version, the torch version, the stage and the bytes of the ``reference`` sources that
+build the cases; a file that fails to load is rebuilt; files of older keys are pruned once an
+hour old. The cache is shared by concurrent processes (xdist workers, ``check``): files are
+written atomically.
+
+Environment: ``DSV4_CASES_CACHE`` (folder of the case cache; default
+``$XDG_CACHE_HOME/dsv4-numerics/cases`` or ``~/.cache/dsv4-numerics/cases``; ``off`` keeps the
+files in a temporary folder of this process only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+ENV_CASES_CACHE = "DSV4_CASES_CACHE"
+_CASES_FILES: dict[tuple[str, str, str], str] = {}
+_CASES_LOCK = threading.Lock()
+_SESSION_DIR: list[str] = []
+_KEY_LEN = 20
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run the body with ``n`` torch intra-op threads (restored after). Case building is many
+    small tensor operations: on a loaded host, OpenMP threads spinning against other processes
+    made ``default_cases("decode")`` 25x slower with 2 threads than with 1 (15.7 s vs 0.62 s)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _cases_key(stage: str) -> str:
+    """Hash of everything ``default_cases(stage)`` depends on: the package and torch versions,
+    the stage and the source bytes of the ``reference`` package (the case builders and all they
+    call live there, and it imports nothing of this project outside it)."""
+    import torch
+
+    from dsv4_numerics import reference
+    from dsv4_numerics.fixtures.store import package_version
+
+    h = hashlib.sha256()
+    for part in (package_version("dsv4-numerics"), torch.__version__, stage):
+        h.update(part.encode() + b"\0")
+    root = Path(reference.__file__).resolve().parent
+    for f in sorted(root.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:_KEY_LEN]
+
+
+def cases_cache_dir() -> Path | None:
+    """The persistent case cache folder, or None when ``DSV4_CASES_CACHE=off``."""
+    v = os.environ.get(ENV_CASES_CACHE)
+    if v is not None and v.strip().lower() in ("", "0", "off", "no", "false"):
+        return None
+    if v:
+        return Path(v).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dsv4-numerics" / "cases"
+
+
+def _session_dir() -> Path:
+    with _CASES_LOCK:
+        if not _SESSION_DIR:
+            _SESSION_DIR.append(tempfile.mkdtemp(prefix="dsv4-cases-"))
+        return Path(_SESSION_DIR[0])
+
+
+def build_cases_file(stage: str, path: str | Path) -> list:
+    """Build ``default_cases(stage)`` (one torch thread) and ``torch.save`` the list to ``path``
+    atomically (a temporary file in the same folder, then ``os.replace``); returns the cases."""
+    import torch
+
+    from dsv4_numerics.reference.cases import default_cases
+
+    with _torch_threads(1):
+        cases = default_cases(stage)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(cases, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return cases
+
+
+def _loads(path: Path) -> bool:
+    import torch
+
+    try:
+        return isinstance(torch.load(path, weights_only=False), list)
+    except Exception:  # noqa: BLE001 - a truncated or foreign file: rebuild it
+        return False
+
+
+_PRUNE_AFTER_S = 3600.0
+
+
+def _prune(cache: Path, stem: str, keep: Path) -> None:
+    """Remove the files of other keys of the same stage (older sources or versions) once they
+    are an hour old (a concurrent run of another checkout may still be handing one out)."""
+    now = time.time()
+    for f in cache.glob(f"{stem}-{'?' * _KEY_LEN}.pt"):
+        with contextlib.suppress(OSError):
+            if f != keep and now - f.stat().st_mtime > _PRUNE_AFTER_S:
+                f.unlink()
+
+
+def stage_cases_file(stage: str) -> str:
+    """Path of a ``torch.save``-d ``default_cases(stage)`` for ``worker_child --cases``.
+
+    Built at most once per process and, with the persistent cache (:func:`cases_cache_dir`),
+    once per machine for a given key (:func:`_cases_key`): a file that fails to load is rebuilt.
+    An unwritable cache folder falls back to a temporary folder of this process. Raises
+    ``KeyError`` for a stage without default cases (as ``default_cases`` does)."""
+    cache = cases_cache_dir()
+    key = _cases_key(stage)
+    memo = (stage, key, str(cache))
+    if memo in _CASES_FILES and Path(_CASES_FILES[memo]).is_file():
+        return _CASES_FILES[memo]
+    name = f"{''.join(ch if ch.isalnum() or ch in '_-' else '_' for ch in stage)}-{key}.pt"
+    path = None
+    if cache is not None:
+        path = cache / name
+        if not (path.is_file() and _loads(path)):
+            try:
+                build_cases_file(stage, path)
+            except OSError:  # read-only home, full disk, ...: this process only
+                path = None
+            else:
+                _prune(cache, name.rsplit("-", 1)[0], keep=path)
+    if path is None:
+        path = _session_dir() / name
+        if not path.is_file():
+            build_cases_file(stage, path)
+    _CASES_FILES[memo] = str(path)
+    return str(path)
+
+
+def load_cases(path: str | Path) -> list:
+    """The list of ``Case`` saved in ``path`` (:func:`stage_cases_file`)."""
+    import torch
+
+    return list(torch.load(path, weights_only=False))
