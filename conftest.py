@@ -102,3 +102,33 @@ def matrix_results(dsv4_results):
     """Our tests' name for the plugin's ``dsv4_results``: ``collect(results)`` attaches Results
     (one or a list) to this test's report and returns the list it was given."""
     return dsv4_results
+
+
+# ----------------------------------------------------------------------------- suite timeline
+# DSV4_TIMELINE=DIR (set by .ci/gpu-scaling): every process (xdist worker or a plain run) appends
+# one line per test phase to DIR/<worker>.tsv -- "<start> <end> <phase> <nodeid>" in seconds since
+# the epoch -- plus "<t> <t> sessionstart -" when it starts, so a run's wall time splits into worker
+# start-up and collection, test time and idle time (python -m dsv4_numerics.timeline DIR).
+_TIMELINE = os.environ.get("DSV4_TIMELINE")
+if _TIMELINE:
+    import time as _time
+
+    def _timeline_write(start: float, end: float, what: str, nodeid: str) -> None:
+        os.makedirs(_TIMELINE, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(_TIMELINE, f"{worker}.tsv"), "a") as f:
+            f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\n")
+
+    _timeline_write(_time.time(), _time.time(), "sessionstart", "-")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0 = _time.time()
+        yield
+        _timeline_write(t0, _time.time(), "test", item.nodeid)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_collection(session):
+        t0 = _time.time()
+        yield
+        _timeline_write(t0, _time.time(), "collection", "-")
