@@ -220,10 +220,15 @@ def _between_jobs() -> None:
             torch.cuda.empty_cache()
 
 
+# Set to "cpu" by a parent whose child will only run CPU jobs: the warm-up then creates no CUDA
+# context (half a second to a second of start-up and device memory per child on a GPU host).
+CHILD_DEVICE_ENV = "DSV4_WORKER_DEVICE"
+
+
 def _warm_up() -> None:
     """What every job needs first, done before the first job arrives: torch, the device context
-    (when a GPU is visible), the staged kernels' activation and the judge's modules. Failures are
-    left to the job, which reports them as its setup error."""
+    (when a GPU is visible, unless ``DSV4_WORKER_DEVICE=cpu``), the staged kernels' activation and
+    the judge's modules. Failures are left to the job, which reports them as its setup error."""
     with contextlib.suppress(Exception):
         import torch
 
@@ -231,7 +236,7 @@ def _warm_up() -> None:
         from dsv4_numerics.oracles import matrix  # noqa: F401
 
         staged.activate()
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and os.environ.get(CHILD_DEVICE_ENV) != "cpu":
             torch.zeros(1, device="cuda")
 
 
