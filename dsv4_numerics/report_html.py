@@ -62,7 +62,7 @@ function colour(c){
   return 'hsl('+hue+',62%,'+(c.verdict==='fail'?'62%':'72%')+')';
 }
 function fmt(v){ const x=num(v); if(x===null) return '-'; if(x===Infinity) return 'inf';
-  if(Number.isNaN(x)) return 'nan'; return Math.abs(x)>=100? x.toFixed(0) : x.toPrecision(3); }
+  if(Number.isNaN(x)) return 'nan'; return Math.abs(x)>=100? x.toFixed(0) : String(Number(x.toPrecision(3))); }
 function opts(id, values){ const s=document.getElementById(id);
   for (const v of values){ const o=document.createElement('option'); o.value=v; o.textContent=v; s.appendChild(o); } }
 function esc(s){ const d=document.createElement('div'); d.textContent=String(s); return d.innerHTML; }
