@@ -278,6 +278,7 @@ def pytest_configure(config):
     if _pinning_requested(config.option):  # plugin loaded late (-p): still before test modules
         pin_xdist_worker_to_gpu()
     _state(config)
+    _start_spool(config)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -301,7 +302,71 @@ def attach_results(item, results) -> list:
         if not any(r is x for x in done):
             done.append(r)
             record(r, lambda k, v: item.user_properties.append((k, v)))
+            _spool(item.nodeid, r)
     return rs
+
+
+# ----------------------------------------------------------------------------- crash spool (xdist)
+# A test's Results normally reach the xdist controller with its reports. If the worker process
+# dies inside the test (a segfaulting kernel, os._exit), those reports never come: so each worker
+# also appends every attached Result to its own spool file, in a folder the controller made and
+# handed to the workers (workerinput), and the controller takes from the spool the Results of the
+# tests whose reports brought none.
+_SPOOL_DIR = pytest.StashKey[str]()
+_SPOOL_FILE: list[str | None] = [None]  # this worker's spool file
+
+
+def _spool(nodeid: str, result) -> None:
+    path = _SPOOL_FILE[0]
+    if path:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps({"nodeid": nodeid, "result": result.to_dict()}, allow_nan=False) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # pytest-xdist, in the controller, once per worker
+    d = node.config.stash.get(_SPOOL_DIR, None)
+    if d:
+        node.workerinput["dsv4_spool"] = d
+
+
+def _start_spool(config) -> None:
+    wi = getattr(config, "workerinput", None)
+    if wi is not None:  # a worker: spool into the controller's folder
+        if wi.get("dsv4_spool"):
+            _SPOOL_FILE[0] = os.path.join(wi["dsv4_spool"], f"{wi.get('workerid', 'gw')}-{os.getpid()}.jsonl")
+    elif config.pluginmanager.hasplugin("xdist") and (
+            config.getoption("--dsv4-report", default=None) or _required_patterns(config)
+            or config.getoption("--dsv4-require-available", default=False)):
+        import tempfile
+
+        config.stash[_SPOOL_DIR] = tempfile.mkdtemp(prefix="dsv4-report-spool-")
+
+
+def recover_spooled(st: "_State", folder: str) -> int:
+    """Add the spooled Results of tests whose reports brought none (their worker crashed);
+    returns how many were added. Removes the folder."""
+    import glob
+    import json
+    import shutil
+
+    from dsv4_numerics.oracles.report import Result
+
+    delivered = set(st.results_of)  # tests whose reports brought their Results
+    n = 0
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        for d in lines:
+            if d["nodeid"] not in delivered:
+                r = Result.from_dict(d["result"])
+                st.results.append(r)
+                st.results_of.setdefault(d["nodeid"], []).append(r)
+                n += 1
+    shutil.rmtree(folder, ignore_errors=True)
+    return n
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -456,6 +521,9 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(config, "workerinput"):  # an xdist worker: the controller judges and writes
         return
     st = _state(config)
+    spool = config.stash.get(_SPOOL_DIR, None)
+    if spool:  # Results of tests whose xdist worker crashed
+        recover_spooled(st, spool)
     patterns = _required_patterns(config)
     req_avail = bool(config.getoption("--dsv4-require-available", default=False))
     if patterns or req_avail:
