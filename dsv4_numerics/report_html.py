@@ -39,7 +39,7 @@ td.cell{text-align:center;cursor:pointer;min-width:84px;font-variant-numeric:tab
 td.cell:hover{outline:2px solid #333}
 td.empty{background:#fafafa;color:#bbb;text-align:center}
 .div{color:#b00;font-weight:bold;font-size:11px}
-#detail{position:fixed;right:0;top:0;bottom:0;width:46%;overflow:auto;background:#fff;
+#detail{position:fixed;right:0;top:0;bottom:0;width:44%;overflow:auto;background:#fff;
  border-left:2px solid #444;padding:12px;display:none;box-shadow:-4px 0 12px #0003}
 #detail pre{background:#f6f6f6;padding:6px;white-space:pre-wrap;font-size:12px}
 #detail table{font-size:12px}
@@ -49,7 +49,9 @@ td.empty{background:#fafafa;color:#bbb;text-align:center}
 _SCRIPT = r"""
 const M = JSON.parse(document.getElementById('data').textContent);
 const MARK = {pass:'\u2713', fail:'\u2717', error:'!', skip:'\u2013', unavailable:'\u2205'};
-function num(v){ return v===null||v===undefined ? null : Number(v); }
+// strict JSON writes non-finite floats as "inf", "-inf", "nan"
+function num(v){ if (v===null||v===undefined) return null;
+  return v==='inf' ? Infinity : v==='-inf' ? -Infinity : v==='nan' ? NaN : Number(v); }
 function colour(c){
   if (c.verdict==='unavailable' || c.verdict==='skip') return '#e3e3e3';
   if (c.verdict==='error') return '#c0392b';
@@ -74,8 +76,8 @@ function render(){
   const fam=document.getElementById('f-family').value, st=document.getElementById('f-stage').value,
         ar=document.getElementById('f-arch').value, tx=document.getElementById('f-text').value.toLowerCase();
   const archs = ar ? [ar] : M.archs;
-  let h = '<thead><tr><th>entry</th><th>stage</th><th>family</th><th>dtypes</th>'
-        + archs.map(a=>'<th>'+esc(a)+'</th>').join('') + '</tr></thead><tbody>';
+  let h = '<thead><tr><th>entry</th><th>stage</th>' + archs.map(a=>'<th>'+esc(a)+'</th>').join('')
+        + '<th>family</th><th>dtypes</th></tr></thead><tbody>';
   let n = 0;
   for (const r of M.rows){
     if (fam && (r.family||'(none)')!==fam) continue;
@@ -84,8 +86,7 @@ function render(){
     if (ar && !r.cells[ar]) continue;
     n++;
     const dv = divergent.has(r.entry+'|'+r.stage) ? ' <span class="div">diverges</span>' : '';
-    h += '<tr><td>'+esc(r.entry)+dv+'</td><td>'+esc(r.stage)+'</td><td>'+esc(r.family)+'</td><td>'
-       + esc((r.dtypes||[]).join(','))+'</td>';
+    h += '<tr><td>'+esc(r.entry)+dv+'</td><td>'+esc(r.stage)+'</td>';
     for (const a of archs){
       const c = r.cells[a];
       if (!c){ h += '<td class="empty">\u00b7</td>'; continue; }
@@ -94,7 +95,7 @@ function render(){
          + esc(r.stage)+'" data-arch="'+esc(a)+'" data-verdict="'+c.verdict+'" title="'+esc(c.note||'')+'">'
          + MARK[c.verdict] + (c.conflict?' \u2260':'') + hr + '</td>';
     }
-    h += '</tr>';
+    h += '<td>'+esc(r.family)+'</td><td>'+esc((r.dtypes||[]).join(','))+'</td></tr>';
   }
   document.getElementById('matrix').innerHTML = h + '</tbody>';
   document.getElementById('counts').textContent = n + ' of ' + M.rows.length + ' rows shown';
@@ -105,7 +106,7 @@ function show(entry, stage, arch){
         + '<p>verdict <b>'+c.verdict+'</b>, '+c.judged+' of '+c.cases+' cases judged, worst ulps '
         + fmt(c.worst_ulps)+', headroom '+fmt(c.headroom)+(c.conflict?', <b>runs disagree</b>':'')+'</p>'
         + '<p>runs: '+c.runs.map(esc).join(', ')+'</p>';
-  if (c.note) h += '<p>note: '+esc(c.note)+'</p>';
+  if (c.note && !c.results.length) h += '<p>note: '+esc(c.note)+'</p>';
   if (c.results.length){
     h += '<table><tr><th>case</th><th>run</th><th>verdict</th><th>rule</th><th>worst ulps</th><th>headroom</th></tr>';
     for (const x of c.results) h += '<tr><td>'+esc(x.case)+'</td><td>'+esc(x.run)+'</td><td>'+x.verdict+'</td><td>'

@@ -57,7 +57,7 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     assert browser.find_element(By.ID, "counts").text == "2 of 2 rows shown"
     heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#matrix th")]
-    assert heads == ["entry", "stage", "family", "dtypes", "sm90", "sm100"]
+    assert heads == ["entry", "stage", "sm90", "sm100", "family", "dtypes"]
     cells = {(c.get_attribute("data-entry"), c.get_attribute("data-arch")): c for c in _cells(browser)}
     assert len(cells) == 4
     h200 = cells[(E, "sm90")]
@@ -68,6 +68,8 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     r, g = [int(x) for x in red[red.index("(") + 1:].split(",")[:2]], [int(x) for x in green[green.index("(") + 1:].split(",")[:2]]
     assert r[0] > r[1] and g[1] > g[0], (red, green)  # red-dominant vs green-dominant
     assert cells[("vllm_cuda.kv_rope_insert", "sm90")].text == "\u2205"  # unavailable
+    exact = cells[("vllm_cuda.kv_rope_insert", "sm100")]  # bit-exact: infinite headroom, blue
+    assert exact.text == "\u2713 inf" and exact.value_of_css_property("background-color") == "rgba(169, 200, 240, 1)"
     assert "diverges" in browser.find_element(By.ID, "matrix").text
     # the detail panel: the decoded diff of the failing case and both runs' verdicts
     assert not browser.find_element(By.ID, "detail").is_displayed()
@@ -80,7 +82,7 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     # filters: architecture, family, stage
     Select(browser.find_element(By.ID, "f-arch")).select_by_value("sm100")
     heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#matrix th")]
-    assert heads[-1] == "sm100" and "sm90" not in heads and len(_cells(browser)) == 2
+    assert heads[2] == "sm100" and "sm90" not in heads and len(_cells(browser)) == 2
     Select(browser.find_element(By.ID, "f-arch")).select_by_value("")
     Select(browser.find_element(By.ID, "f-stage")).select_by_value("swa_write")
     assert browser.find_element(By.ID, "counts").text == "1 of 2 rows shown"
