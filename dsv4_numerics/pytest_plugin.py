@@ -29,6 +29,8 @@ Fixture ``dsv4_results``
   Results of ``judge`` / ``assert_matches_reference`` called while a test runs are attached to
   it as they are made (``dsv4_numerics.result_sink``), so a test that raises, skips or fails
   after judging still reports them; handing the same Results to ``dsv4_results`` again is a no-op.
+  Marker ``dsv4_unreported``: not for this test (it judges deliberately wrong kernels, e.g. to
+  test that a check catches them); only what it hands to ``dsv4_results`` is reported.
 ``--dsv4-report PATH``
   writes the collected Results as JSON (schema ``dsv4-numerics/report/1``; ``meta`` carries the
   run metadata of ``dsv4_numerics.run_meta`` -- arch, device, torch / CUDA / Triton / staged
@@ -275,6 +277,8 @@ def pytest_configure(config):
     register_arch_markers(config, MARKER_PREFIX)
     config.addinivalue_line("markers", f"{CASES_MARKER}(stage, size='default', argname='case'): "
                                        "parametrise over a stage's canonical cases (parametrize_cases)")
+    config.addinivalue_line("markers", f"{UNREPORTED_MARKER}: Results judged in this test are not attached to its "
+                                       "report unless handed to dsv4_results (tests of deliberately wrong kernels)")
     if _pinning_requested(config.option):  # plugin loaded late (-p): still before test modules
         pin_xdist_worker_to_gpu()
     _state(config)
@@ -285,6 +289,7 @@ def pytest_collection_modifyitems(config, items):
     apply_arch_skips(items, MARKER_PREFIX)
 
 
+UNREPORTED_MARKER = "dsv4_unreported"
 _ATTACHED = pytest.StashKey[list]()  # the Result objects already attached to an item
 
 
@@ -375,6 +380,9 @@ def pytest_runtest_protocol(item, nextitem):
     # teardown) is attached to it at once: a later raise, skip or failure cannot lose it
     from dsv4_numerics.result_sink import collecting
 
+    if item.get_closest_marker(UNREPORTED_MARKER) is not None:
+        yield
+        return
     with collecting(lambda rs: attach_results(item, rs)):
         yield
 

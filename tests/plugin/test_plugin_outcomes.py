@@ -56,6 +56,10 @@ SUITE = {
 
         def test_without_results():
             pass
+
+        @pytest.mark.dsv4_unreported
+        def test_catches_a_wrong_kernel():  # opted out: its deliberate failures are not the matrix
+            assert not dn.judge(off_by_one, STAGE, cases=CASES[4:5])[0].ok
     ''',
 }
 
@@ -70,11 +74,11 @@ def test_report_counts_equal_pytests_and_failures_are_never_lost(tmp_path):
     r = _pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2")
     assert r.returncode == 1, r.stdout + r.stderr
     pytest_counts = _counts(r.stdout)
-    assert pytest_counts == {"passed": 3, "failed": 3, "skipped": 1}, r.stdout
+    assert pytest_counts == {"passed": 4, "failed": 3, "skipped": 1}, r.stdout
     d = json.loads((tmp_path / "r.json").read_text())
     meta = d["meta"]
     assert meta["tests"] == pytest_counts and meta["exitstatus"] == 1
-    # every test but test_without_results attached Results
+    # every test but test_without_results and the opted-out one attached Results
     assert meta["tests_with_results"] == {"passed": 2, "failed": 3, "skipped": 1}
     got = sorted((x["entry"], x["case"], x["verdict"], x["rule"]) for x in d["results"])
     G, B = "user.test_outcomes.good", "user.test_outcomes.off_by_one"
