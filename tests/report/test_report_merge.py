@@ -124,3 +124,24 @@ def test_diff_thresholds_and_unavailable(tmp_path):
     assert c.kind == "unavailable" and c.regression and "needs sm90 GPU" in c.text
     # identical runs: nothing, exit 0
     assert diff_matrices(mb, mb) == [] and cli.main(["report", "diff", base, base]) == cli.EXIT_OK
+
+
+def test_cli_merge_writes_matrix_and_page_and_diff_reads_them_back(tmp_path, capsys):
+    paths = list(_three_runs(tmp_path))
+    out, page = tmp_path / "m.json", tmp_path / "m.html"
+    assert cli.main(["report", "merge", *paths, "--json", str(out), "--html", str(page)]) == cli.EXIT_OK
+    text = capsys.readouterr().out
+    assert "DIVERGES flashmla.sparse_decode.sm90 [decode]: passes on sm100, fails on sm90" in text
+    assert "CONFLICT flashmla.sparse_decode.sm90 [decode] sm90 c2: h200-check.json=pass, h200-pytest.json=fail" in text
+    m = json.loads(out.read_text())
+    assert m == merge_reports(paths) and page.read_text().startswith("<!DOCTYPE html>")
+    # a merged matrix is a valid BASE / NEW: the same matrix twice has no change
+    assert cli.main(["report", "diff", str(out), str(out)]) == cli.EXIT_OK
+    # the B200 run alone as NEW: the H200 cells are missing there (regressions)
+    assert cli.main(["report", "diff", str(out), paths[2]]) == cli.EXIT_FAIL
+    assert "REGRESSION missing     flashmla.sparse_decode.sm90 [decode] @sm90" in capsys.readouterr().out
+    for argv, msg in ((["report"], "choose an action: merge or diff"),
+                      (["report", "merge", paths[0], "--html", str(tmp_path / "no" / "p.html")], "--html"),
+                      (["report", "diff", paths[0]], "the following arguments are required: NEW")):
+        assert cli.main(argv) == cli.EXIT_USAGE
+        assert msg in capsys.readouterr().err
