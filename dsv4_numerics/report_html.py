@@ -67,7 +67,8 @@ function fmt(v){ const x=num(v); if(x===null) return '-'; if(x===Infinity) retur
   if(Number.isNaN(x)) return 'nan'; return Math.abs(x)>=100? x.toFixed(0) : String(Number(x.toPrecision(3))); }
 function opts(id, values){ const s=document.getElementById(id);
   for (const v of values){ const o=document.createElement('option'); o.value=v; o.textContent=v; s.appendChild(o); } }
-function esc(s){ const d=document.createElement('div'); d.textContent=String(s); return d.innerHTML; }
+function esc(s){ return String(s).replace(/&/g,'&amp;').replace(/</g,'&lt;').replace(/>/g,'&gt;')
+  .replace(/"/g,'&quot;').replace(/'/g,'&#39;'); }  // text and attribute values alike
 const divergent = new Set(M.divergences.map(d=>d.entry+'|'+d.stage));
 opts('f-family', [...new Set(M.rows.map(r=>r.family||'(none)'))].sort());
 opts('f-stage', [...new Set(M.rows.map(r=>r.stage))].sort());
@@ -149,8 +150,10 @@ def render_html(m: dict[str, Any], title: str = "dsv4-numerics matrix") -> str:
 <h1>{html.escape(title)}</h1>
 <div class="runs">{len(m['runs'])} runs, architectures {html.escape(', '.join(m['archs']))}; cells: {html.escape(summary)};
 {len(m['divergences'])} divergent rows, {len(m['conflicts'])} conflicting cases{_runs_html(m)}</div>
-<div class="legend">headroom: <span style="background:hsl(0,62%,62%)">&lt; 1 fail</span><span style="background:hsl(45,62%,72%)">1-2</span><span style="background:hsl(82,62%,72%)">4</span><span style="background:hsl(120,62%,72%)">&ge; 16</span><span style="background:#a9c8f0">bit-exact</span><span style="background:#e3e3e3">unavailable / skip</span>
-marks: &#x2713; pass &#x2717; fail ! error &ndash; skip &#x2205; unavailable &ne; runs disagree</div>
+<div class="legend">headroom: <span style="background:hsl(0,62%,62%)">&lt; 1 fail</span>
+<span style="background:hsl(45,62%,72%)">1-2</span><span style="background:hsl(82,62%,72%)">4</span>
+<span style="background:hsl(120,62%,72%)">&ge; 16</span><span style="background:#a9c8f0">bit-exact</span>
+<span style="background:#e3e3e3">unavailable / skip</span> marks: &#x2713; pass &#x2717; fail ! error &ndash; skip &#x2205; unavailable &ne; runs disagree</div>
 <div class="filters"><label>family <select id="f-family"><option value="">all</option></select></label>
 <label>stage <select id="f-stage"><option value="">all</option></select></label>
 <label>architecture <select id="f-arch"><option value="">all</option></select></label>

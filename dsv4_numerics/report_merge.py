@@ -1,7 +1,8 @@
 """``dsv4-numerics report merge``: one matrix from the reports of many runs.
 
 Input: any number of ``check --json`` reports (schema ``dsv4-numerics/check/2``) and pytest
-``--dsv4-report`` reports (``dsv4-numerics/report/1``), from any runners. Each carries its run
+``--dsv4-report`` reports (``dsv4-numerics/report/1``), from any runners, plain or gzipped
+(``.gz``). Each carries its run
 metadata (``dsv4_numerics.run_meta``: ``arch``, device, torch / CUDA / Triton / staged vLLM
 versions, git commit). A report without ``meta.arch`` (older ones) is placed under ``cpu`` when
 its device was the CPU, else ``unknown``. Architectures are opaque strings, compared for
@@ -90,8 +91,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     if not p.is_file():
         raise InputError(f"report merge: argument REPORT {p} is not a file")
     try:
-        d = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        d = json.loads(_read_text(p))
+    except (ValueError, UnicodeDecodeError, OSError) as e:
         raise InputError(f"report merge: argument REPORT {p} is not JSON ({e})") from None
     schema = d.get("schema") if isinstance(d, dict) else None
     if schema not in (CHECK_SCHEMA, REPORT_SCHEMA):
@@ -100,6 +101,16 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     results = [Result.from_dict(x) for x in d.get("results", [])]
     rows = list(d.get("rows", [])) if schema == CHECK_SCHEMA else []
     return Run(label or p.name, str(p), schema, dict(d.get("meta", {}) or {}), results, rows)
+
+
+def _read_text(p: Path) -> str:
+    """The file's text; ``.gz`` files (``.ci/gpu-matrix`` gzips an OUT file over 15 MiB) unpacked."""
+    if p.suffix == ".gz":
+        import gzip
+
+        with gzip.open(p, "rt") as f:
+            return f.read()
+    return p.read_text()
 
 
 def _unique_labels(paths: list[Path]) -> list[str]:
@@ -223,8 +234,8 @@ def load_matrix(paths: list[str | Path]) -> dict[str, Any]:
         p = Path(paths[0])
         if p.is_file():
             try:
-                d = json.loads(p.read_text())
-            except (ValueError, UnicodeDecodeError):
+                d = json.loads(_read_text(p))
+            except (ValueError, UnicodeDecodeError, OSError):
                 d = None
             if isinstance(d, dict) and d.get("schema") == MATRIX_SCHEMA:
                 return d

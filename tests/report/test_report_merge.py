@@ -24,7 +24,8 @@ def _three_runs(tmp_path):
                      [R(E, "c1", "pass", 1.5, 4.0), R(E, "c2", "pass", 0.5, 8.0)],
                      [unavailable_row("vllm_cuda.kv_rope_insert", "swa_write", "needs sm100")], meta("sm90"))
     b = pytest_report(tmp_path / "h200-pytest.json",
-                      [R(E, "c1", "pass", 1.5, 4.0), R(E, "c2", "fail", 9.0, 0.5, msg="out: 3 elements outside")],
+                      [R(E, "c1", "pass", 1.5, 4.0),
+                       R(E, "c2", "fail", 9.0, 0.5, msg='out: 3 elements outside <tol> "quoted"')],
                       meta("sm90"))
     c = pytest_report(tmp_path / "b200.json",
                       [R(E, "c1", "pass", 1.0, 5.0), R("vllm_cuda.kv_rope_insert", "k1", "pass", None, float("inf"),
@@ -56,6 +57,17 @@ def test_merge_places_cells_by_arch_and_keeps_conflicts(tmp_path):
     assert kv["sm100"]["verdict"] == "pass" and kv["sm100"]["headroom"] == "inf"
     assert rows[(E, "decode")]["family"] == "CUDA" and rows[(E, "decode")]["dtypes"]
     assert m["summary"] == {"fail": 1, "pass": 2, "unavailable": 1}
+
+
+def test_merge_reads_gzipped_reports(tmp_path):
+    import gzip
+
+    paths = list(_three_runs(tmp_path))
+    gz = tmp_path / "b200.json.gz"
+    gz.write_bytes(gzip.compress(open(paths[2], "rb").read()))
+    plain, zipped = merge_reports(paths), merge_reports(paths[:2] + [gz])
+    assert zipped["runs"][2]["label"] == "b200.json.gz"
+    assert json.dumps(zipped["rows"]).replace("b200.json.gz", "b200.json") == json.dumps(plain["rows"])
 
 
 def test_merge_rejects_what_is_not_a_report(tmp_path):

@@ -63,10 +63,12 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     h200 = cells[(E, "sm90")]
     assert h200.get_attribute("data-verdict") == "fail" and h200.text.startswith("\u2717 \u2260")  # fail, runs disagree
     assert h200.text.endswith("0.5")  # its headroom
-    red = h200.value_of_css_property("background-color")
-    green = cells[(E, "sm100")].value_of_css_property("background-color")  # headroom 5
-    r, g = [int(x) for x in red[red.index("(") + 1:].split(",")[:2]], [int(x) for x in green[green.index("(") + 1:].split(",")[:2]]
-    assert r[0] > r[1] and g[1] > g[0], (red, green)  # red-dominant vs green-dominant
+    def rgb(cell):  # "rgba(r, g, b, a)" -> [r, g]
+        c = cell.value_of_css_property("background-color")
+        return [int(x) for x in c[c.index("(") + 1:].split(",")[:2]]
+
+    red, green = rgb(h200), rgb(cells[(E, "sm100")])  # headroom 0.5 (fail) and 5
+    assert red[0] > red[1] and green[1] > green[0], (red, green)  # red-dominant vs green-dominant
     assert cells[("vllm_cuda.kv_rope_insert", "sm90")].text == "\u2205"  # unavailable
     exact = cells[("vllm_cuda.kv_rope_insert", "sm100")]  # bit-exact: infinite headroom, blue
     assert exact.text == "\u2713 inf" and exact.value_of_css_property("background-color") == "rgba(169, 200, 240, 1)"
@@ -76,7 +78,8 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     h200.click()
     detail = browser.find_element(By.ID, "detail")
     assert detail.is_displayed() and "runs disagree" in detail.text
-    assert "out: 3 elements outside" in detail.find_element(By.CSS_SELECTOR, "pre.diff").text
+    assert 'out: 3 elements outside <tol> "quoted"' in detail.find_element(By.CSS_SELECTOR, "pre.diff").text
+    assert h200.get_attribute("title").startswith('c2: numeric out: 3 elements outside <tol> "quoted"')  # escaped
     assert "h200-check.json" in detail.text and "h200-pytest.json" in detail.text
     browser.find_element(By.ID, "close").click()
     # filters: architecture, family, stage
