@@ -109,12 +109,15 @@ function show(entry, stage, arch){
         + '<p>runs: '+c.runs.map(esc).join(', ')+'</p>';
   if (c.note && !c.results.length) h += '<p>note: '+esc(c.note)+'</p>';
   if (c.results.length){
-    h += '<table><tr><th>case</th><th>run</th><th>verdict</th><th>rule</th><th>worst ulps</th><th>headroom</th></tr>';
-    for (const x of c.results) h += '<tr><td>'+esc(x.case)+'</td><td>'+esc(x.run)+'</td><td>'+x.verdict+'</td><td>'
+    h += '<table><tr><th>case</th><th>run</th><th>policies</th><th>verdict</th><th>rule</th><th>worst ulps</th>'
+       + '<th>headroom</th></tr>';
+    for (const x of c.results) h += '<tr><td>'+esc(x.case)+'</td><td>'+esc(x.run)+'</td><td>'+esc(x.policies||'')
+        + '</td><td>'+x.verdict+'</td><td>'
         + esc(x.rule)+'</td><td>'+fmt(x.worst_ulps)+'</td><td>'+fmt(x.headroom)+'</td></tr>';
     h += '</table>';
   }
-  for (const x of c.results.filter(x=>x.explain)) h += '<h3>'+esc(x.case)+' ('+esc(x.run)+')</h3><pre class="diff">'
+  for (const x of c.results.filter(x=>x.explain)) h += '<h3>'+esc(x.case)+' ('+esc(x.run)
+      + (x.policies ? '; '+esc(x.policies) : '')+')</h3><pre class="diff">'
       + esc(x.explain)+'</pre>';
   const d = document.getElementById('detail'); d.innerHTML = h; d.style.display = 'block';
   document.getElementById('close').onclick = ()=>{ d.style.display='none'; };

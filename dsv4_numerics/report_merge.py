@@ -28,7 +28,7 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
             "runs": [label],         # the runs that contributed
             "note": str,             # unavailable reason / first failure, from the runs' rows
             "conflict": bool,        # two runs of this arch gave one case different verdicts
-            "results": [{"case", "run", "verdict", "rule", "worst_ulps", "headroom",
+            "results": [{"case", "run", "policies", "verdict", "rule", "worst_ulps", "headroom",
                          "message", "explain"}]}   # explain: the decoded diff (fail/error only)
 
 A cell's verdict is ``error`` if any of its Results errored, else ``fail`` if any failed, else
@@ -36,7 +36,9 @@ A cell's verdict is ``error`` if any of its Results errored, else ``fail`` if an
 takes its runs' ``check`` row (``unavailable`` with the probe's reason, or a reference-fixture
 row). Results of the same case from two runs of the same architecture are all kept: when their
 verdicts differ the cell is marked ``conflict`` and the case is listed in ``conflicts`` with
-each run's verdict -- nothing is overwritten. An (entry, stage) that passes on one
+each run's verdict -- nothing is overwritten. The same holds within one run (a case judged
+twice); where the cell's Results were judged under different policy sets, each verdict is
+labelled with its run and policies. An (entry, stage) that passes on one
 architecture and fails or errors on another is listed in ``divergences``.
 """
 
@@ -151,6 +153,10 @@ def _explain(r: Result) -> str:
         return f"{r.line()}\n  (details not decodable here: {type(e).__name__}: {e})"
 
 
+def _policies(r: Result) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(r.policies.items()))
+
+
 def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tuple[dict[str, Any], list[dict]]:
     """One cell from (run label, Result) pairs and (run label, check row) pairs of one arch.
     Returns the cell and its conflicts (case, verdicts by run)."""
@@ -160,14 +166,24 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
     if pairs:
         rs = [r for _, r in pairs]
         agg = aggregate("", "", "", rs)
+        # a case's verdicts by who judged it: the run, plus the policies where the cell's Results were
+        # judged under several policy sets (the same callable declared two ways), plus #n where one
+        # run judged it twice under the same policies
+        several = len({_policies(r) for r in rs}) > 1
         by_case: dict[str, dict[str, str]] = {}
         for lab, r in pairs:
-            by_case.setdefault(r.case, {})[lab] = r.verdict
+            v = by_case.setdefault(r.case, {})
+            key = f"{lab} [{_policies(r)}]" if several else lab
+            k, n = key, 1
+            while k in v:
+                n += 1
+                k = f"{key} #{n}"
+            v[k] = r.verdict
         conflicts = [{"case": c, "verdicts": v} for c, v in by_case.items() if len(set(v.values())) > 1]
         judged_cases = {r.case for r in rs if r.verdict in ("pass", *BAD)}
         cell = {"verdict": agg.verdict, "cases": len(by_case), "judged": len(judged_cases),
                 "worst_ulps": agg.worst_ulps, "headroom": agg.headroom, "note": agg.note or note}
-        cell["results"] = [{"case": r.case, "run": lab, "verdict": r.verdict, "rule": r.rule,
+        cell["results"] = [{"case": r.case, "run": lab, "policies": _policies(r), "verdict": r.verdict, "rule": r.rule,
                             "worst_ulps": r.worst_ulps, "headroom": r.headroom, "message": r.message,
                             "explain": _explain(r) if r.verdict in BAD else ""} for lab, r in pairs]
     else:  # only check rows: unavailable entries, reference fixtures, broken entries

@@ -59,6 +59,19 @@ def test_merge_places_cells_by_arch_and_keeps_conflicts(tmp_path):
     assert m["summary"] == {"fail": 1, "pass": 2, "unavailable": 1}
 
 
+def test_one_run_judging_a_case_twice_is_a_conflict_labelled_by_policies(tmp_path):
+    a, b = R(E, "c1", "pass", 1.0, 4.0), R(E, "c1", "fail", 9.0, 0.5)
+    a.policies, b.policies = {"scale_rule": "scale_clamp"}, {"scale_rule": "amax_clamp"}
+    m = merge_reports([pytest_report(tmp_path / "r.json", [a, b], meta("sm90"))])
+    assert m["conflicts"] == [{"entry": E, "stage": "decode", "arch": "sm90", "case": "c1",
+                               "verdicts": {"r.json [scale_rule=scale_clamp]": "pass",
+                                            "r.json [scale_rule=amax_clamp]": "fail"}}]
+    b.policies = dict(a.policies)  # the same policies twice, different verdicts: still both kept
+    m = merge_reports([pytest_report(tmp_path / "r.json", [a, b], meta("sm90"))])
+    assert m["conflicts"][0]["verdicts"] == {"r.json": "pass", "r.json #2": "fail"}
+    assert m["rows"][0]["cells"]["sm90"]["results"][0]["policies"] == "scale_rule=scale_clamp"
+
+
 def test_merge_reads_gzipped_reports(tmp_path):
     import gzip
 
