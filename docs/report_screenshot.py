@@ -2,7 +2,7 @@
 
     python docs/report_screenshot.py OUT.png REPORT... [--open ENTRY@ARCH] [--stage STAGE]
 
-Merges the reports (``dsv4-numerics report merge``), writes the page next to OUT.png, loads it in
+Merges the reports (``dsv4-numerics report merge``), writes the page to a temporary folder, loads it in
 headless chromium (selenium + /usr/bin/chromedriver, as tests/report/test_report_page.py does),
 optionally filters to a stage, clicks one cell (the first failing one by default) so its
 decoded diff shows, and saves the PNG.
@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     from dsv4_numerics.report_merge import merge_reports
 
     out = Path(a.out)
-    page = report_html.write_html(merge_reports(a.reports), out.with_suffix(".html"))
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")  # the page is written there too
+    page = report_html.write_html(merge_reports(a.reports), Path(profile) / "matrix.html")
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", f"--window-size={a.size}", f"--user-data-dir={profile}"):
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         d.quit()
         shutil.rmtree(profile, ignore_errors=True)
-    print(f"{out} ({out.stat().st_size} bytes), page {page}")
+    print(f"{out} ({out.stat().st_size} bytes)")
     return 0
 
 
