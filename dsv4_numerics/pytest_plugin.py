@@ -26,10 +26,19 @@ Fixture ``dsv4_results``
   ``collect(result_or_results)`` attaches ``oracles.report.Result`` objects to the test; they
   travel with the test report (JUnit user properties), so results from pytest-xdist workers
   reach the controller. Returns the list it was given.
+  Results of ``judge`` / ``assert_matches_reference`` called while a test runs are attached to
+  it as they are made (``dsv4_numerics.result_sink``), so a test that raises, skips or fails
+  after judging still reports them; handing the same Results to ``dsv4_results`` again is a no-op.
+  Marker ``dsv4_unreported``: not for this test (it judges deliberately wrong kernels, e.g. to
+  test that a check catches them); only what it hands to ``dsv4_results`` is reported.
 ``--dsv4-report PATH``
-  writes the collected Results as JSON (schema ``dsv4-numerics/report/1``, ``meta`` carries
-  ``judged`` and the requirement outcome); the terminal summary shows a kernel x case table
-  whenever any Result was collected.
+  writes the collected Results as JSON (schema ``dsv4-numerics/report/1``; ``meta`` carries the
+  run metadata of ``dsv4_numerics.run_meta`` -- arch, device, torch / CUDA / Triton / staged
+  vLLM versions, git commit -- ``judged``, the requirement outcome, ``tests`` (pytest's outcome
+  counts, as its terminal summary counts them) and ``tests_with_results`` (the same over the
+  tests that attached Results)). Never greener than the run: a test pytest reports failed or
+  errored whose Results all passed adds an ``error`` Result (rule ``test_outcome``) naming it.
+  The terminal summary shows a kernel x case table whenever any Result was collected.
 ``--dsv4-require ENTRY_OR_GLOB`` (repeatable; env ``DSV4_REQUIRE``, comma-separated) and
 ``--dsv4-require-available``
   at the end of the session, every required entry must have at least one *judged* Result
@@ -217,6 +226,12 @@ class _State:
     skips: list[tuple[str, str]] = field(default_factory=list)  # (nodeid, reason)
     requirement_failures: list[str] = field(default_factory=list)
     requirements: list[dict] = field(default_factory=list)
+    # nodeid -> pytest's status categories of its reports ("passed", "failed", "error", "skipped",
+    # "xfailed", "xpassed"), as the terminal counts them; first failure line per nodeid
+    outcomes: dict[str, list[str]] = field(default_factory=dict)
+    longrepr: dict[str, str] = field(default_factory=dict)
+    results_of: dict[str, list] = field(default_factory=dict)  # nodeid -> its Results
+    config: Any = None
 
 
 _STATE_KEY = pytest.StashKey[_State]()
@@ -262,28 +277,125 @@ def pytest_configure(config):
     register_arch_markers(config, MARKER_PREFIX)
     config.addinivalue_line("markers", f"{CASES_MARKER}(stage, size='default', argname='case'): "
                                        "parametrise over a stage's canonical cases (parametrize_cases)")
+    config.addinivalue_line("markers", f"{UNREPORTED_MARKER}: Results judged in this test are not attached to its "
+                                       "report unless handed to dsv4_results (tests of deliberately wrong kernels)")
     if _pinning_requested(config.option):  # plugin loaded late (-p): still before test modules
         pin_xdist_worker_to_gpu()
     _state(config)
+    _start_spool(config)
 
 
 def pytest_collection_modifyitems(config, items):
     apply_arch_skips(items, MARKER_PREFIX)
 
 
-@pytest.fixture
-def dsv4_results(record_property):
-    """Callable ``collect(results)``: attach Results (one or a list) to this test's report, for
-    the session table, ``--dsv4-report`` and ``--dsv4-require``. Returns the list it was given."""
+UNREPORTED_MARKER = "dsv4_unreported"
+_ATTACHED = pytest.StashKey[list]()  # the Result objects already attached to an item
+
+
+def attach_results(item, results) -> list:
+    """Attach Results (one or a list) to ``item``'s report (its user properties, which travel to
+    the xdist controller), each object once however often it is handed over. Returns the list."""
     from dsv4_numerics.oracles.report import Result, record
 
+    rs = [results] if isinstance(results, Result) else list(results)
+    for r in rs:
+        if not isinstance(r, Result):
+            raise TypeError(f"dsv4_results: expected oracles.report.Result objects (got {type(r).__name__})")
+    done = item.stash.setdefault(_ATTACHED, [])
+    for r in rs:
+        if not any(r is x for x in done):
+            done.append(r)
+            record(r, lambda k, v: item.user_properties.append((k, v)))
+            _spool(item.nodeid, r)
+    return rs
+
+
+# ----------------------------------------------------------------------------- crash spool (xdist)
+# A test's Results normally reach the xdist controller with its reports. If the worker process
+# dies inside the test (a segfaulting kernel, os._exit), those reports never come: so each worker
+# also appends every attached Result to its own spool file, in a folder the controller made and
+# handed to the workers (workerinput), and the controller takes from the spool the Results of the
+# tests whose reports brought none.
+_SPOOL_DIR = pytest.StashKey[str]()
+_SPOOL_FILE: list[str | None] = [None]  # this worker's spool file
+
+
+def _spool(nodeid: str, result) -> None:
+    path = _SPOOL_FILE[0]
+    if path:
+        import json
+
+        with open(path, "a") as f:
+            f.write(json.dumps({"nodeid": nodeid, "result": result.to_dict()}, allow_nan=False) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # pytest-xdist, in the controller, once per worker
+    d = node.config.stash.get(_SPOOL_DIR, None)
+    if d:
+        node.workerinput["dsv4_spool"] = d
+
+
+def _start_spool(config) -> None:
+    wi = getattr(config, "workerinput", None)
+    if wi is not None:  # a worker: spool into the controller's folder
+        if wi.get("dsv4_spool"):
+            _SPOOL_FILE[0] = os.path.join(wi["dsv4_spool"], f"{wi.get('workerid', 'gw')}-{os.getpid()}.jsonl")
+    elif config.pluginmanager.hasplugin("xdist") and (
+            config.getoption("--dsv4-report", default=None) or _required_patterns(config)
+            or config.getoption("--dsv4-require-available", default=False)):
+        import tempfile
+
+        config.stash[_SPOOL_DIR] = tempfile.mkdtemp(prefix="dsv4-report-spool-")
+
+
+def recover_spooled(st: "_State", folder: str) -> int:
+    """Add the spooled Results of tests whose reports brought none (their worker crashed);
+    returns how many were added. Removes the folder."""
+    import glob
+    import json
+    import shutil
+
+    from dsv4_numerics.oracles.report import Result
+
+    delivered = set(st.results_of)  # tests whose reports brought their Results
+    n = 0
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        with open(path) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        for d in lines:
+            if d["nodeid"] not in delivered:
+                r = Result.from_dict(d["result"])
+                st.results.append(r)
+                st.results_of.setdefault(d["nodeid"], []).append(r)
+                n += 1
+    shutil.rmtree(folder, ignore_errors=True)
+    return n
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # every Result `judge` / `assert_matches_reference` produce while this test runs (setup, call,
+    # teardown) is attached to it at once: a later raise, skip or failure cannot lose it
+    from dsv4_numerics.result_sink import collecting
+
+    if item.get_closest_marker(UNREPORTED_MARKER) is not None:
+        yield
+        return
+    with collecting(lambda rs: attach_results(item, rs)):
+        yield
+
+
+@pytest.fixture
+def dsv4_results(request):
+    """Callable ``collect(results)``: attach Results (one or a list) to this test's report, for
+    the session table, ``--dsv4-report`` and ``--dsv4-require``. Returns the list it was given.
+    (Results of ``judge`` / ``assert_matches_reference`` called inside the test are attached
+    without it, even when the test then fails; handing them over again changes nothing.)"""
+
     def collect(results):
-        rs = [results] if isinstance(results, Result) else list(results)
-        for r in rs:
-            if not isinstance(r, Result):
-                raise TypeError(f"dsv4_results: expected oracles.report.Result objects (got {type(r).__name__})")
-            record(r, record_property)
-        return rs
+        return attach_results(request.node, results)
 
     return collect
 
@@ -292,6 +404,12 @@ def pytest_runtest_logreport(report):
     st = _LAST_STATE[0]  # this hook gets no config: the session's state, set at session start
     if st is None:
         return
+    if st.config is not None:
+        cat = st.config.hook.pytest_report_teststatus(report=report, config=st.config)[0]
+        if cat:  # what the terminal counts ("" for a passing setup or teardown)
+            st.outcomes.setdefault(report.nodeid, []).append(cat)
+            if report.failed and report.nodeid not in st.longrepr:
+                st.longrepr[report.nodeid] = _first_line(report)
     if report.skipped and report.when in ("setup", "call"):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
@@ -305,6 +423,15 @@ def pytest_runtest_logreport(report):
         for k, v in report.user_properties:
             if k == RESULT_PROPERTY:
                 st.results.append(Result.from_dict(json.loads(v)))
+                st.results_of.setdefault(report.nodeid, []).append(st.results[-1])
+
+
+def _first_line(report) -> str:
+    text = str(getattr(report, "longreprtext", "") or report.longrepr or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # the exception line ("E   AssertionError: ...") says most; else the last line
+    e = next((ln for ln in lines if ln.startswith("E ")), None)
+    return (e[1:].strip() if e else lines[-1] if lines else report.outcome)[:300]
 
 
 _LAST_STATE: list[_State | None] = [None]
@@ -313,6 +440,7 @@ _LAST_STATE: list[_State | None] = [None]
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     _LAST_STATE[0] = _state(session.config)
+    _LAST_STATE[0].config = session.config
 
 
 def _required_patterns(config) -> list[str]:
@@ -401,32 +529,63 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(config, "workerinput"):  # an xdist worker: the controller judges and writes
         return
     st = _state(config)
+    spool = config.stash.get(_SPOOL_DIR, None)
+    if spool:  # Results of tests whose xdist worker crashed
+        recover_spooled(st, spool)
     patterns = _required_patterns(config)
     req_avail = bool(config.getoption("--dsv4-require-available", default=False))
     if patterns or req_avail:
         st.requirements, st.requirement_failures = evaluate_requirements(st.results, st.skips, patterns, req_avail)
         if st.requirement_failures and int(session.exitstatus) in (0, 5):  # OK or no tests collected
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    st.results.extend(outcome_results(st))
     path = config.getoption("--dsv4-report", default=None)
     if path:
         _write_report(config, st, path, int(session.exitstatus))
 
 
+def outcome_results(st: _State) -> list:
+    """The report is never greener than the run: for each test pytest reported ``failed`` or
+    ``error`` whose own Results are all pass or skip (it failed for another reason after
+    judging), one ``error`` Result (rule ``test_outcome``) on its first Result's entry, stage and
+    case, naming the test and its failure. Called once, at the end of the session."""
+    from dsv4_numerics.oracles.report import Result
+
+    out = []
+    for nodeid, rs in st.results_of.items():
+        bad = [c for c in st.outcomes.get(nodeid, []) if c in ("failed", "error")]
+        if bad and not any(r.verdict in ("fail", "error") for r in rs):
+            r0 = rs[0]
+            out.append(Result(entry=r0.entry, stage=r0.stage, case=r0.case, verdict="error", rule="test_outcome",
+                              message=f"pytest: {nodeid} {bad[0]} after its Results passed: "
+                                      f"{st.longrepr.get(nodeid, '')}",
+                              family=r0.family, device=r0.device, policies=dict(r0.policies)))
+    return out
+
+
+def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
+    """``(all, with_results)``: pytest's outcome counts (its terminal's categories) over every
+    test, and over the tests that attached Results."""
+    every: dict[str, int] = {}
+    judged: dict[str, int] = {}
+    for nodeid, cats in st.outcomes.items():
+        for c in cats:
+            every[c] = every.get(c, 0) + 1
+            if nodeid in st.results_of:
+                judged[c] = judged.get(c, 0) + 1
+    return every, judged
+
+
 def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
-    import platform
-
     from dsv4_numerics.oracles.report import write_json
+    from dsv4_numerics.run_meta import run_metadata
 
-    meta: dict[str, Any] = {"exitstatus": exitstatus, "python": platform.python_version(),
+    every, with_results = outcome_counts(st)
+    meta: dict[str, Any] = {**run_metadata(), "exitstatus": exitstatus,
                             "judged": sum(r.verdict in JUDGED for r in st.results),
+                            "tests": every, "tests_with_results": with_results,
                             "requirements": st.requirements, "requirement_failures": st.requirement_failures}
-    try:
-        import torch
-
-        meta["torch"] = torch.__version__
-        meta["hardware"] = hardware()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    meta["hardware_markers"] = hardware()
     write_json(st.results, path, meta)
 
 

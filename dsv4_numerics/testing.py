@@ -62,6 +62,7 @@ from .callable_entry import (
     is_entry_like,
     mark_contract_errors,
 )
+from .result_sink import publish
 
 Kernel = Union[Callable[[CaseInputs], dict], KernelEntry, Any]
 SIZES = ("default", "small")
@@ -156,11 +157,15 @@ def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cas
     name:       the entry name shown in results and used as tolerance scope (default
                 ``user.<module>.<function>``).
     Bad arguments raise ``InputError``; the kernel's own failures are ``error`` Results.
+    Inside a pytest test (the plugin installed) the Results are also attached to the test's
+    report (``dsv4_numerics.result_sink``), whatever the test does next.
     """
     _stage("judge", stage)
     case_list = _case_list("judge", stage, cases)
     entry = _entry("judge", fn, stage, policies, case_list, name)
-    return _run(entry, case_list, device, arch, tolerances, "judge")
+    results = _run(entry, case_list, device, arch, tolerances, "judge")
+    publish(results)  # to the pytest plugin's per-test sink, if any: they reach --dsv4-report even if the test fails
+    return results
 
 
 # --------------------------------------------------------------------------- the explained diff

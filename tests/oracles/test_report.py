@@ -66,7 +66,9 @@ def test_junit_properties_and_collector_round_trip():
 
 
 def test_matrix_results_fixture_records_properties(matrix_results, request):
-    rs = matrix_results([rp.Result("report.selftest", "selftest", "fixture", "pass")] * 2)
+    rs = matrix_results([rp.Result("report.selftest", "selftest", f"fixture{i}", "pass") for i in range(2)])
     assert len(rs) == 2
     names = [k for k, _ in request.node.user_properties]
     assert names.count(rp.RESULT_PROPERTY) == 2
+    matrix_results(rs)  # the same Result objects again (e.g. judged, then handed over): attached once
+    assert [k for k, _ in request.node.user_properties].count(rp.RESULT_PROPERTY) == 2
