@@ -34,7 +34,8 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
 A cell's verdict is ``error`` if any of its Results errored, else ``fail`` if any failed, else
 ``skip`` if all skipped, else ``pass`` (the rule of ``check``'s rows); a cell with no Result
 takes its runs' ``check`` row (``unavailable`` with the probe's reason, or a reference-fixture
-row). Results of the same case from two runs of the same architecture are all kept: when their
+row; a Result's own ``arch`` -- a CPU kernel's x86 ISA tag, a replayed recording's GPU -- wins
+over its run's). Results of the same case from two runs of the same architecture are all kept: when their
 verdicts differ the cell is marked ``conflict`` and the case is listed in ``conflicts`` with
 each run's verdict -- nothing is overwritten. The same holds within one run (a case judged
 twice); where the cell's Results were judged under different policy sets, each verdict is
@@ -203,17 +204,35 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
     return cell, conflicts
 
 
+def _recorded_arch(entry: str) -> str:
+    """``sm90`` of a replayed recording's row name ``recorded:<entry>@sm90`` ('' otherwise)."""
+    return entry.rsplit("@", 1)[1] if entry.startswith("recorded:") and "@" in entry else ""
+
+
+def result_arch(r: Result, run_arch: str) -> str:
+    """The architecture a Result belongs to: its own ``arch`` (the tolerance arch the runner
+    recorded: a CPU kernel's x86 ISA tag, a replayed recording's GPU), else its run's."""
+    return getattr(r, "arch", "") or _recorded_arch(r.entry) or run_arch
+
+
 def merge_runs(runs: list[Run]) -> dict[str, Any]:
     """The matrix of ``runs`` (module docstring)."""
-    archs = list(dict.fromkeys(r.arch for r in runs))
+    archs: list[str] = []
     pairs: dict[tuple[str, str], dict[str, list[tuple[str, Result]]]] = {}
     rows: dict[tuple[str, str], dict[str, list[tuple[str, dict]]]] = {}
     for run in runs:
+        seen: dict[tuple[str, str], str] = {}
         for r in run.results:
-            pairs.setdefault((r.entry, r.stage), {}).setdefault(run.arch, []).append((run.label, r))
+            arch = result_arch(r, run.arch)
+            seen.setdefault((r.entry, r.stage), arch)
+            archs.append(arch)
+            pairs.setdefault((r.entry, r.stage), {}).setdefault(arch, []).append((run.label, r))
         for row in run.rows:
-            rows.setdefault((row.get("entry", "?"), row.get("stage", "?")), {}).setdefault(run.arch, []).append(
-                (run.label, row))
+            key = (row.get("entry", "?"), row.get("stage", "?"))
+            arch = seen.get(key) or _recorded_arch(key[0]) or run.arch
+            archs.append(arch)
+            rows.setdefault(key, {}).setdefault(arch, []).append((run.label, row))
+    archs = list(dict.fromkeys(archs or [r.arch for r in runs]))
     keys = sorted(set(pairs) | set(rows))
     out_rows, divergences, conflicts = [], [], []
     summary: dict[str, int] = {}

