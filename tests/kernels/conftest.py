@@ -85,6 +85,19 @@ def kernel_session():
     _SESSION.pop().close()
 
 
+# The matrix's judge for the attention stages on a GPU: the fast oracle's Results (the GPU default,
+# what the matrix reports) with the ordered oracle's verdict alongside, from ONE kernel call per
+# case -- test_oracle_modes_gpu.py checks the two agree from the same cached results instead of
+# running every decode/prefill entry a second time.
+BOTH_MODES = "tests.kernels._both_modes:both"
+
+
+def both_modes(entry, device: str) -> bool:
+    from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
+
+    return entry.stage in FAST_ORACLE_STAGES and str(device).startswith("cuda")
+
+
 @pytest.fixture(scope="session")
 def kernel_results(kernel_session):
     from dsv4_numerics.case_files import load_cases, stage_cases_file
@@ -99,6 +112,7 @@ def kernel_results(kernel_session):
             names = [c.name for c in load_cases(path)]
             device = "cpu" if _runs_on_cpu(entry) else _device()
             _CACHE[entry_name] = run_isolated(entry_name, names, device=device, cases_file=path,
+                                              judge=BOTH_MODES if both_modes(entry, device) else None,
                                               workdir=_workdir(entry_name), env=_child_env(),
                                               session=kernel_session)
         return _CACHE[entry_name]

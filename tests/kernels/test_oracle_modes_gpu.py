@@ -1,7 +1,9 @@
 """Every live-kernel verdict of the GPU matrix is the same under both oracle modes (issue 13,
-item 2): each decode / prefill entry's default cases are judged in its isolated child once with
-the fast oracle on the GPU (the default there) and once with the ordered float64 oracle, and the
-(verdict, rule) pairs must match case by case. The CPU tests prove the same for the reference
+item 2): each decode / prefill entry's default cases are judged in its isolated child with the
+fast oracle on the GPU (the default there) and with the ordered float64 oracle, on the same
+kernel outputs, and the (verdict, rule) pairs must match case by case. The matrix's own kernel
+run provides both (``conftest.kernel_results`` judges these stages with ``_both_modes.both`` on a
+GPU; this test and the matrix's share one xdist group, so one worker and one cached run). The CPU tests prove the same for the reference
 entries, the mutants and the replayed kernel fixtures (``tests/attention/test_attention_fast.py``);
 this one runs the real kernels. Skips with the probe's reason where a kernel or GPU is absent."""
 
@@ -12,7 +14,7 @@ import pytest
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
 
-from .conftest import _child_env, _device, _workdir
+from .conftest import _device, both_modes
 
 
 def _entries():
@@ -25,18 +27,17 @@ def _entries():
 
 
 @pytest.mark.parametrize("entry_name", _entries())
-def test_kernel_verdicts_identical_under_both_oracle_modes(entry_name, kernel_session):
+def test_kernel_verdicts_identical_under_both_oracle_modes(entry_name, kernel_results):
     from dsv4_numerics.case_files import load_cases, stage_cases_file
-    from dsv4_numerics.worker_pool import run_isolated
 
     entry = registry.get(entry_name)
     ok, reason = entry.available()
     if not ok:
         pytest.skip(reason)
-    path = stage_cases_file(entry.stage)
-    names = [c.name for c in load_cases(path)]
-    res = run_isolated(entry_name, names, device=_device(), cases_file=path, judge="tests.kernels._both_modes:both",
-                       workdir=_workdir(f"{entry_name}-modes"), env=_child_env(), session=kernel_session)
+    if not both_modes(entry, _device()):
+        pytest.skip(f"{entry_name} is not judged on a GPU here (device {_device()})")
+    names = [c.name for c in load_cases(stage_cases_file(entry.stage))]
+    res = kernel_results(entry_name)
     judged = 0
     for name in names:
         r = res[name]
