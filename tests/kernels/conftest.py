@@ -112,7 +112,7 @@ def kernel_results(kernel_session):
             names = [c.name for c in load_cases(path)]
             device = "cpu" if _runs_on_cpu(entry) else _device()
             _CACHE[entry_name] = run_isolated(entry_name, names, device=device, cases_file=path,
-                                              judge=BOTH_MODES if both_modes(entry, device) else None,
+                                              judge=BOTH_MODES if both_modes(entry, device) else None, probe=True,
                                               workdir=_workdir(entry_name), env=_child_env(),
                                               session=kernel_session)
         return _CACHE[entry_name]

@@ -2,9 +2,13 @@
 
 Test ids read ``<entry>-<case>`` (e.g. ``flashmla.sparse_decode.sm90-h64-swa128-...``).
 
-* An entry whose probe says it cannot run here is a SKIP carrying the probe's reason (added at
-  collection, ahead of the root conftest's hardware skips, so the reason is the specific one:
-  a missing package and version, the architecture found, a library that fails to load).
+* An entry whose probe says it cannot run here is a SKIP carrying the probe's reason: the
+  specific one (a missing package and version, the architecture found, a library that fails to
+  load). Without a GPU the whole probe runs at collection (GPU entries stop at the architecture,
+  nothing is imported). On a GPU host collection checks only the architecture and the entry's
+  isolated child runs the probe (``run_isolated(probe=True)``): the production modules (Triton,
+  the FlashMLA and CUDA libraries, ~18 s of the GPU suite's wall time when all 16 workers imported
+  them at once) are imported by the children that run the kernels, not by every xdist worker.
 * An available entry runs all its cases once, in child processes (``kernel_results`` fixture,
   ``dsv4_numerics/worker_pool.py``): a crash or hang fails only the case it happened in.
 * Each case is judged by ``oracles.matrix.run_entry`` (bytes stages bit-exact under the entry's
@@ -21,8 +25,19 @@ from __future__ import annotations
 import pytest
 
 from dsv4_numerics.kernels import registry
+from dsv4_numerics.kernels.probe import arch_reason, gpu_info
+from dsv4_numerics.worker_pool import UNAVAILABLE
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.case_files import load_cases, stage_cases_file
+
+
+def collection_reason(entry) -> str | None:
+    """Why ``entry`` cannot run here, as far as collection asks (module docstring): the whole
+    probe without a GPU, the architecture alone with one (its child probes the rest)."""
+    if gpu_info().present:
+        return arch_reason(entry.archs)
+    ok, reason = entry.available()
+    return None if ok else reason
 
 
 def _params():
@@ -31,8 +46,8 @@ def _params():
     for entry in registry.all_entries():
         marks = [getattr(pytest.mark, m) for m in entry.markers]
         marks.append(pytest.mark.xdist_group(entry.name))
-        ok, reason = entry.available()
-        skip = [] if ok else [pytest.mark.skip(reason=f"{entry.name}: {reason}")]
+        reason = collection_reason(entry)
+        skip = [] if not reason else [pytest.mark.skip(reason=f"{entry.name}: {reason}")]
         try:
             if entry.stage not in cache:
                 # built once, single-threaded, on disk for every xdist worker and kernel child
@@ -65,10 +80,10 @@ def _as_result(entry, case_name: str, res: dict) -> Result:
 @pytest.mark.parametrize("entry_name,case_name", PARAMS or [pytest.param(None, None, id="none")])
 def test_kernel_case(entry_name, case_name, kernel_results, matrix_results):
     entry = registry.get(entry_name)
-    ok, reason = entry.available()
-    if not ok:  # the collection-time skip covers this; a probe can only get worse at run time
-        pytest.skip(f"{entry.name}: {reason}")
-    res = kernel_results(entry_name).get(case_name)
+    results = kernel_results(entry_name)  # the child probes the entry first
+    if UNAVAILABLE in results:
+        pytest.skip(f"{entry.name}: {results[UNAVAILABLE]['message']}")
+    res = results.get(case_name)
     assert res is not None, f"{entry_name}: no result for case {case_name}"
     result = _as_result(entry, case_name, res)
     matrix_results(result)
