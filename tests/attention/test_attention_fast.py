@@ -282,6 +282,7 @@ def test_fast_within_bound_under_hypothesis(prob):
 # ----------------------------------------------------------------------------- verdicts
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 @pytest.mark.parametrize("stage", ["decode", "prefill"])
 def test_matrix_verdicts_identical_under_both_modes(stage):
     cases = default_cases(stage)

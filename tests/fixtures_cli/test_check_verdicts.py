@@ -202,6 +202,7 @@ def _fake_dist(tmp_path, value: str, module_src: str) -> dict:
     return env
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_installed_entries_listed_with_package_and_broken_ones_are_rows(tmp_path):
     src = ENTRIES_PY + textwrap.dedent('''
         def provide():

@@ -106,6 +106,7 @@ def _check_schema(d):
     assert sum(d["summary"].values()) == len(d["rows"])
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_check_json_schema_and_table(tmp_path, toy, capsys):
     main(["fixtures", "regen", "--root", str(tmp_path), "-q"])
     capsys.readouterr()

@@ -400,6 +400,7 @@ C128_PROD = CompressorSpec(128, (300, 129), (45, 2), 8, 2, 6)  # state pages 8, 
 C4_CANCEL = CompressorSpec(4, (27,), (12,), 4, 3, 1310)
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 @given(spec=compressor_specs())
 @example(spec=C4_PROD)
 @example(spec=C128_PROD)

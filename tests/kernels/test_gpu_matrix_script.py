@@ -14,6 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / ".ci" / "gpu-matrix"
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
 def test_gpu_matrix_script_dry_run(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0

@@ -115,6 +115,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_a_session_reuses_its_child_and_a_crash_fails_only_its_case(tmp_path):
     """One WorkerSession across entries: the child is reused while nothing crashes; an abort or
     SIGKILL fails exactly its case, the rest of that entry and the next entry run in a fresh child

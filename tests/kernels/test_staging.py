@@ -129,6 +129,7 @@ def test_reason_without_staging_names_command_and_setting(monkeypatch, clean_act
     assert "none" in staged.describe()
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_engine_standins_import_and_refuse_engine_use(tmp_path, wheel):
     """The engine stand-ins import without vLLM, Triton or transformers; their placeholders
     subclass and annotate but raise when an engine path would use them; has_cutedsl() follows

@@ -165,6 +165,7 @@ def test_report_and_require_judged_entry_passes(tmp_path):
     assert "dsv4-numerics matrix" in r.stdout and "all 1 required entries judged" in r.stdout
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
 def test_require_fails_when_the_required_entry_only_skipped(tmp_path, xdist):
     _suite(tmp_path, RESULTS_SUITE)
