@@ -107,9 +107,9 @@ def longest_first(items) -> None:
     """Schedule the long units first (in place, deterministic): pytest-xdist hands scopes out in
     collection order, and a 30 s test or a 6-case kernel group (one child, one worker) that comes
     last is the run's tail -- on one H200 the last worker finished 26 s after the median one
-    (``.ci/gpu-scaling``'s timeline). Order: xdist groups that hold at least one runnable item,
-    largest first; then tests marked ``slow``; then the rest as collected. Skipped items keep
-    their place (they take no time)."""
+    (``.ci/gpu-scaling``'s timeline). Order: tests marked ``slow`` (single tests of 15-35 s on a
+    loaded GPU host); then xdist groups that hold at least one runnable item, largest first;
+    then the rest as collected. Skipped items keep their relative place."""
     sizes: dict[str, int] = {}
     for it in items:
         g = _group(it)
@@ -119,10 +119,10 @@ def longest_first(items) -> None:
 
     def key(it):
         g = _group(it)
-        if g in sizes:
-            return (0, -sizes[g], g, pos[id(it)])
         if it.get_closest_marker("slow") and not it.get_closest_marker("skip"):
-            return (1, 0, "", pos[id(it)])
+            return (0, 0, "", pos[id(it)])
+        if g in sizes:
+            return (1, -sizes[g], g, pos[id(it)])
         return (2, 0, "", pos[id(it)])
 
     items.sort(key=key)
