@@ -39,7 +39,10 @@ def _judge(entry, case):
 def _hunt(entry):
     """(verdict of the catching case or None, rule, case name, results so far)."""
     seen = []
-    for case in _cases(entry.stage):
+    # a sweep mutant tries the cases of its dimension first (the others are
+    # test_sweep_mutant_is_caught_only_by_its_dimension's: it must pass them)
+    order = sorted(_cases(entry.stage), key=lambda c: entry.dimension not in c.params.get("dimension", ()))
+    for case in (order if entry.dimension else _cases(entry.stage)):
         r = _judge(entry, case)
         seen.append(r)
         if r.verdict == "fail":
