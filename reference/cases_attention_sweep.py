@@ -51,7 +51,8 @@ from .constants import HEAD_DIM, production_page_stride
 from .policies import IndexRule, ScaleRule
 from .rope import cos_sin_cache
 
-__all__ = ["SegmentSpec", "sweep_decode_case", "sweep_prefill_case", "DIMENSIONS"]
+__all__ = ["DIMENSIONS", "SegmentSpec", "full_decode_specs", "full_prefill_specs", "sweep_decode_case",
+           "sweep_prefill_case"]
 
 CASE_SCALE = 512**-0.55  # the scale of the default attention cases (cases_attention.CASE_SCALE)
 POISON = 0xFF  # unwritten cache bytes: every such slot decodes to NaN
@@ -303,7 +304,9 @@ PEAK_TOPK, PEAK_SK = 16384, 32768
 MAGNITUDES = (("tiny-kv", -20, 0, 0), ("huge-kv-tiny-q", 120, -118, 0), ("huge-q-sinks", 0, 12, 10))
 
 
-def full_sweep_decode() -> list[Case]:
+def full_decode_specs() -> list[tuple[str, dict]]:
+    """``(name, sweep_decode_case keyword arguments)`` of the full decode grid (cheap: nothing is
+    built; :func:`full_sweep_decode` builds them)."""
     out = []
     for i, (mbs, ebs) in enumerate(PAGE_PAIRS):
         for j, k in enumerate(TOPKS):
@@ -312,44 +315,53 @@ def full_sweep_decode() -> list[Case]:
             ek = TOPKS[(j + 1) % 3]
             sink = (i + j) % 2 == 0
             heads = 128 if (i + j) % 3 == 1 else 64
-            out.append(sweep_decode_case(
-                f"full-b{b}-h{heads}-pages{mbs}-{ebs}-top{k}-{ek}-len{int(ml)}{int(el)}-sink{int(sink)}", batch=b,
-                heads=heads, main=SegmentSpec(mbs, k, ml), extra=SegmentSpec(ebs, ek, el), sink=sink,
-                all_invalid=2 if b > 4 else 1, zero_length=2 if b > 4 else 1, empty_main=1 if b > 4 else 0,
-                seed=1000 + 10 * i + j, dimension=("odd_page_size", "long_topk", "batch", "lengths", "empty_main"),
-                edge="FlashMLA sparse-decode grid point (gen_testcase dimensions)"))
-    out.append(sweep_decode_case(f"full-peak-top{PEAK_TOPK}-sk{PEAK_SK}", batch=4,
-                                 main=SegmentSpec(64, PEAK_TOPK, pool=PEAK_SK), extra=SegmentSpec(2, 512),
-                                 seed=1100, dimension=("long_topk",), edge="FlashMLA's peak case: top-k 16384, s_k 32768"))
+            out.append((f"full-b{b}-h{heads}-pages{mbs}-{ebs}-top{k}-{ek}-len{int(ml)}{int(el)}-sink{int(sink)}",
+                        dict(batch=b, heads=heads, main=SegmentSpec(mbs, k, ml), extra=SegmentSpec(ebs, ek, el),
+                             sink=sink, all_invalid=2 if b > 4 else 1, zero_length=2 if b > 4 else 1,
+                             empty_main=1 if b > 4 else 0, seed=1000 + 10 * i + j,
+                             dimension=("odd_page_size", "long_topk", "batch", "lengths", "empty_main"),
+                             edge="FlashMLA sparse-decode grid point (gen_testcase dimensions)")))
+    out.append((f"full-peak-top{PEAK_TOPK}-sk{PEAK_SK}",
+                 dict(batch=4, main=SegmentSpec(64, PEAK_TOPK, pool=PEAK_SK), extra=SegmentSpec(2, 512), seed=1100,
+                      dimension=("long_topk",), edge="FlashMLA's peak case: top-k 16384, s_k 32768")))
     for n, (name, kv, q, s) in enumerate(MAGNITUDES):
         for mbs, ebs, k in ((61, 576, 576), (64, 2, 2048)):
-            out.append(sweep_decode_case(f"full-{name}-pages{mbs}-{ebs}-top{k}", batch=74,
-                                         main=SegmentSpec(mbs, 128), extra=SegmentSpec(ebs, k), kv_log2=kv, q_log2=q,
-                                         sink_log2=s, empty_main=1, seed=1200 + 10 * n + k % 7,
-                                         dimension=("kv_magnitude" if kv else "q_magnitude", "batch"),
-                                         edge=f"magnitude sweep {name} at batch 74"))
+            out.append((f"full-{name}-pages{mbs}-{ebs}-top{k}",
+                        dict(batch=74, main=SegmentSpec(mbs, 128), extra=SegmentSpec(ebs, k), kv_log2=kv, q_log2=q,
+                             sink_log2=s, empty_main=1, seed=1200 + 10 * n + k % 7,
+                             dimension=("kv_magnitude" if kv else "q_magnitude", "batch"),
+                             edge=f"magnitude sweep {name} at batch 74")))
     return out
 
 
-def full_sweep_prefill() -> list[Case]:
+def full_prefill_specs() -> list[tuple[str, dict]]:
+    """``(name, sweep_prefill_case keyword arguments)`` of the full prefill grid."""
     out = []
     for j, k in enumerate((128, 640, 2048)):
         for n, b in enumerate(BATCHES):
             lengths = (j + n) % 2 == 0
             sink = (j + 2 * n) % 3 != 1
-            out.append(sweep_prefill_case(f"full-b{b}-top{k}-len{int(lengths)}-sink{int(sink)}", batch=b, topk=k,
-                                          lengths=lengths, sink=sink, heads=128 if n == 1 else 64,
-                                          all_invalid=2 if b > 4 else 1, zero_length=2 if b > 4 else 1,
-                                          seed=2000 + 10 * j + n, dimension=("long_topk", "batch", "lengths"),
-                                          edge="FlashMLA sparse-prefill grid point"))
-    out.append(sweep_prefill_case(f"full-peak-top{PEAK_TOPK}-sk{PEAK_SK}", batch=4, topk=PEAK_TOPK, pool=PEAK_SK,
-                                  seed=2100, dimension=("long_topk",), edge="top-k 16384 over 32768 rows"))
+            out.append((f"full-b{b}-top{k}-len{int(lengths)}-sink{int(sink)}",
+                        dict(batch=b, topk=k, lengths=lengths, sink=sink, heads=128 if n == 1 else 64,
+                             all_invalid=2 if b > 4 else 1, zero_length=2 if b > 4 else 1, seed=2000 + 10 * j + n,
+                             dimension=("long_topk", "batch", "lengths"), edge="FlashMLA sparse-prefill grid point")))
+    out.append((f"full-peak-top{PEAK_TOPK}-sk{PEAK_SK}",
+                 dict(batch=4, topk=PEAK_TOPK, pool=PEAK_SK, seed=2100, dimension=("long_topk",),
+                      edge="top-k 16384 over 32768 rows")))
     for n, (name, kv, q, s) in enumerate(MAGNITUDES):
-        out.append(sweep_prefill_case(f"full-{name}-top2048", batch=74, topk=2048, kv_log2=kv, q_log2=q,
-                                      sink_log2=s, seed=2200 + n, dimension=("kv_magnitude" if kv else "q_magnitude",
-                                                                             "batch"),
-                                      edge=f"magnitude sweep {name} at batch 74"))
+        out.append((f"full-{name}-top2048",
+                    dict(batch=74, topk=2048, kv_log2=kv, q_log2=q, sink_log2=s, seed=2200 + n,
+                         dimension=("kv_magnitude" if kv else "q_magnitude", "batch"),
+                         edge=f"magnitude sweep {name} at batch 74")))
     return out
+
+
+def full_sweep_decode() -> list[Case]:
+    return [sweep_decode_case(name, **kw) for name, kw in full_decode_specs()]
+
+
+def full_sweep_prefill() -> list[Case]:
+    return [sweep_prefill_case(name, **kw) for name, kw in full_prefill_specs()]
 
 
 @register_cases("decode", size="full")
