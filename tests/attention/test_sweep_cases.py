@@ -139,7 +139,7 @@ def test_full_sets_span_every_dimension_they_name():
         stage_cases("decode", "huge")
 
 
-_EXAMPLES = max(4, settings().max_examples // 6)  # ci: 10; nightly: 500
+_EXAMPLES = max(4, settings().max_examples // 10)  # ci: 6; dev: 30; nightly: 300
 
 
 @settings(max_examples=_EXAMPLES, deadline=None)
