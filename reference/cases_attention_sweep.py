@@ -48,6 +48,7 @@ import torch
 from .cache_model1 import empty_cache, insert
 from .cases import Case, register_cases
 from .constants import HEAD_DIM, production_page_stride
+from .errors import check_int, fail
 from .policies import IndexRule, ScaleRule
 from .rope import cos_sin_cache
 
@@ -72,20 +73,26 @@ class SegmentSpec:
     __slots__ = ("block_size", "topk", "lengths", "pool")
 
     def __init__(self, block_size: int, topk: int, lengths: bool = True, pool: int | None = None):
-        self.block_size, self.topk, self.lengths = int(block_size), int(topk), bool(lengths)
-        self.pool = int(pool) if pool is not None else max(2 * self.topk, 256)
+        fn = "SegmentSpec"
+        self.block_size = check_int(fn, "block_size", block_size, minimum=1)
+        self.topk = check_int(fn, "topk", topk, minimum=1)
+        self.lengths = bool(lengths)
+        self.pool = max(2 * self.topk, 256) if pool is None else check_int(fn, "pool", pool, minimum=self.topk)
 
     def describe(self) -> dict:
         return {"block_size": self.block_size, "topk": self.topk, "lengths": self.lengths, "pool": self.pool}
 
 
-def _rows_kinds(T: int, all_invalid: int, zero_length: int, empty_main: int) -> dict[str, list[int]]:
+def _rows_kinds(fn: str, T: int, all_invalid: int, zero_length: int, empty_main: int) -> dict[str, list[int]]:
     """Token rows of each special kind, spread over the batch (first, middle, last ...)."""
+    check_int(fn, "batch", T, minimum=1)
     kinds: dict[str, list[int]] = {"all_invalid": [], "zero_length": [], "empty_main": []}
     want = [("all_invalid", all_invalid), ("zero_length", zero_length), ("empty_main", empty_main)]
+    for arg, c in want:
+        check_int(fn, arg, c, minimum=0)
     n = sum(c for _, c in want)
     if n > T:
-        raise ValueError(f"sweep case: {n} special rows do not fit a batch of {T}")
+        fail(fn, "batch", f"must hold the {n} special rows (all_invalid + zero_length + empty_main)", T)
     spots = torch.linspace(0, T - 1, n).round().to(torch.int64).tolist() if n else []
     used: set[int] = set()
     it = iter(spots)
@@ -186,10 +193,11 @@ def sweep_decode_case(name: str, *, batch: int, main: SegmentSpec, extra: Segmen
     """A decode case drawn directly (module docstring): ``batch`` tokens (``s_q = 1`` each, as
     vLLM flattens them), a main segment and an optional extra segment. ``empty_main`` rows need
     an extra segment (their extra entries stay valid)."""
+    fn = "sweep_decode_case"
     if empty_main and extra is None:
-        raise ValueError("sweep_decode_case: empty_main rows need an extra segment")
+        fail(fn, "empty_main", "needs an extra segment (its rows attend only the extra segment)", empty_main)
     g = torch.Generator().manual_seed(seed)
-    kinds = _rows_kinds(batch, all_invalid, zero_length, empty_main)
+    kinds = _rows_kinds(fn, batch, all_invalid, zero_length, empty_main)
     q, s = _q_sink(g, batch, heads, q_log2, sink, sink_log2)
     pos, cs = _positions(g, batch)
     m_idx, m_len = _draw_segment(g, batch, main.topk, main.pool, main.lengths, kinds,
@@ -225,9 +233,11 @@ def sweep_prefill_case(name: str, *, batch: int, topk: int, lengths: bool = True
                        dimension: tuple[str, ...] = (), edge: str = "") -> Case:
     """A prefill case drawn directly: ``batch`` query tokens over one combined index table of
     ``topk`` columns into ``kv`` (bf16 rows, NaN where no index refers)."""
+    fn = "sweep_prefill_case"
+    check_int(fn, "topk", topk, minimum=1)
+    pool = max(2 * topk, 256) if pool is None else check_int(fn, "pool", pool, minimum=topk)
     g = torch.Generator().manual_seed(seed)
-    pool = pool if pool is not None else max(2 * topk, 256)
-    kinds = _rows_kinds(batch, all_invalid, zero_length, 0)
+    kinds = _rows_kinds(fn, batch, all_invalid, zero_length, 0)
     q, s = _q_sink(g, batch, heads, q_log2, sink, sink_log2)
     pos, _ = _positions(g, batch)
     idx, ln = _draw_segment(g, batch, topk, pool, lengths, kinds, kinds["zero_length"])

@@ -19,6 +19,7 @@ from dsv4_numerics.reference import cache_model1
 from dsv4_numerics.reference import cases_attention_sweep as sw
 from dsv4_numerics.reference.attention import segment_validity
 from dsv4_numerics.reference.cases import CASE_SIZES, default_cases, has_full_cases, stage_cases
+from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.constants import (
     AMAX_CLAMP_SCALE_BYTE_RANGE,
     DATA_ROW_BYTES,
@@ -31,7 +32,7 @@ from dsv4_numerics.strategies import ROW_LOG2_RANGE, scaled_rows
 from dsv4_numerics.strategies_attention import LOGIT_LOG2_MAX, LOGIT_LOG2_MIN, attention_magnitudes, decode_cases, \
     prefill_cases
 
-from ..mutants import reference_entry
+from ..mutants import MUTANTS, reference_entry
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,6 +138,19 @@ def test_full_sets_span_every_dimension_they_name():
     assert case.inputs["swa_cache"].stride(0) == production_page_stride(kw["main"].block_size)
     with pytest.raises(KeyError, match="unknown case-set size"):
         stage_cases("decode", "huge")
+    # every dimension tag is a known one, and the mutation suite's sweep mutants name them
+    tags = {t for _, kw in dec + pre for t in kw["dimension"]} | {t for st_ in ("decode", "prefill")
+                                                                  for c in _sweep(st_) for t in c.params["dimension"]}
+    assert tags == set(sw.DIMENSIONS) and {m.dimension for m in MUTANTS if m.dimension} <= tags
+
+
+def test_sweep_builders_reject_bad_arguments_by_name():
+    with pytest.raises(InputError, match="SegmentSpec: argument 'pool' must be >= 64"):
+        sw.SegmentSpec(64, 64, pool=10)
+    with pytest.raises(InputError, match="sweep_decode_case: argument 'empty_main' needs an extra segment"):
+        sw.sweep_decode_case("x", batch=4, main=sw.SegmentSpec(64, 64), empty_main=1)
+    with pytest.raises(InputError, match="sweep_prefill_case: argument 'batch' must hold the 2 special rows"):
+        sw.sweep_prefill_case("x", batch=1, topk=128)
 
 
 _EXAMPLES = max(4, settings().max_examples // 10)  # ci: 6; dev: 30; nightly: 300
