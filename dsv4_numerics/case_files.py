@@ -26,6 +26,25 @@ from pathlib import Path
 from typing import Iterator
 
 ENV_CASES_CACHE = "DSV4_CASES_CACHE"
+# Which case set the matrix runs: "default" (CPU-sized) or "full" (reference.cases.CASE_SIZES; the
+# GPU runner's sweep over every dimension the production kernels' own tests vary). Read by
+# stage_cases_file (the pytest matrix, check's children) and check's in-process entries;
+# `dsv4-numerics check --cases full` sets it for its run.
+ENV_CASES = "DSV4_CASES"
+
+
+def selected_case_size() -> str:
+    """The case-set size ``DSV4_CASES`` selects (default ``"default"``); an unknown value is an
+    ``InputError`` naming the variable and the known sizes."""
+    from dsv4_numerics.reference.cases import CASE_SIZES
+    from dsv4_numerics.reference.errors import InputError
+
+    v = os.environ.get(ENV_CASES, "").strip().lower() or "default"
+    if v not in CASE_SIZES:
+        raise InputError(f"environment variable {ENV_CASES}={v!r}: must be one of {list(CASE_SIZES)}")
+    return v
+
+
 _CASES_FILES: dict[tuple[str, str, str], str] = {}
 _CASES_LOCK = threading.Lock()
 _SESSION_DIR: list[str] = []
@@ -47,17 +66,17 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def _cases_key(stage: str) -> str:
-    """Hash of everything ``default_cases(stage)`` depends on: the package and torch versions,
-    the stage and the source bytes of the ``reference`` package (the case builders and all they
-    call live there, and it imports nothing of this project outside it)."""
+def _cases_key(stage: str, size: str = "default") -> str:
+    """Hash of everything ``stage_cases(stage, size)`` depends on: the package and torch versions,
+    the stage, the size and the source bytes of the ``reference`` package (the case builders and
+    all they call live there, and it imports nothing of this project outside it)."""
     import torch
 
     from dsv4_numerics import reference
     from dsv4_numerics.fixtures.store import package_version
 
     h = hashlib.sha256()
-    for part in (package_version("dsv4-numerics"), torch.__version__, stage):
+    for part in (package_version("dsv4-numerics"), torch.__version__, stage) + ((size,) if size != "default" else ()):
         h.update(part.encode() + b"\0")
     root = Path(reference.__file__).resolve().parent
     for f in sorted(root.glob("*.py")):
@@ -83,15 +102,16 @@ def _session_dir() -> Path:
         return Path(_SESSION_DIR[0])
 
 
-def build_cases_file(stage: str, path: str | Path) -> list:
-    """Build ``default_cases(stage)`` (one torch thread) and ``torch.save`` the list to ``path``
-    atomically (a temporary file in the same folder, then ``os.replace``); returns the cases."""
+def build_cases_file(stage: str, path: str | Path, size: str = "default") -> list:
+    """Build ``stage_cases(stage, size)`` (one torch thread) and ``torch.save`` the list to
+    ``path`` atomically (a temporary file in the same folder, then ``os.replace``); returns the
+    cases."""
     import torch
 
-    from dsv4_numerics.reference.cases import default_cases
+    from dsv4_numerics.reference.cases import stage_cases
 
     with _torch_threads(1):
-        cases = default_cases(stage)
+        cases = stage_cases(stage, size)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
@@ -128,25 +148,28 @@ def _prune(cache: Path, stem: str, keep: Path) -> None:
                 f.unlink()
 
 
-def stage_cases_file(stage: str) -> str:
-    """Path of a ``torch.save``-d ``default_cases(stage)`` for ``worker_child --cases``.
+def stage_cases_file(stage: str, size: str | None = None) -> str:
+    """Path of a ``torch.save``-d ``stage_cases(stage, size)`` for ``worker_child --cases``
+    (``size`` None: :func:`selected_case_size`, i.e. ``DSV4_CASES``, default ``"default"``).
 
     Built at most once per process and, with the persistent cache (:func:`cases_cache_dir`),
     once per machine for a given key (:func:`_cases_key`): a file that fails to load is rebuilt.
     An unwritable cache folder falls back to a temporary folder of this process. Raises
     ``KeyError`` for a stage without default cases (as ``default_cases`` does)."""
+    size = selected_case_size() if size is None else size
     cache = cases_cache_dir()
-    key = _cases_key(stage)
+    key = _cases_key(stage, size)
     memo = (stage, key, str(cache))
     if memo in _CASES_FILES and Path(_CASES_FILES[memo]).is_file():
         return _CASES_FILES[memo]
-    name = f"{''.join(ch if ch.isalnum() or ch in '_-' else '_' for ch in stage)}-{key}.pt"
+    stem = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in stage) + ("" if size == "default" else f"_{size}")
+    name = f"{stem}-{key}.pt"
     path = None
     if cache is not None:
         path = cache / name
         if not (path.is_file() and _loads(path)):
             try:
-                build_cases_file(stage, path)
+                build_cases_file(stage, path, size)
             except OSError:  # read-only home, full disk, ...: this process only
                 path = None
             else:
@@ -154,7 +177,7 @@ def stage_cases_file(stage: str) -> str:
     if path is None:
         path = _session_dir() / name
         if not path.is_file():
-            build_cases_file(stage, path)
+            build_cases_file(stage, path, size)
     _CASES_FILES[memo] = str(path)
     return str(path)
 

@@ -17,6 +17,11 @@ bfloat16, so every bit pattern (subnormals, signed zeros, the largest finite val
 as a seed plus per-tile magnitudes and generated with a CPU ``torch.Generator``: deterministic
 under the ``ci`` profile and cheap for hundreds of rows.
 
+Magnitudes: :func:`magnitudes` draws a log2 row scale with the ends of what the producers' scale
+bytes express (``ROW_LOG2_RANGE``) drawn often, and :func:`scaled_rows` rows at that scale, for
+the writer and gather stages; the attention stages' magnitudes (cache, q and sinks together) are
+in :mod:`dsv4_numerics.strategies_attention`.
+
 All tensors are CPU tensors; move them to a device in the test.
 """
 
@@ -127,6 +132,40 @@ def bf16_rows(draw, n: int | None = None, max_rows: int = 16, exp_range: tuple[i
     nope[special == 0] = 0.0
     nope[special == 1] = -0.0
     return x.to(torch.bfloat16)
+
+
+# Row magnitudes (log2 of a whole-row factor) the producers' scale bytes can express for finite bf16
+# input: 2**-20 puts every tile at the Q_A / Q_S scale floors (bytes 105 / 114, datapath 2.0),
+# 2**120 near the top (byte ~240; 247 is reached only by values near the bf16 maximum).
+ROW_LOG2_RANGE = (-20, 120)
+
+
+@st.composite
+def magnitudes(draw, lo: int = ROW_LOG2_RANGE[0], hi: int = ROW_LOG2_RANGE[1]) -> int:
+    """A log2 magnitude in ``[lo, hi]``: the two ends, 0 (the simulated scale) and their
+    neighbours are drawn often, any value in between too (shrinks towards 0)."""
+    if lo > hi:
+        raise ValueError(f"magnitudes: lo={lo} > hi={hi}")
+    ends = sorted({v for v in (0, lo, lo + 1, hi - 1, hi) if lo <= v <= hi}, key=abs)
+    return draw(st.one_of(st.sampled_from(ends), st.integers(lo, hi)))
+
+
+@st.composite
+def scaled_rows(draw, n: int | None = None, max_rows: int = 16,
+                log2_range: tuple[int, int] = ROW_LOG2_RANGE) -> tuple[torch.Tensor, int]:
+    """``(rows, m)``: bf16 rows ``[n, 512]`` ``N(0, 0.3) * 2**u * 2**m`` (``u`` per 64-wide tile
+    uniform in [-2, 2], the RoPE dims scaled alike) with one drawn row magnitude ``m``
+    (:func:`magnitudes` over ``log2_range``): caches far below and far above the simulated ones,
+    for the writer, gather and attention stages. Values are clamped to the bf16 finite range."""
+    if n is None:
+        n = draw(st.integers(1, max_rows))
+    m = draw(magnitudes(*log2_range))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    u = torch.rand(n, HEAD_DIM // TILE, generator=g) * 4 - 2
+    x = torch.randn(n, HEAD_DIM, generator=g, dtype=torch.float64) * 0.3
+    x = x * torch.exp2(u.to(torch.float64)).repeat_interleave(TILE, dim=1) * 2.0**m
+    big = float(torch.finfo(torch.bfloat16).max)
+    return x.clamp(-big, big).to(torch.bfloat16), m
 
 
 @st.composite

@@ -65,7 +65,7 @@ from .callable_entry import (
 from .result_sink import publish
 
 Kernel = Union[Callable[[CaseInputs], dict], KernelEntry, Any]
-SIZES = ("default", "small")
+SIZES = ("default", "small", "full")
 SMALL_CASES = 2  # size="small": the first SMALL_CASES default cases (each builder lists a broad case first)
 MAX_CASE_LINES = 12  # failing cases listed one line each in an assertion message
 
@@ -85,11 +85,15 @@ def _stage(fn_name: str, stage: Any) -> st.StageSpec:
 def cases(stage: str, *, size: str = "default") -> list[Case]:
     """The canonical cases of ``stage``: the ones the kernel matrix, the mutation suite and
     ``dsv4-numerics check`` use (``reference.cases.default_cases``; CPU tensors, deterministic on
-    every call and machine; fresh objects each call). ``size``: ``"default"`` (all of them) or
-    ``"small"`` (the first two, a broad case and the stage's first edge case)."""
+    every call and machine; fresh objects each call). ``size``: ``"default"`` (all of them),
+    ``"small"`` (the first two, a broad case and the stage's first edge case) or ``"full"`` (the
+    GPU-sized sweep of ``decode`` / ``prefill``: the default cases plus page sizes 2-576, top-k up
+    to 16384, batch up to 321, magnitudes; other stages: their default set)."""
     _stage("cases", stage)
     if size not in SIZES:
         raise InputError(f"cases: unknown size {size!r}; known sizes: {list(SIZES)}")
+    if size == "full":
+        return stage_cases(stage, "full")
     out = default_cases(stage)
     return out[:SMALL_CASES] if size == "small" else out
 

@@ -51,7 +51,7 @@ import time
 import traceback
 from typing import Any
 
-from .case_files import load_cases
+from .case_files import load_cases, selected_case_size
 
 # the most characters of a traceback (here) or of a child's stderr (the parent) carried in a result
 STDERR_TAIL = 2000
@@ -87,9 +87,9 @@ def resolve_entry(spec: str):
 def _load_cases(entry, cases_file: str | None):
     if cases_file:
         return load_cases(cases_file)
-    from dsv4_numerics.reference.cases import default_cases
+    from dsv4_numerics.reference.cases import stage_cases
 
-    return default_cases(entry.stage)
+    return stage_cases(entry.stage, selected_case_size())
 
 
 def _device_fault(device: str) -> str | None:

@@ -16,6 +16,13 @@ Entries (one canonical call per stage; attention.md 5 gives the argument mapping
     ``is_fp8_kvcache = True``, ``block_table = cache_seqlens = None``, a fresh
     ``get_mla_metadata()`` schedule per call (a schedule may only be reused for identical shapes
     *and* lengths, ``flash_mla_interface.py:89``, H17).
+``flashmla.sparse_decode_sq3.sm90`` -- the same kernel with ``s_q = 3`` query tokens per batch row
+    (FlashMLA's own test varies s_q in {1, 3}; vLLM flattens its tokens to ``s_q = 1``, other
+    callers do not). ``T`` canonical tokens become ``b = ceil(T / 3)`` rows of 3 (the last row
+    padded with lonely tokens: zero q, every index ``-1``, outputs dropped). FlashMLA's lengths
+    are per batch row (``topk_length [b]``, ``flash_mla_interface.py:99``) while canonical lengths
+    are per token, so each token's columns past its own length become ``-1`` and the row's length
+    is the largest of its tokens' (the same attended set under ``-1``-only indices).
 ``flashmla.sparse_prefill.sm90`` / ``.sm100`` -- ``flash_mla_sparse_fwd`` (stage ``prefill``).
     On the gathered bf16 rows ``kv [S, 1, 512]`` with ``indices [T, 1, K]`` and
     ``topk_length [T]`` (``V:.../nvidia/flashmla.py:390-398``).
@@ -100,9 +107,36 @@ def _check_minus1_only(seg: PagedSegment, name: str) -> None:
             f"[0, {seg.num_slots}) and would be used as addresses (attention 2.4, H2)")
 
 
-def sparse_decode_call(case) -> dict[str, torch.Tensor]:
+DECODE_SQ = 3  # the s_q > 1 value of FlashMLA's sparse decode test
+
+
+def _rows_of(x: torch.Tensor, b: int, s_q: int, fill: float | int) -> torch.Tensor:
+    """``x [T, ...]`` padded with ``fill`` to ``b * s_q`` rows and viewed ``[b, s_q, ...]``."""
+    t = x.shape[0]
+    if b * s_q > t:
+        x = torch.cat([x, x.new_full((b * s_q - t, *x.shape[1:]), fill)])
+    return x.reshape(b, s_q, *x.shape[1:]).contiguous()
+
+
+def _grouped(seg: PagedSegment, b: int, s_q: int, fn: str, arg: str):
+    """A segment's ``[b, s_q, K']`` indices and ``[b]`` lengths for ``s_q`` tokens per batch row
+    (module docstring): columns past a token's own length are ``-1``, the row's length is the
+    largest of its tokens'; s_q = 1 passes the tokens' lengths and indices through unchanged."""
+    t = seg.idx.shape[0]
+    idx = pad_topk(seg.idx, DECODE_TOPK_BLOCK)
+    if s_q == 1:
+        return idx.unsqueeze(1), lengths_int32(seg.length, t, fn, arg)
+    ln = None
+    if seg.length is not None:
+        cols = torch.arange(idx.shape[1], device=idx.device)
+        idx = torch.where(cols[None, :] < seg.length.to(idx.device)[:, None], idx, torch.full_like(idx, -1))
+        ln = _rows_of(seg.length.to(torch.int32), b, s_q, 0).amax(dim=1).contiguous()
+    return _rows_of(idx, b, s_q, -1), ln
+
+
+def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
     """Canonical ``decode`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H]}`` via
-    ``flash_mla_with_kvcache`` (module docstring)."""
+    ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring)."""
     fn = "flashmla.sparse_decode"
     d = decode_inputs(case, fn)
     t, h = d.q.shape[0], d.q.shape[1]
@@ -114,16 +148,13 @@ def sparse_decode_call(case) -> dict[str, torch.Tensor]:
         raise UnsupportedCase("FlashMLA sparse decode needs a main segment with topk > 0 "
                               "(sparse_decode.h TORCH_CHECK(topk > 0))")
     q, sink = pad_heads(d.q, d.sink, hp)
-    q = q.unsqueeze(1)  # [b=T, s_q=1, hp, 512], contiguous
-    indices = pad_topk(d.main.idx, DECODE_TOPK_BLOCK).unsqueeze(1)  # [T, 1, K']
-    topk_length = lengths_int32(d.main.length, t, fn, "swa_lens")
+    b = -(-t // s_q)
+    q = _rows_of(q, b, s_q, 0.0)  # [b, s_q, hp, 512], contiguous (s_q = 1: b = T, vLLM's call)
+    indices, topk_length = _grouped(d.main, b, s_q, fn, "swa_lens")  # [b, s_q, K'], [b]
     kw = {}
     if d.extra is not None and d.extra.idx.shape[1] > 0:
-        kw = dict(
-            extra_k_cache=_cache_for_kernel(d.extra),
-            extra_indices_in_kvcache=pad_topk(d.extra.idx, DECODE_TOPK_BLOCK).unsqueeze(1),
-            extra_topk_length=lengths_int32(d.extra.length, t, fn, "extra_lens"),
-        )
+        e_idx, e_len = _grouped(d.extra, b, s_q, fn, "extra_lens")
+        kw = dict(extra_k_cache=_cache_for_kernel(d.extra), extra_indices_in_kvcache=e_idx, extra_topk_length=e_len)
     fm = _interface()
     sched, _ = fm.get_mla_metadata()
     out, lse = fm.flash_mla_with_kvcache(
@@ -140,11 +171,16 @@ def sparse_decode_call(case) -> dict[str, torch.Tensor]:
         topk_length=topk_length,
         **kw,
     )
-    # out [T, 1, hp, 512]; lse is a [b=T, hp, s_q=1] view of a [T, 1, hp] buffer
+    # out [b, s_q, hp, 512]; lse is a [b, hp, s_q] view of a [b, s_q, hp] buffer
     return {
-        "out": out[:, 0, :h],
-        "lse": lse_plus_inf_to_minus_inf(lse[:, :h, 0].float()),
+        "out": out.reshape(b * s_q, hp, -1)[:t, :h],
+        "lse": lse_plus_inf_to_minus_inf(lse.transpose(1, 2).reshape(b * s_q, hp)[:t, :h].float()),
     }
+
+
+def sparse_decode_sq_call(case) -> dict[str, torch.Tensor]:
+    """``sparse_decode_call`` with ``s_q = DECODE_SQ`` tokens per batch row."""
+    return sparse_decode_call(case, DECODE_SQ)
 
 
 def _check_prefill_nan_leak(kv: torch.Tensor, idx: torch.Tensor, length: torch.Tensor | None) -> None:
@@ -240,6 +276,20 @@ ENTRIES: list[KernelEntry] = [
         probe=_probe(*_SM100),
         call=sparse_decode_call,
         notes="SM100 uses lazy rescaling (attention 4.1); same call as sm90",
+    ),
+    KernelEntry(
+        name="flashmla.sparse_decode_sq3.sm90",
+        stage="decode",
+        family="CUDA",
+        source=f"{INTERFACE}.flash_mla_with_kvcache (sm90/decode/sparse_fp8, MODEL1, s_q = 3)",
+        archs=("sm90",),
+        dtypes=("bfloat16", "uint8"),
+        policies=dict(_DECODE_POLICIES),
+        tolerance_scope="flashmla.sparse_decode",
+        probe=_probe("sm90"),
+        call=sparse_decode_sq_call,
+        notes="b = ceil(T/3) rows of s_q = 3 tokens (FlashMLA's own s_q > 1 path; not vLLM's call); "
+              "per-token lengths as -1 past each token's length, the row's largest as its length",
     ),
     KernelEntry(
         name="flashmla.sparse_prefill.sm90",

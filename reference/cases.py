@@ -58,13 +58,19 @@ class Case:
 
 CaseBuilder = Callable[[], list[Case]]
 _BUILDERS: dict[str, CaseBuilder] = {}
+_FULL_BUILDERS: dict[str, CaseBuilder] = {}
+# Case-set sizes: "default" (CPU-sized: CI, check) and "full" (every dimension the production
+# kernels' own tests vary, for a GPU runner; a stage without a full builder uses its default set).
+CASE_SIZES = ("default", "full")
 
 
-def register_cases(stage: str) -> Callable[[CaseBuilder], CaseBuilder]:
-    """Decorator: register the default case builder of ``stage``."""
+def register_cases(stage: str, size: str = "default") -> Callable[[CaseBuilder], CaseBuilder]:
+    """Decorator: register the ``size`` (``"default"`` or ``"full"``) case builder of ``stage``."""
+    if size not in CASE_SIZES:
+        raise ValueError(f"register_cases: size must be one of {list(CASE_SIZES)}, got {size!r}")
 
     def deco(fn: CaseBuilder) -> CaseBuilder:
-        _BUILDERS[stage] = fn
+        (_FULL_BUILDERS if size == "full" else _BUILDERS)[stage] = fn
         return fn
 
     return deco
@@ -73,7 +79,7 @@ def register_cases(stage: str) -> Callable[[CaseBuilder], CaseBuilder]:
 def _load_builders() -> None:
     import importlib
 
-    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_mla"):
+    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_attention_sweep", "cases_mla"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet
@@ -87,6 +93,24 @@ def default_cases(stage: str) -> list[Case]:
     if stage not in _BUILDERS:
         raise KeyError(f"no default cases registered for stage '{stage}' (known: {sorted(_BUILDERS)})")
     return _BUILDERS[stage]()
+
+
+def stage_cases(stage: str, size: str = "default") -> list[Case]:
+    """The ``size`` case set of ``stage`` (:data:`CASE_SIZES`): ``"default"`` is
+    :func:`default_cases`; ``"full"`` is the stage's full builder (which includes its default
+    cases) or, for a stage without one, its default set. Raises ``KeyError`` like ``default_cases``."""
+    if size not in CASE_SIZES:
+        raise KeyError(f"unknown case-set size {size!r} (known: {list(CASE_SIZES)})")
+    _load_builders()
+    if size == "full" and stage in _FULL_BUILDERS:
+        return _FULL_BUILDERS[stage]()
+    return default_cases(stage)
+
+
+def has_full_cases(stage: str) -> bool:
+    """Whether ``stage`` has a full case set of its own (else ``size="full"`` is its default set)."""
+    _load_builders()
+    return stage in _FULL_BUILDERS
 
 
 def stages_with_cases() -> list[str]:

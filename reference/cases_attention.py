@@ -57,6 +57,7 @@ from .constants import C4_RATIO, C128_RATIO, HEAD_DIM, OUT_HEADS_PER_GROUP, ROPE
 from .layer import BatchLayout, LayerSpec, attend, init_layer_state, make_weights, synthetic_history, write_tokens
 from .policies import IndexRule
 from .compressor import build_state
+from .cases_attention_sweep import default_sweep_decode, default_sweep_prefill
 from .rope import YarnConfig, cos_sin_cache
 
 __all__ = ["decode_case", "prefill_case"]
@@ -224,7 +225,7 @@ def decode_cases() -> list[Case]:
                     invalid_tokens=(3,), stale_past_len=True, rope_table=True,
                     edge="columns past swa_lens / extra_lens hold stale VALID slot ids (reused index "
                          "buffers, vLLM#36616); a length-0 row whose columns are all stale-valid"),
-    ]
+    ] + default_sweep_decode()  # page sizes, long top-k, empty main segments, magnitudes (sweep module)
 
 
 @register_cases("prefill")
@@ -239,7 +240,7 @@ def prefill_cases() -> list[Case]:
                      stale_past_len=True, empty_tokens=(4,),
                      edge="columns past topk_length hold stale VALID workspace row ids (reused index "
                           "buffers, vLLM#36616); a topk_length-0 row whose columns are all stale-valid"),
-    ]
+    ] + default_sweep_prefill()
 
 
 @register_cases("rope")

@@ -41,6 +41,7 @@ class MutantEntry:
     source: str = "tests/mutants.py"
     archs: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("bfloat16",)
+    dimension: str = ""  # the case-sweep dimension that alone catches it (reference/cases_attention_sweep.py)
 
     @property
     def tolerance_scope(self) -> str:
@@ -269,10 +270,21 @@ def _attn_out(res, lse: torch.Tensor | None = None) -> dict:
             "max_logits": res.max_logits.to(torch.float32)}
 
 
+_SEGS: dict[int, tuple[Case, list]] = {}  # id(case) -> (case, segments): the mutants share one dequantisation
+
+
 def _segs(case: Case) -> list:
+    hit = _SEGS.get(id(case))
+    if hit is not None and hit[0] is case:
+        return hit[1]
     if case.stage == "decode":
-        return st.decode_segments(case, {})
-    return st.prefill_segments(case, {"index_rule": case.params.get("index_rule", "minus1_only")})
+        segs = st.decode_segments(case, {})
+    else:
+        segs = st.prefill_segments(case, {"index_rule": case.params.get("index_rule", "minus1_only")})
+    if len(_SEGS) >= 64:  # bounded: the default cases of both stages fit
+        _SEGS.clear()
+    _SEGS[id(case)] = (case, segs)
+    return segs
 
 
 def _extra_dropped(case: Case) -> dict:
@@ -388,6 +400,79 @@ def _oob_clamped(case: Case) -> dict:
     return _attn_out(_oracle(case, [Segment(s.rows, clamped, s.length, s.rule)]))
 
 
+# --------------------------------------------------------------------------- sweep dimensions (issue 23)
+# Each is caught only by the default cases of its dimension (``case.params["dimension"]``);
+# tests/test_mutants.py shows it passes every default case without that dimension.
+
+
+def _with_idx(segs: list, idxs: list) -> list:
+    return [Segment(s.rows, i, s.length, s.rule) for s, i in zip(segs, idxs)]
+
+
+def _pow2_page_addressing(case: Case) -> dict:
+    """Page and offset by shift and mask, ``slot >> log2(bs)`` / ``slot & (bs - 1)`` with
+    ``log2`` floored: right for power-of-two pages (2, 64, 256), wrong for 53, 61, 69, 576."""
+    inp = case.inputs
+    segs = _segs(case)
+    sizes = [inp["swa_block_size"], inp.get("extra_block_size")]
+    idxs = []
+    for s, bs in zip(segs, sizes):
+        sh = int(bs).bit_length() - 1
+        i = s.idx.to(torch.int64)
+        moved = ((i >> sh) * bs + (i & ((1 << sh) - 1))) % s.rows.shape[0]
+        idxs.append(torch.where(i >= 0, moved, i).to(s.idx.dtype))
+    return _attn_out(_oracle(case, _with_idx(segs, idxs)))
+
+
+TOPK_LOOP_MAX = 512  # the production DSv4 top-k (attention 1.1): a loop bound compiled for it
+
+
+def _topk_tail_dropped(case: Case) -> dict:
+    """Only the first 512 columns of a segment attended (a loop bound sized for the production
+    top-k); columns past it are ignored."""
+    segs = _segs(case)
+    idxs = []
+    for s in segs:
+        i = s.idx.clone()
+        i[:, TOPK_LOOP_MAX:] = -1
+        idxs.append(i)
+    return _attn_out(_oracle(case, _with_idx(segs, idxs)))
+
+
+def _empty_main_row_skipped(case: Case) -> dict:
+    """A token whose main segment has no valid entry exits early as a lonely query (out 0, LSE
+    -inf), never reading its extra segment (an early return on the main ``topk_length``)."""
+    from dsv4_numerics.reference.attention import segment_validity
+
+    segs = _segs(case)
+    if len(segs) == 1:
+        return _attn_out(_oracle(case, segs))
+    T = segs[0].idx.shape[0]
+    empty = ~segment_validity(segs[:1], T).any(dim=1)
+    extra = segs[1].idx.masked_fill(empty[:, None], -1)
+    return _attn_out(_oracle(case, _with_idx(segs, [segs[0].idx, extra])))
+
+
+def _dequant_fp16(case: Case) -> dict:
+    """K/V dequantised into float16 (FP8 code x scale in a 5-bit-exponent type): exact for the
+    simulated magnitudes, overflowing above 65504 and losing bits below 2**-14."""
+    segs = [Segment(s.rows.to(torch.float16).to(torch.float64), s.idx, s.length, s.rule) for s in _segs(case)]
+    return _attn_out(_oracle(case, segs))
+
+
+FP32_EXP_OVERFLOW = math.log(torch.finfo(torch.float32).max)  # 88.72: exp overflows to inf above it
+
+
+def _softmax_without_max(case: Case) -> dict:
+    """``exp(logit)`` in float32 without subtracting the running max: a row whose largest logit
+    exceeds ``ln(FLT_MAX)`` (~88.7) overflows, ``inf / inf`` gives NaN output and LSE."""
+    r = _oracle(case, _segs(case))
+    over = r.max_logits > FP32_EXP_OVERFLOW
+    out = r.out.masked_fill(over[..., None], math.nan)
+    return {"out": out.to(torch.bfloat16), "lse": r.lse.masked_fill(over, math.nan).to(torch.float32),
+            "max_logits": r.max_logits.to(torch.float32)}
+
+
 # --------------------------------------------------------------------------- rope / epilogue
 
 
@@ -439,8 +524,8 @@ def _compressor_bf16_normed(case: Case) -> dict:
 # --------------------------------------------------------------------------- the list
 
 
-def _m(name: str, stage: str, bug: str, call: Callable, **policies: str) -> MutantEntry:
-    return MutantEntry(name, stage, bug, call, dict(policies))
+def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
+    return MutantEntry(name, stage, bug, call, dict(policies), dimension=dimension)
 
 
 MUTANTS: list[MutantEntry] = [
@@ -490,6 +575,17 @@ MUTANTS: list[MutantEntry] = [
        _topk_length_ignored),
     _m("prefill_topk_length_ignored", "prefill", "topk_length not passed to the prefill kernel (vLLM#36616)",
        _topk_length_ignored),
+    # sweep dimensions (issue 23): each caught only by the default cases of its dimension
+    _m("page_size_pow2_addressing", "decode", "page/offset by shift and mask: power-of-two page sizes only",
+       _pow2_page_addressing, dimension="odd_page_size"),
+    _m("topk_tail_dropped", "decode", "top-k loop bounded at the production 512: longer rows truncated",
+       _topk_tail_dropped, dimension="long_topk"),
+    _m("empty_main_row_skipped", "decode", "early exit on an empty main segment skips the extra segment",
+       _empty_main_row_skipped, dimension="empty_main"),
+    _m("cache_dequant_fp16", "decode", "K/V dequantised into float16 (narrower exponent range than the cache)",
+       _dequant_fp16, dimension="kv_magnitude"),
+    _m("softmax_without_max_fp32", "decode", "fp32 exp of unshifted logits (no running max): overflow",
+       _softmax_without_max, dimension="q_magnitude"),
     _m("oob_index_clamped", "prefill", "out-of-range index clamped into range instead of masked (FlashMLA#184 class)",
        _oob_clamped, index_rule="any_out_of_range_invalid"),
     _m("compressor_masked_rows_scored", "compressor", "rows before position 0 keep softmax weight (datapath 5.1 step 3)",

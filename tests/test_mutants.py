@@ -26,13 +26,24 @@ def _cases(stage):
 
 
 _EXPECTED: dict = {}  # reference outputs shared by every entry judged on the same case objects
+_JUDGED: dict = {}  # (entry name, case name) -> Result, shared by the tests of one process
+
+
+def _judge(entry, case):
+    key = (entry.name, case.name)
+    if key not in _JUDGED:
+        _JUDGED[key] = matrix.run_entry(entry, cases=[case], expected_cache=_EXPECTED)[0]
+    return _JUDGED[key]
 
 
 def _hunt(entry):
     """(verdict of the catching case or None, rule, case name, results so far)."""
     seen = []
-    for case in _cases(entry.stage):
-        r = matrix.run_entry(entry, cases=[case], expected_cache=_EXPECTED)[0]
+    # a sweep mutant tries the cases of its dimension first (the others are
+    # test_sweep_mutant_is_caught_only_by_its_dimension's: it must pass them)
+    order = sorted(_cases(entry.stage), key=lambda c: entry.dimension not in c.params.get("dimension", ()))
+    for case in (order if entry.dimension else _cases(entry.stage)):
+        r = _judge(entry, case)
         seen.append(r)
         if r.verdict == "fail":
             return r, seen
@@ -64,6 +75,32 @@ def test_every_mutant_is_caught(matrix_results, capsys):
     assert not survivors, (
         f"{len(survivors)} mutant(s) survived -- the default cases or judges are too weak for: "
         + ", ".join(f"{m.name} ({m.bug})" for m in survivors) + "\n" + _table(rows))
+
+
+SWEEP_MUTANTS = [m for m in MUTANTS if m.dimension]
+
+
+def test_sweep_dimensions_have_their_mutants():
+    # every sweep dimension a default case exercises for detection (issue 23) has a mutant
+    assert {m.dimension for m in SWEEP_MUTANTS} == {"odd_page_size", "long_topk", "empty_main", "kv_magnitude",
+                                                     "q_magnitude"}
+
+
+@pytest.mark.parametrize("mutant", SWEEP_MUTANTS, ids=[m.name for m in SWEEP_MUTANTS])
+def test_sweep_mutant_is_caught_only_by_its_dimension(mutant, matrix_results):
+    # the dimension adds detection: the mutant passes every default case that does not exercise
+    # its dimension (the defaults before issue 23 among them) and fails one that does
+    own, other = [], []
+    for case in _cases(mutant.stage):
+        (own if mutant.dimension in case.params.get("dimension", ()) else other).append(case)
+    assert own, f"no default {mutant.stage} case exercises {mutant.dimension}"
+    assert any("dimension" not in c.params for c in other), "the pre-sweep default cases must be among the others"
+    caught_elsewhere = [f"{r.case}: {r.verdict} {r.rule}" for r in (_judge(mutant, c) for c in other)
+                        if r.verdict != "pass"]
+    assert not caught_elsewhere, f"{mutant.name} is not specific to {mutant.dimension}: {caught_elsewhere}"
+    hits = [r for r in (_judge(mutant, c) for c in own) if r.verdict == "fail"]
+    assert hits, f"{mutant.name} survives every {mutant.dimension} case"
+    matrix_results(hits[0])
 
 
 @pytest.mark.parametrize("stage", [s for s in stages_with_cases() if s in st.STAGES])

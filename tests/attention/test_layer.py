@@ -171,7 +171,8 @@ def test_attention_cases_are_deterministic_json_and_clean():
             for k, v in ca.inputs.items():
                 if isinstance(v, torch.Tensor):
                     assert torch.equal(v.nan_to_num(), cb.inputs[k].nan_to_num()), (ca.name, k)
-    for c in default_cases("decode"):
+    # the layer simulation's cases (the sweep cases: tests/attention/test_sweep_cases.py)
+    for c in [c for c in default_cases("decode") if c.params["layer"] != "sweep"]:
         inp = c.inputs
         segs = _decode_segments(inp)
         # every unreferenced slot is NaN-poisoned, yet the oracle output is finite
@@ -182,7 +183,7 @@ def test_attention_cases_are_deterministic_json_and_clean():
         if c.name == "h64-c4a-lonely-and-empty-extra":
             assert r.n_valid[1].item() == 0 and bool((r.out[1] == 0).all())
             assert r.n_valid[2].item() == int(inp["swa_lens"][2])
-    for c in default_cases("prefill"):
+    for c in [c for c in default_cases("prefill") if c.params["layer"] != "sweep"]:
         inp = c.inputs
         assert inp["indices"].shape[1] % 128 == 0
         seg = Segment(inp["kv"], inp["indices"], inp["topk_length"], c.params["index_rule"])

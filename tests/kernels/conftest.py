@@ -1,6 +1,7 @@
 """Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
 
-``kernel_results(entry_name)`` runs every default case of the entry's stage in a child process
+``kernel_results(entry_name)`` runs every case of the entry's stage (the set ``DSV4_CASES``
+selects: default or full) in a child process
 (``dsv4_numerics/worker_pool.py``) the first time it is asked, caches the per-case results for the
 session, and returns ``{case name: result dict}``. Each xdist worker keeps ONE long-lived child
 (``worker_pool.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it

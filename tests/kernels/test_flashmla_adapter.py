@@ -110,3 +110,37 @@ def test_prefill_refuses_the_documented_nan_leak():
     bad = type(case)(case.name, case.stage, i, case.params)
     with pytest.raises(UnsupportedCase, match="NaN"):
         flashmla.sparse_prefill_call(bad)
+
+
+@pytest.mark.parametrize("name", ["h64-c4a-stale-past-len", "sweep-odd-pages-53-69", "sweep-empty-main"])
+def test_decode_sq3_groups_tokens_and_matches_the_oracle(name, monkeypatch):
+    # s_q = 3 tokens per batch row: T = 5 -> b = 2 (one lonely padding token); per-token lengths
+    # become -1 past each token's length (stale valid ids there must not be attended) and the
+    # row's largest length; lengths absent stay absent
+    case = _by_name("decode", name)
+    seen = []
+    real = FAKE.flash_mla_with_kvcache
+
+    def spy(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, *args, **kw):
+        seen.append((tuple(q.shape), kw["indices"].shape, kw.get("topk_length"), kw.get("extra_topk_length")))
+        return real(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, *args, **kw)
+
+    monkeypatch.setattr(FAKE, "flash_mla_with_kvcache", spy)
+    got = flashmla.sparse_decode_sq_call(case)
+    i = case.inputs
+    segs = [Segment(dequantize_all(i["swa_cache"], i["swa_block_size"], consumer=Ue8m0Consumer.FLASHMLA),
+                    i["swa_indices"], i.get("swa_lens"), IndexRule.MINUS1_ONLY),
+            Segment(dequantize_all(i["extra_cache"], i["extra_block_size"], consumer=Ue8m0Consumer.FLASHMLA),
+                    i["extra_indices"], i.get("extra_lens"), IndexRule.MINUS1_ONLY)]
+    ref = sparse_attention(i["q"], segs, i["scale"], sink=i.get("sink"))
+    assert torch.equal(got["out"], ref.out.to(torch.bfloat16))
+    assert torch.equal(got["lse"], ref.lse.float())
+    t = i["q"].shape[0]
+    (qs, ishape, ln, eln), = seen
+    assert qs[:2] == (-(-t // 3), 3) and tuple(ishape[:2]) == qs[:2]
+    for lens, key in ((ln, "swa_lens"), (eln, "extra_lens")):
+        if key in i:
+            want = torch.cat([i[key], torch.zeros(qs[0] * 3 - t, dtype=i[key].dtype)]).reshape(-1, 3).amax(1)
+            assert torch.equal(lens.long(), want.long())
+        else:
+            assert lens is None

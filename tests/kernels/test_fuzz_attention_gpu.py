@@ -29,6 +29,10 @@ compressor state rows); batch 32: 42 -> 1-10; C128A batch 128 x 16384: 8 after; 
 128 x 4096: 17 -> 0.5; mid-size decode C4A batch 8: 1.2 -> 0.2; prefill 4 x 4096 tokens with
 32 queries each: 0.3 -> 0.3 (never the bottleneck). Same bits:
 ``tests/reference/test_case_build_fast.py``.
+``test_fuzz_sweep_dimensions_and_magnitudes`` draws whole cases from
+``dsv4_numerics.strategies_attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
+321 under gpu-nightly, lengths present/absent, all-invalid / zero-length / empty-main rows, sink
+on/off, cache, q and sink magnitudes; issue 23), through the same runner.
 Skips with the probe's reason where the kernel or a GPU is absent.
 """
 
@@ -113,9 +117,42 @@ def _scale_q(case, u: int) -> None:
     case.params["q_scale_log2"] = u
 
 
+def _build_scaled(decode: bool):
+    def make(drawn):
+        p, u = drawn
+        case = decode_case("fuzz", **p) if decode else prefill_case("fuzz", **p)
+        _scale_q(case, u)
+        return case
+
+    return make
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("entry_name", _entries())
 def test_fuzz_production_shapes(entry_name, record_property):
+    def strategy(decode, ci):
+        return st.tuples(_decode_params(ci) if decode else _prefill_params(ci), st.integers(-6, 6))
+
+    _fuzz(entry_name, record_property, strategy, _build_scaled)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry_name", _entries())
+def test_fuzz_sweep_dimensions_and_magnitudes(entry_name, record_property):
+    # issue 23: page sizes 2-576, top-k up to 2048, batch up to 321 (gpu-nightly), lengths present
+    # or absent per segment, all-invalid / zero-length / empty-main rows, sink on/off, and cache,
+    # q and sink magnitudes (dsv4_numerics.strategies_attention)
+    from dsv4_numerics.strategies_attention import decode_cases, prefill_cases
+
+    def strategy(decode, ci):
+        return decode_cases(max_batch=4 if ci else 321) if decode else prefill_cases(max_batch=4 if ci else 321)
+
+    _fuzz(entry_name, record_property, strategy, lambda decode: lambda case: case)
+
+
+def _fuzz(entry_name, record_property, strategy, make_case):
+    """Run ``entry_name`` on cases drawn by ``strategy(decode, ci)`` and built by
+    ``make_case(decode)(drawn)``, judged on the GPU; prints and records the fuzz rate."""
     from dsv4_numerics.oracles.matrix import run_entry
 
     entry = registry.get(entry_name)
@@ -132,12 +169,13 @@ def test_fuzz_production_shapes(entry_name, record_property):
     budget = settings(settings(), max_examples=_max_examples(ci),
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+    make = make_case(decode)
+
     @budget
-    @given(_decode_params(ci) if decode else _prefill_params(ci), st.integers(-6, 6))
-    def prop(p, u):
+    @given(strategy(decode, ci))
+    def prop(drawn):
         t0 = time.perf_counter()
-        case = decode_case("fuzz", **p) if decode else prefill_case("fuzz", **p)
-        _scale_q(case, u)
+        case = make(drawn)
         t1 = time.perf_counter()
         (res,) = run_entry(entry, cases=[case], device="cuda")
         torch.cuda.synchronize()

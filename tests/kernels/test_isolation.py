@@ -391,7 +391,7 @@ def test_stage_cases_file_is_built_once_and_rebuilt_when_unreadable(tmp_path, mo
     monkeypatch.setenv("DSV4_CASES_CACHE", str(tmp_path / "cache"))
     built = []
     real = cf.build_cases_file
-    monkeypatch.setattr(cf, "build_cases_file", lambda s, p: built.append(s) or real(s, p))
+    monkeypatch.setattr(cf, "build_cases_file", lambda s, p, size="default": built.append(s) or real(s, p, size))
     p1 = cf.stage_cases_file("topk_global")
     assert built == ["topk_global"] and p1.startswith(str(tmp_path / "cache"))
     cf._CASES_FILES.clear()  # a new process: found on disk, not rebuilt

@@ -1,4 +1,5 @@
-"""The kernel matrix: every registry entry x the default case set of its stage.
+"""The kernel matrix: every registry entry x the case set of its stage (the default set;
+``DSV4_CASES=full``: the full set, ``case_files.stage_cases_file``).
 
 Test ids read ``<entry>-<case>`` (e.g. ``flashmla.sparse_decode.sm90-h64-swa128-...``).
 
