@@ -38,6 +38,7 @@ from dsv4_numerics.oracles.matrix import _cpu, expected_outputs, run_entry
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP
 from dsv4_numerics.reference.policies import (
+    Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
     IndexRule,
@@ -73,7 +74,7 @@ AXES: dict[str, tuple[Axis, ...]] = {
     "plain_write": (_enum("slot_skip", SlotSkip), _enum("nonfinite", NonFinite),
                     ("round_to_bf16_first", ({"round_to_bf16_first": "true"}, {"round_to_bf16_first": "false"}))),
     "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer)),
-    "decode": (*_ATTN, _enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer)),
+    "decode": (*_ATTN, _enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("fp8_decode", Fp8Decode)),
     "prefill": _ATTN,
     "v32_decode": (*_ATTN, _enum("v32_scale_decode", V32ScaleDecode)),
     "rope": (_enum("rope_arith", RopeArithmetic),),

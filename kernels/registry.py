@@ -45,6 +45,7 @@ POLICY_ENUMS: dict[str, type] = {
     "fp8": _pol.Fp8Flavour,
     "nonfinite": _pol.NonFinite,
     "fp8_subnormals": _pol.Fp8Subnormals,
+    "fp8_decode": _pol.Fp8Decode,
     "slot_skip": _pol.SlotSkip,
     "index_rule": _pol.IndexRule,
     "lse": _pol.LseConvention,

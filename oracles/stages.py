@@ -66,6 +66,7 @@ from dsv4_numerics.reference.detmath import fixed_sum
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
+    Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
     NanPolicy,
@@ -560,13 +561,15 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
         return x if x is None or device is None else x.to(device)
 
     rule = IndexRule(_index_rule(case, policies))
+    read = _pol(policies, "fp8_decode", Fp8Decode.EXACT.value)
     main_rows = cache_model1.dequantize_all(on(inp["swa_cache"]), inp["swa_block_size"],
                                             flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
-                                            consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
+                                            consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value), read=read)
     segs = [Segment(main_rows, on(inp["swa_indices"]), on(inp.get("swa_lens")), rule)]
     if "extra_cache" in inp:  # the compressed cache is OCP on every platform (datapath 2.3, H8)
         extra_rows = cache_model1.dequantize_all(on(inp["extra_cache"]), inp["extra_block_size"],
-                                                 consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
+                                                 consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value),
+                                                 read=read)
         segs.append(Segment(extra_rows, on(inp["extra_indices"]), on(inp.get("extra_lens")), rule))
     return segs
 

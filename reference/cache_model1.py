@@ -45,7 +45,7 @@ from .constants import (
 )
 from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
 from .fp8 import _validate_flavour, _validate_nonfinite, fp8_max
-from .policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
+from .policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 from .quant import _quantize_tiles, _validate_rule, dequantize_tiles, validate_subnormals
 
 __all__ = [
@@ -257,8 +257,10 @@ def decode_records(
     scales: torch.Tensor,
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+    read: Fp8Decode | str = Fp8Decode.EXACT,
 ) -> torch.Tensor:
-    """bf16 rows ``[N, 512]`` from record parts ``data [N, 576]``, ``scales [N, 8]``.
+    """bf16 rows ``[N, 512]`` from record parts ``data [N, 576]``, ``scales [N, 8]`` (``read``: how
+    the reader decodes exponent-0 FP8 codes, ``reference.policies.Fp8Decode``).
 
     NoPE: ``code * 2**(s - 127)`` formed exactly (float64) and rounded once to bf16 (RNE), which is
     what every consumer computes (datapath 3: fp32 or bf16 multiply of exact operands). It is
@@ -276,7 +278,7 @@ def decode_records(
     if tuple(scales.shape) != (data.shape[0], SCALE_ROW_BYTES):
         fail(fn, "scales", f"must have shape [{data.shape[0]}, {SCALE_ROW_BYTES}]", f"shape {tuple(scales.shape)}")
     flavour = _validate_flavour(fn, flavour)
-    nope = dequantize_tiles(data[:, :NOPE_DIM], scales[:, :N_TILES], flavour, consumer)
+    nope = dequantize_tiles(data[:, :NOPE_DIM], scales[:, :N_TILES], flavour, consumer, read)
     rope = _le_bytes_to_bf16(data[:, NOPE_DIM:])
     return torch.cat((nope.to(torch.bfloat16), rope), dim=1)
 
@@ -395,17 +397,19 @@ def dequantize_slots(
     block_size: int,
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+    read: Fp8Decode | str = Fp8Decode.EXACT,
 ) -> torch.Tensor:
     """bf16 rows ``[S, 512]`` of global ``slots`` (``decode_records`` of ``read_records``)."""
     data, scales = read_records(cache, slots, block_size)
-    return decode_records(data, scales, flavour, consumer)
+    return decode_records(data, scales, flavour, consumer, read)
 
 
 def _decode_slots(cache: torch.Tensor, s: torch.Tensor, nb: int, bs: int, p: int,
-                  flavour: Fp8Flavour | str, consumer: Ue8m0Consumer | str) -> torch.Tensor:
+                  flavour: Fp8Flavour | str, consumer: Ue8m0Consumer | str,
+                  read: Fp8Decode | str = Fp8Decode.EXACT) -> torch.Tensor:
     """``dequantize_slots`` of int64 slots on ``cache``'s device already known to be in range."""
     data, scales = _read(cache, s, nb, bs, p)
-    return decode_records(data, scales, flavour, consumer)
+    return decode_records(data, scales, flavour, consumer, read)
 
 
 def dequantize_all(
@@ -413,11 +417,12 @@ def dequantize_all(
     block_size: int,
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+    read: Fp8Decode | str = Fp8Decode.EXACT,
 ) -> torch.Tensor:
     """bf16 ``[num_blocks * bs, 512]``: row ``s`` = dequantised slot ``s`` (what an attention
     oracle indexes by global slot). Unwritten slots decode whatever stale bytes they hold."""
     nb, bs, p = cache_geometry("dequantize_all", cache, block_size)
-    return _decode_slots(cache, torch.arange(nb * bs, device=cache.device), nb, bs, p, flavour, consumer)
+    return _decode_slots(cache, torch.arange(nb * bs, device=cache.device), nb, bs, p, flavour, consumer, read)
 
 
 def gather(

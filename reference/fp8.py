@@ -73,7 +73,7 @@ from .constants import (
     UE8M0_NAN,
 )
 from .errors import check_dtype, check_tensor, fail
-from .policies import Fp8Flavour, NonFinite, Ue8m0Consumer
+from .policies import Fp8Decode, Fp8Flavour, NonFinite, Ue8m0Consumer
 
 __all__ = [
     "encode_e4m3fn",
@@ -372,10 +372,35 @@ def _encode_fp8_trusted(v: torch.Tensor, flavour: Fp8Flavour, nonfinite: NonFini
     return _e4m3fnuz_codes(v, torch_mode)
 
 
-def decode_fp8(codes: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN) -> torch.Tensor:
-    """Exact float32 values of ``flavour`` codes (uint8, any shape)."""
+def decode_fp8(codes: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
+               read: Fp8Decode | str = Fp8Decode.EXACT) -> torch.Tensor:
+    """Float32 values of ``flavour`` codes (uint8, any shape) as a reader with policy ``read``
+    decodes them: exact (EXACT), or exponent-0 codes read as normals (EXP0_AS_NORMAL,
+    ``reference.policies.Fp8Decode``)."""
     f = _validate_flavour("decode_fp8", flavour)
-    return _decode("decode_fp8", codes, f)
+    try:
+        r = Fp8Decode(read)
+    except ValueError:
+        fail("decode_fp8", "read", f"must be one of {[x.value for x in Fp8Decode]}", read)
+    if r is Fp8Decode.EXACT:
+        return _decode("decode_fp8", codes, f)
+    check_dtype("decode_fp8", "codes", codes, (torch.uint8,))
+    return _EXP0_AS_NORMAL_TABLES[f].to(codes.device)[codes.to(torch.int64)]
+
+
+def _exp0_as_normal_table(flavour: Fp8Flavour) -> torch.Tensor:
+    """``Fp8Decode.EXP0_AS_NORMAL``: the exact table with every exponent-0 code ``s 0000 mmm``
+    replaced by ``(-1)**s * (1 + m/8) * 2**(1 - bias - 1)`` (FNUZ's 0x80 stays NaN)."""
+    bias = E4M3_BIAS if flavour is Fp8Flavour.E4M3FN else E4M3FNUZ_BIAS
+    t = _TABLES[flavour].clone()
+    for code in range(256):
+        if (code & 0x78) == 0 and not (flavour is Fp8Flavour.E4M3FNUZ and code == 0x80):
+            mag = (1 + (code & 7) / 8) * 2.0 ** (-bias)
+            t[code] = -mag if code & 0x80 else mag
+    return t
+
+
+_EXP0_AS_NORMAL_TABLES = {f: _exp0_as_normal_table(f) for f in Fp8Flavour}
 
 
 # --------------------------------------------------------------------------- UE8M0

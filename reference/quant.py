@@ -33,7 +33,7 @@ from .fp8 import (
     pow2_f64,
     ue8m0_from_exponent,
 )
-from .policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, Ue8m0Consumer
+from .policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, Ue8m0Consumer
 
 __all__ = [
     "tile_exponent",
@@ -367,8 +367,10 @@ def dequantize_tiles(
     scale_bytes: torch.Tensor,
     flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
     consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+    read: Fp8Decode | str = Fp8Decode.EXACT,
 ) -> torch.Tensor:
-    """``decode(code) * decode_ue8m0(scale byte)`` per 64-wide tile, float32 ``[..., D]``.
+    """``decode(code) * decode_ue8m0(scale byte)`` per 64-wide tile, float32 ``[..., D]``
+    (``read``: how exponent-0 codes are decoded, ``fp8.decode_fp8``).
 
     codes: uint8 ``[..., D]``; scale_bytes: uint8 ``[..., D // 64]``. The product is formed in
     float64 (exact: a 4-bit significand times a power of two) and rounded once to float32, so it
@@ -387,7 +389,7 @@ def dequantize_tiles(
     if tuple(scale_bytes.shape) != want:
         fail(fn, "scale_bytes", f"must have shape {list(want)} (one byte per 64-wide tile of codes)",
              f"shape {tuple(scale_bytes.shape)}")
-    vals = decode_fp8(codes, flavour).to(torch.float64).reshape(*want, TILE)
+    vals = decode_fp8(codes, flavour, read).to(torch.float64).reshape(*want, TILE)
     mult = decode_ue8m0(scale_bytes, consumer).to(torch.float64).unsqueeze(-1)
     return (vals * mult).reshape(codes.shape).to(torch.float32)
 

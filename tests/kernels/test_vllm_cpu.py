@@ -120,3 +120,33 @@ def test_prefill_rows_not_representable_are_skipped_with_count():
     with pytest.raises(UnsupportedCase, match="1 workspace row"):
         V.workspace_cache(kv, idx, None)
     V.workspace_cache(kv, torch.tensor([[0, 2, -1]]), None)  # row 1 unread: fine
+
+
+def test_cpu_decode_reads_exponent_zero_codes_as_normals():
+    """One cache row holding every non-NaN E4M3FN code, attended alone (out = its V row): the CPU
+    op's values are the reference's under fp8_decode=exp0_as_normal, bit for bit after the bf16
+    output rounding, and differ from the exact decode in exactly the 16 exponent-0 codes."""
+    _need_library()
+    from dsv4_numerics.reference.fp8 import decode_fp8
+
+    codes = torch.tensor([c for c in range(256) if (c & 0x7F) != 0x7F], dtype=torch.uint8)  # 254 codes
+    for scale_byte in (105, 127, 140):
+        cache = cm.empty_cache(1, 1)
+        data = torch.zeros(1, 576, dtype=torch.uint8)
+        data[0, :codes.numel()] = codes
+        scales = torch.zeros(1, 8, dtype=torch.uint8)
+        scales[0, :N_TILES] = scale_byte
+        nb, bs, p = cm.cache_geometry("test", cache, 1)
+        flat = cm._flat_bytes(cache, nb, p)
+        d_addr, s_addr = cm._addresses(torch.zeros(1, dtype=torch.int64), bs, p)
+        flat[cm._byte_index(d_addr, 576)] = data
+        flat[cm._byte_index(s_addr, 8)] = scales
+        case = Case("codes", "decode", {"q": torch.zeros(1, 1, 512, dtype=torch.bfloat16), "scale": 0.04, "sink": None,
+                                        "swa_cache": cache, "swa_block_size": 1,
+                                        "swa_indices": torch.zeros(1, 1, dtype=torch.int32)}, {})
+        got = V.sparse_decode_call(case)["out"][0, 0, :codes.numel()].float()
+        mult = 2.0 ** (scale_byte - 127)
+        as_normal = (decode_fp8(codes, read="exp0_as_normal").double() * mult).to(torch.bfloat16).float()
+        exact = (decode_fp8(codes).double() * mult).to(torch.bfloat16).float()
+        assert torch.equal(got, as_normal)
+        assert [int(c) for c in codes[got != exact]] == list(range(8)) + list(range(0x80, 0x88))

@@ -77,3 +77,25 @@ def test_bytes_diff_names_the_flush_policy():
     codes, s = quant.quantize_tiles(x, "amax_clamp", subnormals="flush")
     why = bd.explain_tile(x[0], codes[0], int(s[0, 0]), {"scale_rule": "amax_clamp"})
     assert "fp8_subnormals=flush" in why and "reference used fp8_subnormals=keep" in why
+
+
+def test_exp0_as_normal_decode_table():
+    import pytest
+
+    from dsv4_numerics.reference.errors import InputError
+    from dsv4_numerics.reference.fp8 import decode_fp8
+
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    for flavour, bias in (("e4m3fn", 7), ("e4m3fnuz", 8)):
+        exact, odd = decode_fp8(codes, flavour), decode_fp8(codes, flavour, read="exp0_as_normal")
+        exp0 = (codes & 0x78) == 0
+        if flavour == "e4m3fnuz":
+            exp0 &= codes != 0x80  # FNUZ's NaN stays NaN
+        same = torch.equal(torch.nan_to_num(exact[~exp0], nan=7.0), torch.nan_to_num(odd[~exp0], nan=7.0))
+        assert same
+        m = (codes[exp0] & 7).to(torch.float32)
+        sign = torch.where((codes[exp0] & 0x80) != 0, -1.0, 1.0)
+        assert torch.equal(odd[exp0], sign * (1 + m / 8) * 2.0**-bias)
+    assert float(decode_fp8(torch.tensor([0], dtype=torch.uint8), read="exp0_as_normal")) == 2.0**-7
+    with pytest.raises(InputError, match="read"):
+        decode_fp8(codes, read="bogus")
