@@ -22,6 +22,7 @@ from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.reference import cache_model1 as cm
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.constants import NOPE_DIM, N_TILES, TILE
+from dsv4_numerics.strategies_attention import decode_cases
 
 from .test_fuzz_writers import HUGE, NONFINITE, TIES, TINY, WriterSpec, run_writer, writer_specs
 
@@ -150,3 +151,13 @@ def test_cpu_decode_reads_exponent_zero_codes_as_normals():
         exact = (decode_fp8(codes).double() * mult).to(torch.bfloat16).float()
         assert torch.equal(got, as_normal)
         assert [int(c) for c in codes[got != exact]] == list(range(8)) + list(range(0x80, 0x88))
+
+
+@given(case=decode_cases(max_batch=4, topks=(64, 128, 576)))
+def test_cpu_decode_matches_reference_on_drawn_cases(case):
+    """The CPU decode row under hypothesis: drawn page sizes (odd ones and 576), top-k, lengths
+    present/absent, all-invalid / zero-length / empty-main rows, sink on/off and cache, q and sink
+    magnitudes, judged by the matrix runner under the entry's declared policies."""
+    _need_library()
+    (r,) = run_entry(registry.get("vllm_cpu.sparse_decode"), cases=[case])
+    assert r.verdict in ("pass", "skip"), r.line()
