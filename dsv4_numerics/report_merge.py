@@ -204,6 +204,11 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
     return cell, conflicts
 
 
+# Results of the mutation suite (tests/mutants.py: family "mutant") are counted, not placed: a
+# caught mutant is a failing Result by design and is no kernel of the matrix.
+MUTANT_FAMILY = "mutant"
+
+
 def _recorded_arch(entry: str) -> str:
     """``sm90`` of a replayed recording's row name ``recorded:<entry>@sm90`` ('' otherwise)."""
     return entry.rsplit("@", 1)[1] if entry.startswith("recorded:") and "@" in entry else ""
@@ -220,9 +225,13 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
     archs: list[str] = []
     pairs: dict[tuple[str, str], dict[str, list[tuple[str, Result]]]] = {}
     rows: dict[tuple[str, str], dict[str, list[tuple[str, dict]]]] = {}
+    mutants = {"caught": 0, "escaped": 0}
     for run in runs:
         seen: dict[tuple[str, str], str] = {}
         for r in run.results:
+            if r.family == MUTANT_FAMILY:  # the mutation suite's deliberately wrong kernels: not matrix rows
+                mutants["caught" if r.verdict in BAD else "escaped"] += 1
+                continue
             arch = result_arch(r, run.arch)
             seen.setdefault((r.entry, r.stage), arch)
             archs.append(arch)
@@ -254,7 +263,7 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
         if passing and failing:
             divergences.append({"entry": entry, "stage": stage, "passing": passing, "failing": failing})
     return jsonable({"schema": MATRIX_SCHEMA, "runs": [r.describe() for r in runs], "archs": archs, "rows": out_rows,
-                     "divergences": divergences, "conflicts": conflicts, "summary": summary})
+                     "divergences": divergences, "conflicts": conflicts, "summary": summary, "mutants": mutants})
 
 
 def merge_reports(paths: list[str | Path]) -> dict[str, Any]:
@@ -296,6 +305,10 @@ def format_matrix(m: dict[str, Any], width: int = 160) -> str:
     lines.append("")
     lines.append(f"matrix: {len(m['runs'])} runs, {len(archs)} archs ({', '.join(archs)}), {len(m['rows'])} rows; cells: "
                  + ", ".join(f"{n} {v}" for v, n in sorted(s.items())))
+    mu = m.get("mutants") or {}
+    if mu.get("caught") or mu.get("escaped"):
+        lines.append(f"mutation suite Results (not matrix rows): {mu['caught']} mutant verdicts caught, "
+                     f"{mu['escaped']} escaped")
     for d in m["divergences"]:
         lines.append(f"DIVERGES {d['entry']} [{d['stage']}]: passes on {', '.join(d['passing'])}, "
                      f"fails on {', '.join(d['failing'])}")

@@ -187,3 +187,13 @@ def test_a_results_own_arch_and_a_recording_arch_win_over_the_runs(tmp_path):
     assert list(rows["vllm_cpu.sparse_decode"]) == ["x86-avx512bf16"]
     assert list(rows["recorded:flashmla.sparse_decode.sm90@sm90"]) == ["sm90"]
     assert list(rows["example.decode.fp32"]) == ["cpu"] and list(rows["flashmla.sparse_decode.sm90"]) == ["cpu"]
+
+
+def test_mutation_suite_results_are_counted_not_placed(tmp_path):
+    caught = R("approx_log2", "c1", "fail", 3.0, 0.1)
+    caught.family = "mutant"
+    escaped = R("lse_base2", "c1", "pass", 0.0, 9.0)
+    escaped.family = "mutant"
+    m = merge_reports([pytest_report(tmp_path / "p.json", [caught, escaped, R(E, "c1", "pass", 1.0, 3.0)], meta("sm90"))])
+    assert [r["entry"] for r in m["rows"]] == [E]
+    assert m["mutants"] == {"caught": 1, "escaped": 1}
