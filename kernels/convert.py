@@ -179,8 +179,22 @@ def out_of_contract_indices(idx: torch.Tensor, lens: torch.Tensor | None, n: int
     return int(bad.sum())
 
 
+def refuse_non_minus1(idx: torch.Tensor, lens: torch.Tensor | None, n: int, who: str, name: str) -> None:
+    """``UnsupportedCase`` when a consumer that treats only ``-1`` as empty
+    (``IndexRule.minus1_only``: FlashMLA decode, vLLM's CPU attention) would read an index inside
+    a row's length prefix that is neither ``-1`` nor a slot in ``[0, n)`` as an address."""
+    from dsv4_numerics.reference.errors import UnsupportedCase
+
+    bad = out_of_contract_indices(idx, lens, n, allow_minus1_only=True)
+    if bad:
+        raise UnsupportedCase(
+            f"{who} treats only -1 as an invalid index (IndexRule.minus1_only); {bad} {name} index "
+            f"value(s) inside the length prefix are neither -1 nor a slot in [0, {n}) and would be used "
+            "as addresses (attention 2.4, H2)")
+
+
 __all__ = [
     "FLASHINFER_HEADS", "FLASHMLA_HEADS", "InputError", "PAGE_ALIGN_BYTES", "aligned_pages",
-    "lengths_int32", "lse_plus_inf_to_minus_inf", "out_of_contract_indices", "pad_heads", "pad_topk",
+    "lengths_int32", "lse_plus_inf_to_minus_inf", "out_of_contract_indices", "pad_heads", "pad_topk", "refuse_non_minus1",
     "padded_heads", "paged_cache_view", "round_up", "slot_count",
 ]

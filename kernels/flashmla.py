@@ -64,7 +64,7 @@ from .convert import (
     aligned_pages,
     lengths_int32,
     lse_plus_inf_to_minus_inf,
-    out_of_contract_indices,
+    refuse_non_minus1,
     pad_heads,
     pad_topk,
     padded_heads,
@@ -99,12 +99,7 @@ def _cache_for_kernel(seg: PagedSegment) -> torch.Tensor:
 
 
 def _check_minus1_only(seg: PagedSegment, name: str) -> None:
-    bad = out_of_contract_indices(seg.idx, seg.length, seg.num_slots, allow_minus1_only=True)
-    if bad:
-        raise UnsupportedCase(
-            f"FlashMLA decode treats only -1 as an invalid index (IndexRule.minus1_only); {bad} "
-            f"{name} index value(s) inside the length prefix are neither -1 nor a slot in "
-            f"[0, {seg.num_slots}) and would be used as addresses (attention 2.4, H2)")
+    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, "FlashMLA decode", name)
 
 
 DECODE_SQ = 3  # the s_q > 1 value of FlashMLA's sparse decode test

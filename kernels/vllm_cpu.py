@@ -104,7 +104,7 @@ from dsv4_numerics.reference.policies import (
 from . import probe as P
 from . import staged
 from .canonical import PagedSegment, decode_inputs, prefill_inputs
-from .convert import out_of_contract_indices
+from .convert import refuse_non_minus1
 from .registry import KernelEntry
 from .vllm_cuda import RMS_EPS, swa_write_args
 
@@ -215,12 +215,7 @@ def _pages_2d(seg: PagedSegment) -> torch.Tensor:
 def _slots(seg: PagedSegment, name: str) -> torch.Tensor:
     """int64 ``[T, K]`` slots with ``-1`` at columns ``>= length``; a value inside the length
     that is neither ``-1`` nor a slot of the cache is out of the op's contract."""
-    bad = out_of_contract_indices(seg.idx, seg.length, seg.num_slots, allow_minus1_only=True)
-    if bad:
-        raise UnsupportedCase(
-            f"vLLM's CPU sparse attention reads any {name} index other than -1 as a slot "
-            f"(IndexRule.minus1_only, the values vLLM's caller produces); {bad} value(s) inside the "
-            f"length prefix are neither -1 nor in [0, {seg.num_slots})")
+    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, "vLLM's CPU sparse attention (as vLLM's caller uses it)", name)
     idx = seg.idx.to(torch.int64)
     if seg.length is not None:
         cols = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0)
