@@ -857,7 +857,9 @@ for _st in ("topk_global", "swa_indices", "c128a_indices", "compressed_slots", "
     register(StageSpec(_st, "index", (), {}, _expected_index, _judge_index,
                        "index plumbing (datapath 4): exact, outputs named by the case's builder"))
 _ATTN_DEFAULTS = {"nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.EXACT.value}
-register(StageSpec("decode", "numeric", _ATTN_OUTPUTS, dict(_ATTN_DEFAULTS), _expected_decode, _judge_attention_stage,
+register(StageSpec("decode", "numeric", _ATTN_OUTPUTS,
+                   dict(_ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
+                   _expected_decode, _judge_attention_stage,
                    "sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
 register(StageSpec("prefill", "numeric", _ATTN_OUTPUTS, dict(_ATTN_DEFAULTS), _expected_prefill, _judge_attention_stage,
                    "sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))
