@@ -46,6 +46,7 @@ POLICY_ENUMS: dict[str, type] = {
     "nonfinite": _pol.NonFinite,
     "fp8_subnormals": _pol.Fp8Subnormals,
     "fp8_decode": _pol.Fp8Decode,
+    "missing_lengths": _pol.MissingLengths,
     "slot_skip": _pol.SlotSkip,
     "index_rule": _pol.IndexRule,
     "lse": _pol.LseConvention,

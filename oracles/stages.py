@@ -69,6 +69,7 @@ from dsv4_numerics.reference.policies import (
     Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
+    MissingLengths,
     NanPolicy,
     NonFinite,
     RopeArithmetic,
@@ -575,13 +576,18 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
 
 
 def prefill_segments(case: Case, policies: dict) -> list:
-    """The one combined oracle segment of a ``prefill`` case (bf16 workspace rows)."""
+    """The one combined oracle segment of a ``prefill`` case (bf16 workspace rows); a case without
+    ``topk_length`` is read per the ``missing_lengths`` policy (``MissingLengths``)."""
     from dsv4_numerics.reference.attention import Segment
     from dsv4_numerics.reference.policies import IndexRule
 
     inp = case.inputs
     rule = IndexRule(_index_rule(case, policies))
-    return [Segment(inp["kv"], inp["indices"], inp.get("topk_length"), rule)]
+    length = inp.get("topk_length")
+    if length is None and _pol(policies, "missing_lengths", MissingLengths.ALL_COLUMNS.value) == \
+            MissingLengths.COUNT_AS_PREFIX.value:
+        length = (inp["indices"] >= 0).sum(dim=-1, dtype=torch.int32)  # the count, read as a prefix
+    return [Segment(inp["kv"], inp["indices"], length, rule)]
 
 
 def _expected_decode(case: Case, policies: dict) -> dict:

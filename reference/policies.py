@@ -95,6 +95,22 @@ class Fp8Decode(_StrEnum):
     EXP0_AS_NORMAL = "exp0_as_normal"
 
 
+class MissingLengths(_StrEnum):
+    """What a consumer reads when a row's top-k length is not given.
+
+    ALL_COLUMNS: every column of the row, ``-1`` (or any invalid index) masked wherever it
+        stands -- the canonical meaning of an absent length (attention 2.4).
+    COUNT_AS_PREFIX: the number of non-negative indices of the row taken as a prefix length, so
+        a row with interior ``-1`` loses its valid indices past that count -- vLLM 0.33.0's
+        ROCm Triton prefill wrapper (``V:v1/attention/ops/rocm_aiter_mla_sparse.py:3622-3627``,
+        ``_rocm_sparse_attn_prefill_triton``: ``(indices >= 0).sum(-1)`` as ``topk_length``); the
+        count-used-as-prefix class of spec README 6.
+    """
+
+    ALL_COLUMNS = "all_columns"
+    COUNT_AS_PREFIX = "count_as_prefix"
+
+
 class SlotSkip(_StrEnum):
     """Which negative slot-mapping values an insert skips (datapath 2.1, 2.2).
 

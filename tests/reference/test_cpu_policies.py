@@ -99,3 +99,28 @@ def test_exp0_as_normal_decode_table():
     assert float(decode_fp8(torch.tensor([0], dtype=torch.uint8), read="exp0_as_normal")) == 2.0**-7
     with pytest.raises(InputError, match="read"):
         decode_fp8(codes, read="bogus")
+
+
+def test_missing_lengths_count_as_prefix_drops_valid_indices_past_the_count():
+    """ROCm Triton prefill's wrapper reads an absent topk_length as the count of non-negative
+    indices, used as a prefix (MissingLengths.COUNT_AS_PREFIX): in the row [0, -1, 2] the count 2
+    keeps columns 0..1, so row 2 is dropped; the canonical reading keeps it."""
+    from dsv4_numerics.oracles import stages as st
+    from dsv4_numerics.reference.cases import Case
+
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(3, 512, generator=g).to(torch.bfloat16)
+    q = torch.randn(1, 4, 512, generator=g).to(torch.bfloat16)
+    case = Case("holes", "prefill", {"q": q, "kv": kv, "indices": torch.tensor([[0, -1, 2]], dtype=torch.int32),
+                                      "scale": 0.05, "sink": None}, {})
+    spec = st.get("prefill")
+    canonical = spec.expected(case, spec.policies({}))["out"]
+    counted = spec.expected(case, spec.policies({"missing_lengths": "count_as_prefix"}))["out"]
+    only_first = spec.expected(Case("first", "prefill", dict(case.inputs, indices=torch.tensor([[0, -1, -1]], dtype=torch.int32)),
+                                    {}), spec.policies({}))["out"]
+    assert torch.equal(counted, only_first) and not torch.equal(counted, canonical)
+    # a given length is read as given under either policy
+    with_len = dict(case.inputs, topk_length=torch.tensor([3], dtype=torch.int32))
+    c2 = Case("len", "prefill", with_len, {})
+    assert torch.equal(spec.expected(c2, spec.policies({"missing_lengths": "count_as_prefix"}))["out"],
+                       spec.expected(c2, spec.policies({}))["out"])
