@@ -55,6 +55,7 @@ from .policies import (
     Nvfp4NonFinite,
     Nvfp4ScaleRule,
     ScaleRule,
+    SlotSkip,
     Ue8m0Consumer,
     V41Layout,
     V41Record,
@@ -338,13 +339,16 @@ def insert(
     mxfp8_rule: ScaleRule | str = ScaleRule.AMAX_CLAMP,
     nonfinite: NonFinite | Nvfp4NonFinite | str = "finite",
     nvfp4_rule: Nvfp4ScaleRule | str = Nvfp4ScaleRule.RECIP_MUL,
+    slot_skip: SlotSkip | str = SlotSkip.ALL_NEGATIVE,
 ) -> torch.Tensor:
     """Encode ``k`` (``encode_records``) and write token ``t`` to global slot ``slot_mapping[t]`` in
     ``layout``; returns a NEW cache (same sizes, strides, offset; other bytes copied unchanged).
 
-    slot_mapping: int ``[L]``, ``L <= N``; negative slots are skipped (``-1`` for the Triton writer,
-    any negative for ``rope_quant_insert``; the reference skips all). A slot ``>= num_blocks*bs``
-    or written twice raises InputError.
+    slot_mapping: int ``[L]``, ``L <= N``. slot_skip: ALL_NEGATIVE skips every negative slot
+    (``rope_quant_insert``, ``fused_compress_quant_cache.py:445-447,499-501``); MINUS1_ONLY skips ``-1`` and
+    raises for other negatives, which ``_quantize_and_insert_k_mxfp8_kernel`` would write out of
+    bounds (``cache_utils.py:207-209``). A slot ``>= num_blocks*bs`` or written twice raises
+    InputError (FlashInfer 0.7.2 lets the lowest token win a repeated slot; not modelled).
     """
     fn = "insert"
     record, layout = _record(fn, record), _layout(fn, layout)
@@ -353,6 +357,13 @@ def insert(
     slots = _check_slots(fn, "slot_mapping", slot_mapping)
     if slots.shape[0] > k.shape[0]:
         fail(fn, "slot_mapping", f"must not be longer than k (N = {k.shape[0]})", f"length {slots.shape[0]}")
+    try:
+        slot_skip = SlotSkip(slot_skip)
+    except ValueError:
+        fail(fn, "slot_skip", f"must be one of {[x.value for x in SlotSkip]}", slot_skip)
+    if slot_skip is SlotSkip.MINUS1_ONLY and bool(((slots < 0) & (slots != -1)).any()):
+        fail(fn, "slot_mapping", "may hold no negative value other than -1 under slot_skip=MINUS1_ONLY: the "
+             "Triton writer skips only -1 and would write other negative slots out of bounds")
     keep = slots >= 0
     live = slots[keep]
     if live.numel() and int(live.max()) >= nb * bs:

@@ -232,8 +232,8 @@ class V41Layout(_StrEnum):
     """Byte order of a V4.1 page (hazard H13: same bytes per token, so nothing rejects the wrong one).
 
     INTERLEAVED: each token's scales right after its own data, token ``e`` at ``page*P + e*R``
-        -- vLLM 0.33.0 writers and gathers (``V:.../deepseek_v41/common/ops/cache_utils.py:215-217,
-        567-568,621``; ``fused_compress_quant_cache.py:308-317,462-464,526-530``) and the vendored
+        -- vLLM 0.33.0 writers and gathers (``V:.../deepseek_v41/common/ops/cache_utils.py:216-217,
+        570-571,629``; ``fused_compress_quant_cache.py:308-317,465-466,528-530``) and the vendored
         FlashMLA (``V:third_party/flashmla/flash_mla_interface.py:122-128``, "BREAKING CHANGE ...
         2026.09.30 ... a cache written in the old layout is NOT rejected, it is misread").
     PAGE_FOOTER: all data rows of a page first, then all scale rows -- FlashInfer 0.7.2
@@ -252,7 +252,7 @@ class Nvfp4ScaleRule(_StrEnum):
     correctly rounded division (``div_rn``) before ``cvt.rn.satfinite.e2m1x2.f32``.
 
     RECIP_MUL: ``fl32(amax * fl32(1/6))`` -- vLLM 0.33.0 ``_rope_quant_insert_nvfp4_kernel``
-        (``V:.../deepseek_v41/common/ops/fused_compress_quant_cache.py:518-529``).
+        (``V:.../deepseek_v41/common/ops/fused_compress_quant_cache.py:518-524``).
     DIV_RN: ``fl32(amax / 6)`` (``__fdiv_rn``) -- FlashInfer 0.7.2 ``quantize_dsv41_group16``
         (``FI:data/csrc/sparse_mla_sm120/dsv41_fp4_cache_ops.cu:129-138``).
     They agree on every bf16 ``amax`` (test-proven exhaustively); they can differ by one E4M3

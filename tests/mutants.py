@@ -597,7 +597,7 @@ MUTANTS: list[MutantEntry] = [
        "where vLLM 0.33.0 / FlashMLA read interleaved records (vFMLA :122-128 BREAKING CHANGE, H13)",
        _v41_insert_with(layout="page_footer")),
     _m("v41_mxfp8_scale_rule_swapped", "v41_write", "FlashInfer's Q_S (floor 2**-13) where the vLLM MXFP8 writer uses "
-       "Q_A (floor 2**-22): tiny and zero groups (cache_utils.py:236-238 vs FI cake_dsv41_fp8_cache_ops.cu:161-165)",
+       "Q_A (floor 2**-22): tiny and zero groups (cache_utils.py:225-226 vs FI cake_dsv41_fp8_cache_ops.cu:161-165)",
        _v41_insert_with(mxfp8_rule="scale_clamp")),
     _m("v41_nvfp4_nibbles_swapped", "v41_write", "even element in the HIGH nibble (cvt.e2m1x2 operand order, "
        "fused_indexer_q.py:40 'NOTE: $1 is high nibble')", lambda c: _v41_nvfp4(c, swap_nibbles=True)),

@@ -187,6 +187,10 @@ def test_bad_input_is_named():
         c.insert(cache, k, torch.tensor([0, 4]), 4, MX, IL)
     with pytest.raises(InputError, match="'cache'"):
         c.insert(c.empty_cache(1, 4, NV), k, torch.tensor([0]), 4, MX, IL)  # 288-byte pages for 528 records
+    with pytest.raises(InputError, match="'slot_mapping'.*MINUS1_ONLY"):
+        c.insert(cache, k, torch.tensor([0, -2]), 4, MX, IL, slot_skip="minus1_only")
+    assert torch.equal(c.insert(cache, k, torch.tensor([0, -2]), 4, MX, IL),
+                       c.insert(cache, k[:1], torch.tensor([0]), 4, MX, IL))  # ALL_NEGATIVE skips -2
     with pytest.raises(InputError, match="'nonfinite'"):
         c.encode_records(k, NV, nonfinite=NonFinite.TRITON)
     bad = k.clone()
