@@ -91,3 +91,17 @@ def test_cli_detect(tmp_path, capsys):
     empty = tmp_path / "empty.bin"
     empty.write_bytes(bytes(NB * stride))
     assert main(["inspect", str(empty), "--layout", "detect", "--page-size", str(BS), "--stride", str(stride)]) == 1
+
+
+def test_explain_names_the_flashinfer_page_footer_contract():
+    # a writer with FlashInfer 0.7.2's whole contract (page footer, Q_S, fl32(amax / 6)) judged
+    # under the stage's vLLM defaults: explain finds the policy set that names it
+    from dsv4_numerics.testing import explain
+
+    def flashinfer_writer(inp):
+        return {"cache": cache_v41.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"],
+                                          inp["record"], "page_footer", mxfp8_rule="scale_clamp", nvfp4_rule="div_rn")}
+
+    ex = explain(flashinfer_writer, "v41_write")
+    assert ex.matches and all(m["v41_layout"] == "page_footer" and m["scale_rule"] == "scale_clamp" for m in ex.matches)
+    assert "v41_layout=page_footer" in str(ex)
