@@ -18,6 +18,9 @@ construction, returned as ``(group, scale_byte)``:
   subnormal ``m * 2**-9`` (byte ``m``).
 - ``zero_groups``: all +-0 elements (scale byte 0x01, the clamp floor ``2**-9``).
 
+``v41_mixed_caches`` draws the FlashMLA V4.1 pairing: an MXFP8 main cache (528 B) with an NVFP4
+extra cache (288 B, valid only as ``extra_k_cache`` next to a V4.1 main cache), one byte order.
+
 Needs hypothesis (``pip install "dsv4-numerics[test]"``). All tensors are CPU tensors.
 """
 
@@ -44,6 +47,7 @@ __all__ = [
     "subnormal_scale_groups",
     "zero_groups",
     "v41_geometries",
+    "v41_mixed_caches",
 ]
 
 # Midpoints between neighbouring E2M1 magnitudes (0.25 .. 5).
@@ -111,3 +115,16 @@ def v41_geometries(draw, max_blocks: int = 4, block_sizes=(1, 2, 3, 16, 64)) -> 
     nb = draw(st.integers(1, max_blocks))
     bs = draw(st.sampled_from(block_sizes))
     return nb, bs, bs * record_bytes(record) + draw(st.integers(0, 40)), record, layout
+
+
+@st.composite
+def v41_mixed_caches(draw, max_blocks: int = 4) -> dict:
+    """``{"layout", "main": (num_blocks, bs, page_stride), "extra": (...)}``: an MXFP8 main cache
+    (SWA-like, 64-entry pages) and an NVFP4 extra cache (compressed, 2- or 64-entry pages) in one
+    drawn ``V41Layout``; strides have drawn tails of 0-40 bytes."""
+    layout = draw(st.sampled_from(list(V41Layout)))
+    geoms = {}
+    for part, record, sizes in (("main", V41Record.MXFP8, (64, 16)), ("extra", V41Record.NVFP4, (2, 64))):
+        bs = draw(st.sampled_from(sizes))
+        geoms[part] = (draw(st.integers(1, max_blocks)), bs, bs * record_bytes(record) + draw(st.integers(0, 40)))
+    return {"layout": layout, **geoms}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from dsv4_numerics.strategies_v41 import v41_geometries
+from dsv4_numerics.strategies_v41 import v41_geometries, v41_mixed_caches
 from reference import cache_v41 as c
 from reference.errors import InputError
 from reference.fp8 import decode_e4m3fn
@@ -197,3 +197,18 @@ def test_bad_input_is_named():
     bad[0, 0] = float("nan")
     with pytest.raises(InputError, match="'k'.*finite"):
         c.encode_records(bad, NV)
+
+
+@settings(max_examples=10, deadline=None)
+@given(mixed=v41_mixed_caches())
+def test_mixed_mxfp8_main_and_nvfp4_extra_caches_round_trip_in_one_byte_order(mixed):
+    layout = V41Layout(mixed["layout"])
+    for record, key in ((MX, "main"), (NV, "extra")):
+        nb, bs, p = mixed[key]
+        n = min(4, nb * bs)
+        k = _rows(n, 9, top=2)
+        slots = torch.arange(nb * bs - n, nb * bs)  # the last slots: the far end of the last page
+        cache = c.insert(c.empty_cache(nb, bs, record, page_stride=p), k, slots, bs, record, layout)
+        assert torch.equal(c.dequantize_slots(cache, slots, bs, record, layout),
+                           c.decode_records(*c.encode_records(k, record), record))
+        assert int(c.defined_byte_mask(cache, slots, bs, record, layout).sum()) == n * c.record_bytes(record)
