@@ -212,3 +212,20 @@ def test_mixed_mxfp8_main_and_nvfp4_extra_caches_round_trip_in_one_byte_order(mi
         assert torch.equal(c.dequantize_slots(cache, slots, bs, record, layout),
                            c.decode_records(*c.encode_records(k, record), record))
         assert int(c.defined_byte_mask(cache, slots, bs, record, layout).sum()) == n * c.record_bytes(record)
+
+
+def test_vllm_reciprocal_multiply_equals_the_amax_clamp_division():
+    # vLLM's V4.1 MXFP8 writers form fl32(max(amax, 1e-4) * fl32(1/448)); the reference models them
+    # with ScaleRule.AMAX_CLAMP (the division). Every non-negative finite bf16 amax, and 20000
+    # random fp32 amax near powers of two times 448 (where a one-ulp difference would show).
+    from reference.quant import tile_exponent
+
+    bf = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    g = torch.Generator().manual_seed(11)
+    near = (448 * 2.0 ** torch.randint(-30, 30, (20000,), generator=g).double()
+            * (1 + (torch.rand(20000, generator=g, dtype=torch.float64) - 0.5) * 2**-20)).float()
+    for amax in (bf, near):
+        a = amax.numpy()
+        r = np.maximum(a, np.float32(1e-4)) * np.float32(1 / 448)  # numpy float32: correctly rounded
+        want = torch.tensor([_ceil_log2(float(v)) for v in r], dtype=torch.int32)
+        assert torch.equal(tile_exponent(amax, ScaleRule.AMAX_CLAMP), want)
