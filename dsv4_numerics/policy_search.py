@@ -50,6 +50,8 @@ from dsv4_numerics.reference.policies import (
     SlotSkip,
     Ue8m0Consumer,
     V32ScaleDecode,
+    V41Layout,
+    Nvfp4ScaleRule,
 )
 
 from .callable_entry import JudgedEntry, mark_contract_errors
@@ -75,6 +77,8 @@ AXES: dict[str, tuple[Axis, ...]] = {
     "plain_write": (_enum("slot_skip", SlotSkip), _enum("nonfinite", NonFinite),
                     ("round_to_bf16_first", ({"round_to_bf16_first": "true"}, {"round_to_bf16_first": "false"}))),
     "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer)),
+    # V4.1 writer: byte order (vLLM interleaved vs FlashInfer page footer, H13) and both scale rules
+    "v41_write": (_enum("v41_layout", V41Layout), _enum("scale_rule", ScaleRule), _enum("nvfp4_rule", Nvfp4ScaleRule)),
     "decode": (*_ATTN, _enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("fp8_decode", Fp8Decode)),
     "prefill": (*_ATTN, _enum("missing_lengths", MissingLengths)),
     "v32_decode": (*_ATTN, _enum("v32_scale_decode", V32ScaleDecode)),

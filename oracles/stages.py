@@ -21,7 +21,9 @@ through an identity RoPE table, so the expected bytes are those of ``apply_rope(
 rope_arith)``), ``rope_arith``, ``round_to_bf16_first`` (plain FP8 rows), ``ue8m0`` (gather
 consumer of scale bytes 0/255), ``nan`` (attention NaN policy), ``index_rule``,
 ``attention_mode`` (``bf16_p``: also judge by the three-output rule), ``v32_scale_decode``,
-``output_inv_roped`` (``true``: the kernel returns inverse-roped attention output), ``fp8_q`` /
+``output_inv_roped`` (``true``: the kernel returns inverse-roped attention output), ``v41_layout``
+(``interleaved`` | ``page_footer``, the V4.1 byte order), ``nvfp4_rule`` (``recip_mul`` |
+``div_rn``, the V4.1 NVFP4 scale rule), ``fp8_q`` /
 ``fp8_kv`` (``true``: the kernel is fed per-tensor E4M3 q / KV rows with scale 1.0, so the oracle
 is fed the same FP8-rounded values, attention 7 "Adapters").
 
@@ -31,6 +33,7 @@ Canonical outputs per stage (what ``call`` returns; tensors on any device):
 swa_write,         ``cache``: the cache after the write, same geometry as ``inputs["cache"]``
 compressed_write
 plain_write        ``cache``: the plain-row cache after the write
+v41_write          ``cache``: the V4.1 528/288-byte cache after the write (record: ``inputs["record"]``)
 gather             ``out``: bf16 ``[R, max(gather_lens), 512]`` (rows past a request's gather
                    length are not compared)
 index stages       the production output names of ``reference.cases_index.INDEX_BUILDERS``
@@ -59,7 +62,7 @@ from typing import Any, Callable
 
 import torch
 
-from dsv4_numerics.reference import cache_model1, cache_plain
+from dsv4_numerics.reference import cache_model1, cache_plain, cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, ROPE_DIM
 from dsv4_numerics.reference.detmath import fixed_sum
@@ -72,13 +75,16 @@ from dsv4_numerics.reference.policies import (
     MissingLengths,
     NanPolicy,
     NonFinite,
+    Nvfp4ScaleRule,
     RopeArithmetic,
     ScaleRule,
     SlotSkip,
     Ue8m0Consumer,
+    V41Layout,
 )
 
 from . import bytes_diff as bd
+from .bytes_diff_v41 import diff_v41
 from . import numeric as nm
 from .tolerances import Tolerances, default_tolerances
 
@@ -216,6 +222,38 @@ def _bytes_verdict(rep: bd.BytesReport) -> Verdict:
         return Verdict(True, "bit_exact", "", headroom=math.inf, details=rep.to_dict())
     rule = rep.rule if rep.rule != "bit_exact" else ("clobber" if rep.differing == 0 and rep.clobbered else "bit_exact")
     return Verdict(False, rule, rep.summary(max_lines=2).replace("\n", " | "), headroom=0.0, details=rep.to_dict())
+
+
+def _expected_v41(case: Case, policies: dict) -> dict:
+    inp = case.inputs
+    cache = cache_v41.insert(
+        inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"], inp["record"],
+        _pol(policies, "v41_layout", V41Layout.INTERLEAVED.value),
+        mxfp8_rule=_pol(policies, "scale_rule", ScaleRule.AMAX_CLAMP.value),
+        nonfinite=_pol(policies, "nonfinite", NonFinite.FINITE.value),
+        nvfp4_rule=_pol(policies, "nvfp4_rule", Nvfp4ScaleRule.RECIP_MUL.value))
+    return {"cache": cache}
+
+
+def _judge_v41(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
+    """diff_v41 over the written records in the declared byte order, then every other byte
+    (other slots, page tails) must be the initial cache's (a clobber check)."""
+    if "cache" not in got:
+        return _missing("cache", got)
+    inp = case.inputs
+    g = got["cache"].cpu()
+    layout = _pol(scope.policies, "v41_layout", V41Layout.INTERLEAVED.value)
+    slots = inp["slot_mapping"]
+    if tuple(g.shape) != tuple(inp["cache"].shape) or g.dtype != torch.uint8:
+        return Verdict(False, "shape", f"cache: got {g.dtype}{tuple(g.shape)}, expected uint8{tuple(inp['cache'].shape)}",
+                       headroom=0.0)
+    rep = diff_v41(expected["cache"], g, slots, inp["block_size"], inp["record"], layout)
+    mask = cache_v41.defined_byte_mask(inp["cache"], slots, inp["block_size"], inp["record"], layout)
+    clobbered = int(((g != inp["cache"]) & ~mask).sum())
+    if clobbered:
+        rep.passed, rep.clobbered = False, clobbered
+        rep.message = (rep.message + "; " if rep.message else "") + f"{clobbered} bytes changed outside the written records"
+    return _bytes_verdict(rep)
 
 
 def _expected_plain(case: Case, policies: dict) -> dict:
@@ -854,6 +892,12 @@ register(StageSpec("compressed_write", "bytes", ("cache",), {"scale_rule": Scale
                    _expected_model1, _judge_model1,
                    "compressed writer from the bf16 pre-quantisation rows (Q_S by default: the CuTe "
                    "compressor, every compressed cache on NVIDIA, datapath 2.4, H1, H7)"))
+register(StageSpec("v41_write", "bytes", ("cache",),
+                   {"v41_layout": V41Layout.INTERLEAVED.value, "scale_rule": ScaleRule.AMAX_CLAMP.value,
+                    "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value, "nonfinite": NonFinite.FINITE.value},
+                   _expected_v41, _judge_v41,
+                   "DeepSeek-V4.1 writer of the 528-byte MXFP8 / 288-byte NVFP4 records (cache_v41.insert; "
+                   "vLLM 0.33.0 interleaved byte order by default, datapath 1.6, H13)"))
 register(StageSpec("plain_write", "bytes", ("cache",), {"slot_skip": SlotSkip.ALL_NEGATIVE.value},
                    _expected_plain, _judge_plain, "plain bf16 / per-tensor FP8 rows (datapath 2.7)"))
 register(StageSpec("gather", "bytes", ("out",), {"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value},

@@ -101,3 +101,22 @@ MLA_D_V = MLA_KV_LORA_RANK  # 512
 R1_QK_NOPE_DIM = 128
 R1_V_HEAD_DIM = 128
 FLASHMLA_DENSE_BLOCK_SIZE = 64  # FlashMLA dense_decode: "Currently page_block_size must be 64"
+
+# --------------------------------------------------------------------------- DeepSeek-V4.1 records (D1.6, H13)
+# V4.1 quantises all 512 latent dims (RoPE included); two per-token records, same size in both
+# byte orders (``reference.policies.V41Layout``).
+V41_MXFP8_GROUP = 32  # dims per UE8M0 scale
+V41_MXFP8_SCALES = HEAD_DIM // V41_MXFP8_GROUP  # 16 UE8M0 bytes per token
+V41_MXFP8_DATA_BYTES = HEAD_DIM  # 512 E4M3 codes per token
+V41_MXFP8_RECORD_BYTES = V41_MXFP8_DATA_BYTES + V41_MXFP8_SCALES  # 528
+V41_NVFP4_GROUP = 16  # dims per E4M3 scale
+V41_NVFP4_SCALES = HEAD_DIM // V41_NVFP4_GROUP  # 32 E4M3 scale bytes per token
+V41_NVFP4_DATA_BYTES = HEAD_DIM // 2  # 256: two E2M1 codes per byte, even element in the low nibble
+V41_NVFP4_RECORD_BYTES = V41_NVFP4_DATA_BYTES + V41_NVFP4_SCALES  # 288
+
+# --------------------------------------------------------------------------- E2M1 / NVFP4 scales (values)
+E2M1_MAX = 6.0  # largest E2M1 magnitude (code 0x7)
+E2M1_BIAS = 1
+NVFP4_SCALE_MIN = 2.0**-9  # the V4.1 NVFP4 writers clamp amax/6 to [2**-9, 448] (smallest E4M3 subnormal)
+NVFP4_SCALE_MAX = E4M3_MAX
+NVFP4_POISON_SCALE_BYTE = 0x7F  # E4M3 NaN: FlashInfer's scale byte for a group holding NaN/Inf

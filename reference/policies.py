@@ -224,3 +224,69 @@ class V32ScaleDecode(_StrEnum):
     EXACT = "exact"
     BF16_RNE = "bf16_rne"
     SM100_RZ_E8M0 = "sm100_rz_e8m0"
+
+
+# --------------------------------------------------------------------------- DeepSeek-V4.1 (datapath 1.6, H13)
+# Citation keys: ``V:`` = the vLLM 0.33.0 wheel (``vllm/``), ``FI:`` = the FlashInfer 0.7.2 wheel
+# (``flashinfer/``).
+
+
+class V41Record(_StrEnum):
+    """The two V4.1 per-token records (``V:models/deepseek_v41/common/ops/cache_utils.py:39-56``).
+
+    MXFP8: 528 B -- 512 E4M3FN codes (RoPE dims quantised too), 16 UE8M0 scales, one per 32 dims
+        (FlashMLA ``ModelType::V41``).
+    NVFP4: 288 B -- 256 B of E2M1 pairs (even element in the LOW nibble), 32 E4M3FN scales, one
+        per 16 dims (FlashMLA ``ModelType::V41_FP4``, compressed / extra cache only).
+    """
+
+    MXFP8 = "mxfp8_528"
+    NVFP4 = "nvfp4_288"
+
+
+class V41Layout(_StrEnum):
+    """Byte order of a V4.1 page (hazard H13: same bytes per token, so nothing rejects the wrong one).
+
+    INTERLEAVED: each token's scales right after its own data, token ``e`` at ``page*P + e*R``
+        -- vLLM 0.33.0 writers and gathers (``V:.../deepseek_v41/common/ops/cache_utils.py:216-217,
+        570-571,629``; ``fused_compress_quant_cache.py:308-317,465-466,528-530``) and the vendored
+        FlashMLA (``V:third_party/flashmla/flash_mla_interface.py:122-128``, "BREAKING CHANGE ...
+        2026.09.30 ... a cache written in the old layout is NOT rejected, it is misread").
+    PAGE_FOOTER: all data rows of a page first, then all scale rows -- FlashInfer 0.7.2
+        (``FI:data/include/flashinfer/attention/sparse_mla_sm120/model/dsv41_layout.cuh:15-43``
+        ``FooterScaleLayout``; ``FI:trace/templates/quantize.py:1123-1126,1146-1149``) and FlashMLA
+        before 2026.09.30.
+    """
+
+    INTERLEAVED = "interleaved"
+    PAGE_FOOTER = "page_footer"
+
+
+class Nvfp4ScaleRule(_StrEnum):
+    """How a V4.1 NVFP4 writer forms a 16-group's E4M3 scale from its fp32 ``amax``; both then clamp
+    to ``[2**-9, 448]``, round to E4M3 (RNE) and divide the values by the DECODED scale with a
+    correctly rounded division (``div_rn``) before ``cvt.rn.satfinite.e2m1x2.f32``.
+
+    RECIP_MUL: ``fl32(amax * fl32(1/6))`` -- vLLM 0.33.0 ``_rope_quant_insert_nvfp4_kernel``
+        (``V:.../deepseek_v41/common/ops/fused_compress_quant_cache.py:518-524``).
+    DIV_RN: ``fl32(amax / 6)`` (``__fdiv_rn``) -- FlashInfer 0.7.2 ``quantize_dsv41_group16``
+        (``FI:data/csrc/sparse_mla_sm120/dsv41_fp4_cache_ops.cu:129-138``).
+    They agree on every bf16 ``amax`` (test-proven exhaustively); they can differ by one E4M3
+    step for an fp32 ``amax`` (vLLM's RoPE lanes are fp32 after the rotation).
+    """
+
+    RECIP_MUL = "recip_mul"
+    DIV_RN = "div_rn"
+
+
+class Nvfp4NonFinite(_StrEnum):
+    """What a V4.1 NVFP4 writer does with a 16-group holding NaN or Inf.
+
+    FINITE: out of contract, the reference raises (vLLM 0.33.0: ``tl.max`` / ``tl.clamp`` /
+        ``cvt.rn.satfinite`` behaviour on NaN is not modelled yet).
+    POISON: scale byte 0x7F (E4M3 NaN) and all 16 codes 0 -- FlashInfer 0.7.2 ("zero codes plus
+        a NaN scale", ``FI:data/csrc/sparse_mla_sm120/dsv41_fp4_cache_ops.cu:113-127``).
+    """
+
+    FINITE = "finite"
+    POISON = "poison"

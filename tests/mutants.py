@@ -20,7 +20,7 @@ import torch
 
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import expected_outputs
-from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference import cache_model1, cache_v41, fp4
 from dsv4_numerics.reference.attention import Segment, sparse_attention
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import DATA_ROW_BYTES, E4M3_MAX, NOPE_DIM, RECORD_BYTES, SCALE_FLOOR_F32, TILE
@@ -524,6 +524,55 @@ def _compressor_bf16_normed(case: Case) -> dict:
 # --------------------------------------------------------------------------- the list
 
 
+def _v41_kept(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    inp = case.inputs
+    slots = inp["slot_mapping"]
+    keep = slots >= 0
+    return inp["k"][: slots.shape[0]][keep], slots[keep]
+
+
+def _v41_records(case: Case, data: torch.Tensor, scales: torch.Tensor) -> dict:
+    """Write record parts of the kept tokens into a copy of the case's cache, interleaved order."""
+    inp = case.inputs
+    _, slots = _v41_kept(case)
+    out = inp["cache"].clone()
+    flat = out.view(-1)
+    da, sa = cache_v41.slot_addresses(slots, inp["block_size"], inp["page_stride"], inp["record"], "interleaved")
+    flat[(da.unsqueeze(1) + torch.arange(data.shape[1])).flatten()] = data.flatten()
+    flat[(sa.unsqueeze(1) + torch.arange(scales.shape[1])).flatten()] = scales.flatten()
+    return {"cache": out}
+
+
+def _v41_insert_with(**kw: str) -> Callable[[Case], dict]:
+    def call(case: Case) -> dict:
+        inp = case.inputs
+        layout = kw.get("layout", "interleaved")
+        rest = {k: v for k, v in kw.items() if k != "layout"}
+        return {"cache": cache_v41.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"],
+                                          inp["record"], layout, **rest)}
+    return call
+
+
+def _v41_nvfp4(case: Case, *, swap_nibbles: bool = False, unrounded_divisor: bool = False,
+               ties_away: bool = False) -> dict:
+    """The NVFP4 writer with one defect; MXFP8 cases are written correctly."""
+    if case.inputs["record"] != "nvfp4_288":
+        return _v41_insert_with()(case)
+    k, _ = _v41_kept(case)
+    x = k.float().reshape(k.shape[0], -1, 16)
+    amax = x.abs().amax(dim=-1)
+    sbytes = fp4.nvfp4_scale_bytes(amax, "recip_mul")
+    div = (amax / 6).clamp(2.0**-9, 448.0) if unrounded_divisor else fp4.decode_nvfp4_scales(sbytes)
+    y = fp4.div_rn_f32(x, div.unsqueeze(-1))
+    if ties_away:  # nudge exact ties outwards so RNE rounds them away from zero
+        tie = torch.isin(y.abs(), torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]))
+        y = torch.where(tie, y * (1 + 2.0**-20), y)
+    codes = fp4.encode_e2m1(y).reshape(k.shape[0], -1)
+    if swap_nibbles:
+        codes = codes.reshape(k.shape[0], -1, 2).flip(-1).reshape(k.shape[0], -1)
+    return _v41_records(case, fp4.pack_e2m1(codes), sbytes)
+
+
 def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
     return MutantEntry(name, stage, bug, call, dict(policies), dimension=dimension)
 
@@ -543,6 +592,21 @@ MUTANTS: list[MutantEntry] = [
        fp8=Fp8Flavour.E4M3FNUZ.value, fp8_clamp="224.0"),
     _m("compressed_scale_rule_swapped", "compressed_write", "Q_A where the CuTe compressor uses Q_S (H1)",
        _insert_with(ScaleRule.AMAX_CLAMP.value)),
+    # DeepSeek-V4.1 records (issue 22)
+    _m("v41_page_footer_for_interleaved", "v41_write", "V4.1 record written in FlashInfer 0.7.2's page-footer order "
+       "where vLLM 0.33.0 / FlashMLA read interleaved records (vFMLA :122-128 BREAKING CHANGE, H13)",
+       _v41_insert_with(layout="page_footer")),
+    _m("v41_mxfp8_scale_rule_swapped", "v41_write", "FlashInfer's Q_S (floor 2**-13) where the vLLM MXFP8 writer uses "
+       "Q_A (floor 2**-22): tiny and zero groups (cache_utils.py:225-226 vs FI cake_dsv41_fp8_cache_ops.cu:161-165)",
+       _v41_insert_with(mxfp8_rule="scale_clamp")),
+    _m("v41_nvfp4_nibbles_swapped", "v41_write", "even element in the HIGH nibble (cvt.e2m1x2 operand order, "
+       "fused_indexer_q.py:40 'NOTE: $1 is high nibble')", lambda c: _v41_nvfp4(c, swap_nibbles=True)),
+    _m("v41_nvfp4_unrounded_divisor", "v41_write", "values divided by amax/6 instead of the stored E4M3-rounded scale "
+       "(dsv41_fp4_cache_ops.cu:129 'The stored (E4M3-rounded) scale is what the values are divided by')",
+       lambda c: _v41_nvfp4(c, unrounded_divisor=True)),
+    _m("v41_e2m1_ties_away", "v41_write", "E2M1 ties rounded away from zero (approximate division, fused_compress_"
+       "quant_cache.py:522-524 'div.full misplaces values that land exactly on an e2m1 tie')",
+       lambda c: _v41_nvfp4(c, ties_away=True)),
     # gather
     _m("fnuz_codes_read_as_ocp", "gather", "FNUZ cache decoded as OCP (vLLM#42893: dropped use_fnuz, H9)",
        _gather_as(Fp8Flavour.E4M3FN.value), fp8=Fp8Flavour.E4M3FNUZ.value),
