@@ -179,13 +179,19 @@ def decode_args(case: Case, ragged: bool, inv_rope: bool) -> dict:
     if extra is not None:
         a["kv_cache"] = readable_pages(extra.cache, extra.block_size, TRITON_PAGE_ALIGN)
         a["topk_indices"] = int32(fn, "extra_indices", extra.idx)
-        a["topk_lens"] = None if extra.length is None else int32(fn, "extra_lens", extra.length)
+        # a missing length means "all K columns", as for the SWA segment above: the wrapper's own
+        # None default reads the COUNT of non-negative indices as a prefix length
+        # (rocm_aiter_mla_sparse.py:4386-4390, MissingLengths.COUNT_AS_PREFIX), which drops valid
+        # indices past an interior -1; vLLM's call always passes lengths. That default is judged
+        # (declared) on the prefill rows, which pass a missing length through.
+        a["topk_lens"] = (torch.full((t,), a["topk_indices"].shape[1], dtype=torch.int32, device=a["topk_indices"].device)
+                          if extra.length is None else int32(fn, "extra_lens", extra.length))
     if ragged:
         ri, rp = ref_ragged_from_dense(swa_idx.cpu(), swa_len.cpu(), num_rows=-1)
         a.update(swa_ragged_indices=ri.to(swa_idx.device), swa_ragged_indptr=rp.to(swa_idx.device))
         if extra is not None:
             eidx = a["topk_indices"]
-            eln = a["topk_lens"] if a["topk_lens"] is not None else (eidx >= 0).sum(dim=-1, dtype=torch.int32)
+            eln = a["topk_lens"]  # never None: a missing length is all K columns (above)
             ri, rp = ref_ragged_from_dense(eidx.cpu(), eln.cpu(), num_rows=-1)
             a.update(topk_ragged_indices=ri.to(eidx.device), topk_ragged_indptr=rp.to(eidx.device),
                      topk_indices=None, topk_lens=eln)

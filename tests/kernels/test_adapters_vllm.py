@@ -392,6 +392,20 @@ def test_rocm_decode_args_ragged_streams_follow_the_compacting_builder():
     assert a["topk_indices"] is None and a["topk_lens"].tolist() == [2, 0]
 
 
+def test_rocm_decode_args_missing_extra_lengths_mean_every_column():
+    """No ``extra_lens``: every column counts (the canonical meaning), never the wrapper's None
+    default that reads the count of valid indices as a prefix (MissingLengths.COUNT_AS_PREFIX):
+    the row [-1, 1] keeps index 1, which a count-as-prefix of 1 would drop."""
+    case = _decode_case()
+    inp = dict(case.inputs, extra_indices=torch.tensor([[-1, 1], [0, -1]], dtype=torch.int32))
+    del inp["extra_lens"]
+    c = Case("holes", "decode", inp, {})
+    dense = RT.decode_args(c, ragged=False, inv_rope=False)
+    assert dense["topk_lens"].tolist() == [2, 2] and dense["topk_lens"].dtype == torch.int32
+    ragged = RT.decode_args(c, ragged=True, inv_rope=False)
+    assert ragged["topk_ragged_indices"].tolist() == [1, 0] and ragged["topk_ragged_indptr"].tolist() == [0, 1, 2]
+
+
 def test_rocm_decode_args_inverse_rope_inputs():
     case = _decode_case()
     a = RT.decode_args(case, ragged=False, inv_rope=True)
