@@ -63,7 +63,7 @@ import torch
 
 from .constants import HEAD_DIM
 from .detmath import det_exp, det_log, det_log1p_exp_neg
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_tensor, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_tensor, fail
 from .policies import AttentionMode, IndexRule, NanPolicy
 
 __all__ = [
@@ -136,13 +136,6 @@ class _Seg:
     valid: torch.Tensor  # bool [T, K]
 
 
-def _enum(fn: str, arg: str, cls, v):
-    try:
-        return cls(v)
-    except ValueError:
-        fail(fn, arg, f"must be one of {[m.value for m in cls]}", v)
-
-
 def _check_segment_host(fn: str, si: int, seg: object, T: int, D: int, device: torch.device) -> IndexRule:
     """The checks of one segment that need no device value (type, dtypes, shapes, devices, rule)."""
     a = f"segments[{si}]"
@@ -154,7 +147,7 @@ def _check_segment_host(fn: str, si: int, seg: object, T: int, D: int, device: t
     check_dtype(fn, f"{a}.idx", seg.idx, INDEX_DTYPES)
     if seg.idx.dim() != 2 or seg.idx.shape[0] != T:
         fail(fn, f"{a}.idx", f"must have shape [T={T}, K]", f"shape {tuple(seg.idx.shape)}")
-    rule = _enum(fn, f"{a}.rule", IndexRule, seg.rule)
+    rule = check_enum(fn, f"{a}.rule", IndexRule, seg.rule)
     for name, t in ((f"{a}.rows", seg.rows), (f"{a}.idx", seg.idx)):
         if t.device != device:
             fail(fn, name, f"must be on the device of q ({device})", str(t.device))
@@ -456,8 +449,8 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
 
 def _run(fn, q, segments, scale, sink, d_v, mode, nan_policy, chunk_tokens, want_abs):
     T, H, D, segs, sc, sk, d_v = _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)
-    mode = _enum(fn, "mode", AttentionMode, mode)
-    nan_policy = _enum(fn, "nan_policy", NanPolicy, nan_policy)
+    mode = check_enum(fn, "mode", AttentionMode, mode)
+    nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
     K = sum(s.idx.shape[1] for s in segs)
     if chunk_tokens is None:
         itemsize = max(s.rows.element_size() for s in segs)

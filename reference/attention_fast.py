@@ -128,8 +128,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_graphs
-from .attention import Segment, _check_common, _check_host, _enum
-from .errors import check_int, fail
+from .attention import Segment, _check_common, _check_host
+from .errors import check_enum, check_int, fail
 from .policies import IndexRule, NanPolicy
 
 __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast", "FAST_BUDGET_BYTES",
@@ -787,7 +787,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     caller); a replay skips the host's per-kernel launch cost."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
-    nan_policy = _enum(fn, "nan_policy", NanPolicy, nan_policy)
+    nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
     if graph is not None and not isinstance(graph, bool):
         fail(fn, "graph", f"must be None, True or False, got {graph!r}")
     dev = q.device

@@ -43,7 +43,7 @@ from .constants import (
     SCALE_ROW_BYTES,
     production_page_stride,
 )
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from .fp8 import _validate_flavour, _validate_nonfinite, fp8_max
 from .policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 from .quant import _quantize_tiles, _validate_rule, dequantize_tiles, validate_subnormals
@@ -325,10 +325,7 @@ def insert(
     check_tensor(fn, "k", k)
     _check_k(fn, k)
     slots = _check_slots(fn, "slot_mapping", slot_mapping)
-    try:
-        slot_skip = SlotSkip(slot_skip)
-    except ValueError:
-        fail(fn, "slot_skip", f"must be one of {[s.value for s in SlotSkip]}", slot_skip)
+    slot_skip = check_enum(fn, "slot_skip", SlotSkip, slot_skip)
     rule = _validate_rule(fn, rule)
     flavour = _validate_flavour(fn, flavour)
     nonfinite = _validate_nonfinite(fn, nonfinite)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .constants import E4M3_MAX, HEAD_DIM
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from .fp8 import _validate_nonfinite, decode_e4m3fn, encode_e4m3fn
 from .policies import NonFinite, SlotSkip
 
@@ -80,10 +80,7 @@ def _written(fn: str, slot_mapping: torch.Tensor, n_rows: int, capacity: int,
     """``(token indices, slots)`` that a writer stores, after validation (as ``cache_model1.insert``)."""
     check_dtype(fn, "slot_mapping", slot_mapping, INDEX_DTYPES)
     check_rank(fn, "slot_mapping", slot_mapping, 1)
-    try:
-        slot_skip = SlotSkip(slot_skip)
-    except ValueError:
-        fail(fn, "slot_skip", f"must be one of {[s.value for s in SlotSkip]}", slot_skip)
+    slot_skip = check_enum(fn, "slot_skip", SlotSkip, slot_skip)
     s = slot_mapping.to(torch.int64).cpu()
     if s.shape[0] > n_rows:
         fail(fn, "slot_mapping", f"must not be longer than the input rows ({n_rows})", f"length {s.shape[0]}")

@@ -61,7 +61,7 @@ from .constants import (
     V32_SCALE_BYTE_OFFSET,
     V32_TILE,
 )
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_shape, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_shape, fail
 from .fp8 import decode_fp8, encode_e4m3fn, pow2_f64
 from .policies import ScaleRule, SlotSkip, V32ScaleDecode
 from .quant import tile_exponent
@@ -265,10 +265,7 @@ def insert_v32(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, blo
     view_in = v32_page_view(cache, block_size)
     _check_rows(fn, rows)
     check_rank(fn, "rows", rows, 2)
-    try:
-        skip = SlotSkip(slot_skip)
-    except ValueError:
-        fail(fn, "slot_skip", f"must be one of {[x.value for x in SlotSkip]}", slot_skip)
+    skip = check_enum(fn, "slot_skip", SlotSkip, slot_skip)
     check_shape(fn, "slots", slots, (rows.shape[0],))
     nb = view_in.shape[0]
     keep = _check_slots(fn, slots, nb * block_size, skip)
@@ -306,10 +303,7 @@ def v32_scale_multipliers(scales: torch.Tensor, policy: V32ScaleDecode | str = V
     """
     fn = "v32_scale_multipliers"
     check_dtype(fn, "scales", scales, (torch.float32,))
-    try:
-        pol = V32ScaleDecode(policy)
-    except ValueError:
-        fail(fn, "policy", f"must be one of {[x.value for x in V32ScaleDecode]}", policy)
+    pol = check_enum(fn, "policy", V32ScaleDecode, policy)
     if pol is V32ScaleDecode.EXACT:
         return scales.to(torch.float64)
     if pol is V32ScaleDecode.BF16_RNE:

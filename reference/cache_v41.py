@@ -46,7 +46,7 @@ from .constants import (
     V41_NVFP4_GROUP,
     V41_NVFP4_RECORD_BYTES,
 )
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from .fp4 import _encode_e2m1, _nvfp4_scale_bytes, decode_e2m1, div_rn_f32, pack_e2m1, unpack_e2m1
 from .fp8 import _validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
 from .policies import (
@@ -107,17 +107,11 @@ PRODUCERS = {
 
 
 def _record(fn: str, record: object) -> V41Record:
-    try:
-        return V41Record(record)
-    except ValueError:
-        fail(fn, "record", f"must be one of {[r.value for r in V41Record]}", record)
+    return check_enum(fn, "record", V41Record, record)
 
 
 def _layout(fn: str, layout: object) -> V41Layout:
-    try:
-        return V41Layout(layout)
-    except ValueError:
-        fail(fn, "layout", f"must be one of {[x.value for x in V41Layout]}", layout)
+    return check_enum(fn, "layout", V41Layout, layout)
 
 
 def record_bytes(record: V41Record | str) -> int:
@@ -237,14 +231,8 @@ def encode_records(
         if nf is NonFinite.FINITE:
             _require_finite(fn, k)
         return _encode_mxfp8(k, rule, nf)
-    try:
-        rule4 = Nvfp4ScaleRule(nvfp4_rule)
-    except ValueError:
-        fail(fn, "nvfp4_rule", f"must be one of {[r.value for r in Nvfp4ScaleRule]}", nvfp4_rule)
-    try:
-        nf4 = Nvfp4NonFinite(nonfinite)
-    except ValueError:
-        fail(fn, "nonfinite", f"must be one of {[x.value for x in Nvfp4NonFinite]} for the NVFP4 record", nonfinite)
+    rule4 = check_enum(fn, "nvfp4_rule", Nvfp4ScaleRule, nvfp4_rule)
+    nf4 = check_enum(fn, "nonfinite", Nvfp4NonFinite, nonfinite, " for the NVFP4 record")
     if nf4 is Nvfp4NonFinite.FINITE:
         _require_finite(fn, k)
     return _encode_nvfp4(k, rule4)
@@ -357,10 +345,7 @@ def insert(
     slots = _check_slots(fn, "slot_mapping", slot_mapping)
     if slots.shape[0] > k.shape[0]:
         fail(fn, "slot_mapping", f"must not be longer than k (N = {k.shape[0]})", f"length {slots.shape[0]}")
-    try:
-        slot_skip = SlotSkip(slot_skip)
-    except ValueError:
-        fail(fn, "slot_skip", f"must be one of {[x.value for x in SlotSkip]}", slot_skip)
+    slot_skip = check_enum(fn, "slot_skip", SlotSkip, slot_skip)
     if slot_skip is SlotSkip.MINUS1_ONLY and bool(((slots < 0) & (slots != -1)).any()):
         fail(fn, "slot_mapping", "may hold no negative value other than -1 under slot_skip=MINUS1_ONLY: the "
              "Triton writer skips only -1 and would write other negative slots out of bounds")

@@ -7,9 +7,12 @@ than a silent wrong answer or a traceback from deep inside.
 
 from __future__ import annotations
 
-from typing import Iterable
+from enum import Enum
+from typing import Iterable, TypeVar
 
 import torch
+
+E = TypeVar("E", bound=Enum)
 
 
 class InputError(ValueError):
@@ -21,6 +24,15 @@ def fail(fn: str, arg: str, rule: str, got: object | None = None) -> "NoReturn":
     if got is not None:
         msg += f" (got {got})"
     raise InputError(msg)
+
+
+def check_enum(fn: str, arg: str, cls: type[E], value: object, context: str = "") -> E:
+    """``cls(value)`` for a string enum (the named policies of ``reference.policies``); otherwise
+    an InputError naming ``arg`` and every known value (``context`` follows the list)."""
+    try:
+        return cls(value)
+    except ValueError:
+        fail(fn, arg, f"must be one of {[m.value for m in cls]}{context}", value)
 
 
 def check_tensor(fn: str, arg: str, t: object) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .constants import E2M1_MAX, NVFP4_SCALE_MAX, NVFP4_SCALE_MIN
-from .errors import check_dtype, check_tensor, fail
+from .errors import check_dtype, check_enum, check_tensor, fail
 from .fp8 import _encode_fp8_trusted, decode_e4m3fn
 from .policies import Fp8Flavour, NonFinite, Nvfp4ScaleRule
 from .quant import _fl32_div
@@ -113,10 +113,7 @@ def nvfp4_scale_bytes(amax: torch.Tensor, rule: Nvfp4ScaleRule | str) -> torch.T
     """
     fn = "nvfp4_scale_bytes"
     check_dtype(fn, "amax", amax, (torch.float32,))
-    try:
-        rule = Nvfp4ScaleRule(rule)
-    except ValueError:
-        fail(fn, "rule", f"must be one of {[r.value for r in Nvfp4ScaleRule]}", rule)
+    rule = check_enum(fn, "rule", Nvfp4ScaleRule, rule)
     if not bool((torch.isfinite(amax) & (amax >= 0)).all()):
         fail(fn, "amax", "must be finite and >= 0")
     return _nvfp4_scale_bytes(amax, rule)

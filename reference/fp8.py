@@ -72,7 +72,7 @@ from .constants import (
     UE8M0_BIAS,
     UE8M0_NAN,
 )
-from .errors import check_dtype, check_tensor, fail
+from .errors import check_dtype, check_enum, check_tensor, fail
 from .policies import Fp8Decode, Fp8Flavour, NonFinite, Ue8m0Consumer
 
 __all__ = [
@@ -158,10 +158,7 @@ def _sign_bit(v: torch.Tensor) -> torch.Tensor:
 
 
 def _validate_nonfinite(fn: str, nonfinite: object) -> NonFinite:
-    try:
-        return NonFinite(nonfinite)
-    except ValueError:
-        fail(fn, "nonfinite", f"must be one of {[p.value for p in NonFinite]}", nonfinite)
+    return check_enum(fn, "nonfinite", NonFinite, nonfinite)
 
 
 def _validate_clamp(fn: str, clamp: object, fmt_max: float) -> float | None:
@@ -332,10 +329,7 @@ def decode_e4m3fnuz(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _validate_flavour(fn: str, flavour: object) -> Fp8Flavour:
-    try:
-        return Fp8Flavour(flavour)
-    except ValueError:
-        fail(fn, "flavour", f"must be one of {[f.value for f in Fp8Flavour]}", flavour)
+    return check_enum(fn, "flavour", Fp8Flavour, flavour)
 
 
 def fp8_max(flavour: Fp8Flavour | str) -> float:
@@ -378,11 +372,7 @@ def decode_fp8(codes: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3F
     decodes them: exact (EXACT), or exponent-0 codes read as normals (EXP0_AS_NORMAL,
     ``reference.policies.Fp8Decode``)."""
     f = _validate_flavour("decode_fp8", flavour)
-    try:
-        r = Fp8Decode(read)
-    except ValueError:
-        fail("decode_fp8", "read", f"must be one of {[x.value for x in Fp8Decode]}", read)
-    if r is Fp8Decode.EXACT:
+    if check_enum("decode_fp8", "read", Fp8Decode, read) is Fp8Decode.EXACT:
         return _decode("decode_fp8", codes, f)
     check_dtype("decode_fp8", "codes", codes, (torch.uint8,))
     return _EXP0_AS_NORMAL_TABLES[f].to(codes.device)[codes.to(torch.int64)]
@@ -442,10 +432,7 @@ def decode_ue8m0(b: torch.Tensor, consumer: Ue8m0Consumer | str = Ue8m0Consumer.
     """
     fn = "decode_ue8m0"
     check_dtype(fn, "b", b, (torch.uint8,))
-    try:
-        c = Ue8m0Consumer(consumer)
-    except ValueError:
-        fail(fn, "consumer", f"must be one of {[x.value for x in Ue8m0Consumer]}", consumer)
+    c = check_enum(fn, "consumer", Ue8m0Consumer, consumer)
     return _UE8M0_TABLES[c].to(b.device)[b.to(torch.int64)]
 
 

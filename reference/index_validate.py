@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import INDEX_DTYPES, check_dtype, check_int, check_rank, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, fail
 from .indices_slots import as_flags, as_index, lookup_slots
 from .policies import IndexRule
 
@@ -109,10 +109,7 @@ def validate_indices(
     check_rank(fn, "idx", idx, (2, 3))
     x = idx.to(torch.int64).reshape(idx.shape[0], -1)
     t, k = x.shape
-    try:
-        rule = IndexRule(rule)
-    except ValueError:
-        fail(fn, "rule", f"must be one of {[r.value for r in IndexRule]}", rule)
+    rule = check_enum(fn, "rule", IndexRule, rule)
     if num_rows is not None:
         num_rows = check_int(fn, "num_rows", num_rows, minimum=0)
     if lengths is None:

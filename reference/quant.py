@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .constants import E4M3_BIAS, E4M3FNUZ_BIAS, OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
-from .errors import check_dtype, check_int, check_tensor, fail
+from .errors import check_dtype, check_enum, check_int, check_tensor, fail
 from .fp8 import (
     _ceil_log2,
     _encode_fp8_trusted,
@@ -72,10 +72,7 @@ def _fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
 
 
 def _validate_rule(fn: str, rule: object) -> ScaleRule:
-    try:
-        return ScaleRule(rule)
-    except ValueError:
-        fail(fn, "rule", f"must be one of {[r.value for r in ScaleRule]}", rule)
+    return check_enum(fn, "rule", ScaleRule, rule)
 
 
 def tile_exponent(amax: torch.Tensor, rule: ScaleRule | str, fp8_max_value: float = E4M3_MAX) -> torch.Tensor:
@@ -186,10 +183,7 @@ def quantize_tiles(
 
 
 def validate_subnormals(fn: str, subnormals: object) -> Fp8Subnormals:
-    try:
-        return Fp8Subnormals(subnormals)
-    except ValueError:
-        fail(fn, "subnormals", f"must be one of {[s.value for s in Fp8Subnormals]}", subnormals)
+    return check_enum(fn, "subnormals", Fp8Subnormals, subnormals)
 
 
 def _inf_tile_byte(nonfinite: NonFinite) -> int:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import torch
 
 from .constants import HEAD_DIM, ROPE_DIM, ROPE_OFFSET
-from .errors import INDEX_DTYPES, check_dtype, check_int, fail
+from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, fail
 from .policies import RopeArithmetic
 
 __all__ = [
@@ -256,10 +256,7 @@ def cos_sin_cache(max_pos: int, rope_dim: int = ROPE_DIM, theta: float = 10000.0
 
 # --------------------------------------------------------------------------- apply
 def _as_arith(fn: str, arithmetic: object) -> RopeArithmetic:
-    try:
-        return RopeArithmetic(arithmetic)
-    except ValueError:
-        fail(fn, "arithmetic", f"must be one of {[a.value for a in RopeArithmetic]}", arithmetic)
+    return check_enum(fn, "arithmetic", RopeArithmetic, arithmetic)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False,
