@@ -89,6 +89,7 @@ import torch
 from dsv4_numerics.reference import cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
+from dsv4_numerics.reference.indices_slots import local_to_global_slots
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import (
     Fp8Decode,
@@ -304,13 +305,12 @@ def compressor_call(case: Case) -> dict[str, torch.Tensor]:
     window = (2 if ratio == 4 else 1) * ratio
     pos = a["positions"]
     local = pos.unsqueeze(-1) - window + 1 + torch.arange(window, device=pos.device)
-    req = a["token_to_req_indices"].to(torch.int64).unsqueeze(-1).expand_as(local)
-    lc = local.clamp(min=0)
-    bt = a["block_table"].to(torch.int64)
-    if lc.numel() and int(lc.max()) // sbs >= bt.shape[1]:
+    bt = a["block_table"]
+    if local.numel() and int(local.max()) // sbs >= bt.shape[1]:
         raise UnsupportedCase(f"a token's window reaches past the block table's {bt.shape[1]} pages; the CPU op "
                               "gathers every window row, boundary or not")
-    gather = torch.where(local >= 0, bt[req, lc // sbs] * sbs + lc % sbs, -1)
+    # window rows before position 0 are -1 (vLLM's map_local_to_global_slots_cpu does the same)
+    gather = local_to_global_slots(local, a["token_to_req_indices"], bt, sbs).to(torch.int64)
     kv_slots = torch.where(a["slot_mapping"] >= 0, a["k_cache_metadata"].slot_mapping, -1)
     kv3 = a["kv_cache"]
     kv2 = torch.as_strided(kv3, (kv3.shape[0], kv3.stride(0)), (kv3.stride(0), 1), kv3.storage_offset())
