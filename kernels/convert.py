@@ -164,6 +164,15 @@ def slot_count(view: torch.Tensor) -> int:
     return int(view.shape[0]) * int(view.shape[1])
 
 
+def in_prefix(idx: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
+    """bool ``[T, K]``: column ``c`` of row ``t`` lies inside the row's length prefix
+    (``c < lens[t]``; every column when ``lens`` is None)."""
+    if lens is None:
+        return torch.ones(idx.shape, dtype=torch.bool, device=idx.device)
+    cols = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0)
+    return cols < lens.to(idx.device).unsqueeze(1)
+
+
 def out_of_contract_indices(idx: torch.Tensor, lens: torch.Tensor | None, n: int,
                             allow_minus1_only: bool) -> int:
     """How many index values inside each row's prefix (``c < lens[t]``, or all columns when
@@ -172,10 +181,7 @@ def out_of_contract_indices(idx: torch.Tensor, lens: torch.Tensor | None, n: int
     2.4 / H2); otherwise none (the consumer masks every out-of-range value)."""
     if not allow_minus1_only or idx.numel() == 0:
         return 0
-    t, k = idx.shape
-    cols = torch.arange(k, device=idx.device).unsqueeze(0)
-    in_prefix = torch.ones_like(idx, dtype=torch.bool) if lens is None else cols < lens.to(idx.device).unsqueeze(1)
-    bad = ((idx < -1) | (idx >= n)) & in_prefix
+    bad = ((idx < -1) | (idx >= n)) & in_prefix(idx, lens)
     return int(bad.sum())
 
 
@@ -195,6 +201,6 @@ def refuse_non_minus1(idx: torch.Tensor, lens: torch.Tensor | None, n: int, who:
 
 __all__ = [
     "FLASHINFER_HEADS", "FLASHMLA_HEADS", "InputError", "PAGE_ALIGN_BYTES", "aligned_pages",
-    "lengths_int32", "lse_plus_inf_to_minus_inf", "out_of_contract_indices", "pad_heads", "pad_topk", "refuse_non_minus1",
+    "lengths_int32", "lse_plus_inf_to_minus_inf", "in_prefix", "out_of_contract_indices", "pad_heads", "pad_topk", "refuse_non_minus1",
     "padded_heads", "paged_cache_view", "round_up", "slot_count",
 ]

@@ -62,12 +62,13 @@ from .canonical import PagedSegment, decode_inputs, prefill_inputs
 from .convert import (
     FLASHMLA_HEADS,
     aligned_pages,
+    in_prefix,
     lengths_int32,
     lse_plus_inf_to_minus_inf,
-    refuse_non_minus1,
     pad_heads,
     pad_topk,
     padded_heads,
+    refuse_non_minus1,
 )
 from .registry import KernelEntry
 
@@ -182,9 +183,7 @@ def _check_prefill_nan_leak(kv: torch.Tensor, idx: torch.Tensor, length: torch.T
     if length is None or idx.numel() == 0:
         return
     s = kv.shape[0]
-    k = idx.shape[1]
-    cols = torch.arange(k, device=idx.device).unsqueeze(0)
-    beyond = cols >= length.to(idx.device).unsqueeze(1)
+    beyond = ~in_prefix(idx, length)
     i64 = idx.to(torch.int64)
     valid = (i64 >= 0) & (i64 < s) & beyond
     if not bool(valid.any()):

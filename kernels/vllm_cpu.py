@@ -105,7 +105,7 @@ from dsv4_numerics.reference.policies import (
 from . import probe as P
 from . import staged
 from .canonical import PagedSegment, decode_inputs, prefill_inputs
-from .convert import refuse_non_minus1
+from .convert import in_prefix, refuse_non_minus1
 from .registry import KernelEntry
 from .vllm_cuda import RMS_EPS, paged_cache_2d, swa_write_args
 
@@ -208,10 +208,7 @@ def _slots(seg: PagedSegment, name: str) -> torch.Tensor:
     that is neither ``-1`` nor a slot of the cache is out of the op's contract."""
     refuse_non_minus1(seg.idx, seg.length, seg.num_slots, "vLLM's CPU sparse attention (as vLLM's caller uses it)", name)
     idx = seg.idx.to(torch.int64)
-    if seg.length is not None:
-        cols = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0)
-        idx = torch.where(cols < seg.length.to(idx.device, torch.int64).unsqueeze(1), idx, -1)
-    return idx.contiguous()
+    return torch.where(in_prefix(idx, seg.length), idx, -1).contiguous()
 
 
 def _sink(sink: torch.Tensor | None, h: int, device: torch.device) -> torch.Tensor:
@@ -253,10 +250,7 @@ def workspace_cache(kv: torch.Tensor, idx: torch.Tensor, length: torch.Tensor | 
                                 nonfinite=NonFinite.TORCH)
     back = cache_model1.dequantize_slots(cache, torch.arange(s, device=kv.device), block_size)
     same = (back.view(torch.int16) == kv.view(torch.int16)).all(dim=1)
-    cols = torch.arange(idx.shape[1], device=idx.device).unsqueeze(0)
-    live = (idx >= 0) & (idx < s)
-    if length is not None:
-        live &= cols < length.to(idx.device).unsqueeze(1)
+    live = (idx >= 0) & (idx < s) & in_prefix(idx, length)
     read = torch.zeros(s, dtype=torch.bool, device=kv.device)
     read[idx[live].to(torch.int64)] = True
     lossy = int((read & ~same).sum())
