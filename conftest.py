@@ -115,15 +115,14 @@ def longest_first(items) -> None:
         g = _group(it)
         if g is not None and not it.get_closest_marker("skip"):
             sizes[g] = sizes.get(g, 0) + 1
-    pos = {id(it): i for i, it in enumerate(items)}
 
-    def key(it):
+    def key(it):  # list.sort is stable: items of equal key keep their collected order
         g = _group(it)
         if it.get_closest_marker("slow") and not it.get_closest_marker("skip"):
-            return (0, 0, "", pos[id(it)])
+            return (0, 0, "")
         if g in sizes:
-            return (1, -sizes[g], g, pos[id(it)])
-        return (2, 0, "", pos[id(it)])
+            return (1, -sizes[g], g)
+        return (2, 0, "")
 
     items.sort(key=key)
 

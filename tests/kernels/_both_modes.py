@@ -7,8 +7,9 @@ deterministic per call in what is judged; calling it twice would only double its
 from __future__ import annotations
 
 
-class _Replay:
-    """The entry, with ``call`` answering each case from the first pass's outputs."""
+class _CallOnce:
+    """The entry, with ``call`` memoised by case name: the second pass judges the first pass's
+    outputs (a call that raised is not remembered, so it raises again)."""
 
     def __init__(self, entry):
         self._entry, self._outputs = entry, {}
@@ -16,32 +17,19 @@ class _Replay:
     def __getattr__(self, name):
         return getattr(self._entry, name)
 
-    def record(self, case):
-        out = self._entry.call(case)
-        self._outputs[case.name] = out
-        return out
-
-    def replay(self, case):
-        if case.name in self._outputs:
-            return self._outputs[case.name]
-        return self._entry.call(case)
-
-
-class _Calling:
-    def __init__(self, replay: _Replay, call):
-        self._r, self.call = replay, call
-
-    def __getattr__(self, name):
-        return getattr(self._r, name)
+    def call(self, case):
+        if case.name not in self._outputs:
+            self._outputs[case.name] = self._entry.call(case)
+        return self._outputs[case.name]
 
 
 def both(entry, cases=None, device=None):
     from dsv4_numerics.oracles.matrix import run_entry
 
     cases = list(cases) if cases is not None else None
-    r = _Replay(entry)
-    fast = run_entry(_Calling(r, r.record), cases=cases, device=device, oracle_mode="fast")
-    ordered = run_entry(_Calling(r, r.replay), cases=cases, device=device, oracle_mode="ordered")
+    once = _CallOnce(entry)
+    fast = run_entry(once, cases=cases, device=device, oracle_mode="fast")
+    ordered = run_entry(once, cases=cases, device=device, oracle_mode="ordered")
     for f, o in zip(fast, ordered):
         f.details = dict(f.details or {})
         f.details["ordered"] = {"verdict": o.verdict, "rule": o.rule, "case": o.case,
