@@ -28,7 +28,8 @@ def load(folder: str | Path) -> dict[str, list[tuple[float, float, str, str]]]:
 
 def breakdown(folder: str | Path, top: int = 10) -> str:
     """The report described in the module docstring, as text."""
-    data = {w: rows for w, rows in load(folder).items() if w != "main" or len(load(folder)) == 1}
+    loaded = load(folder)
+    data = {w: rows for w, rows in loaded.items() if w != "main" or len(loaded) == 1}
     if not data:
         return f"timeline: no *.tsv under {folder}"
     t_first = min(r[0] for rows in data.values() for r in rows)

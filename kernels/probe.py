@@ -59,6 +59,12 @@ CPU_ISA_ARCHS = frozenset(tag for tag, _ in CPU_ISA_TAGS)
 ALL_ARCHS = CUDA_ARCHS | ROCM_ARCHS | CPU_ISA_ARCHS | {"any-gpu", "cpu"}
 
 
+def runs_on_cpu(archs: Iterable[str]) -> bool:
+    """An entry with these ``archs`` runs on the CPU (the reference, plain PyTorch, or a CPU
+    production kernel such as vLLM's CPU backend): no GPU marker, judged on the CPU."""
+    return set(archs) <= {"cpu"} | CPU_ISA_ARCHS
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset[str]:
     """The ISA flags of this host's CPU (``/proc/cpuinfo``'s first ``flags`` line; empty where

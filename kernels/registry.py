@@ -21,7 +21,7 @@ from typing import Any, Callable
 from dsv4_numerics.reference import policies as _pol
 from dsv4_numerics.reference.errors import InputError
 
-from .probe import CPU_ISA_ARCHS
+from .probe import runs_on_cpu
 
 # Family modules, in listing order (kernels/<name>.py, each exporting ``ENTRIES``).
 FAMILY_MODULES = (
@@ -119,7 +119,7 @@ class KernelEntry:
     def markers(self) -> tuple[str, ...]:
         """The root-conftest hardware markers that fit this entry's ``archs``."""
         archs = set(self.archs)
-        if archs <= {"cpu"} | CPU_ISA_ARCHS:
+        if runs_on_cpu(archs):
             return ()
         out = ["gpu"]
         if archs <= {"sm90"}:

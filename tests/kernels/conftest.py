@@ -58,9 +58,9 @@ def _device() -> str:
 def _runs_on_cpu(entry) -> bool:
     """A CPU production kernel (x86 ISA archs, e.g. vLLM's CPU backend) or a plain CPU entry: its
     isolated child runs it on the CPU, whatever GPU the worker has."""
-    from dsv4_numerics.kernels.probe import CPU_ISA_ARCHS
+    from dsv4_numerics.kernels.probe import runs_on_cpu
 
-    return set(entry.archs) <= {"cpu"} | CPU_ISA_ARCHS
+    return runs_on_cpu(entry.archs)
 
 
 def _child_env() -> dict:
