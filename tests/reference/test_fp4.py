@@ -19,10 +19,10 @@ from dsv4_numerics.strategies_v41 import (
     subnormal_scale_groups,
     zero_groups,
 )
-from reference.cache_v41 import decode_records, encode_records
-from reference.errors import InputError
-from reference.fp4 import decode_e2m1, encode_e2m1, nvfp4_scale_bytes, pack_e2m1, unpack_e2m1
-from reference.policies import Nvfp4ScaleRule, V41Record
+from dsv4_numerics.reference.cache_v41 import decode_records, encode_records
+from dsv4_numerics.reference.errors import InputError
+from dsv4_numerics.reference.fp4 import decode_e2m1, encode_e2m1, nvfp4_scale_bytes, pack_e2m1, unpack_e2m1
+from dsv4_numerics.reference.policies import Nvfp4ScaleRule, V41Record
 
 
 def _e2m1_formula(code: int) -> float:
