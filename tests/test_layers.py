@@ -48,10 +48,30 @@ def _target(module: str) -> str:
     return "app"
 
 
+def test_no_module_imports_a_layer_folder_by_its_bare_name():
+    """``from reference import x`` (the folder on ``sys.path``, e.g. pytest's rootdir) loads a SECOND
+    copy of the module beside ``dsv4_numerics.reference.x``: its classes are other classes, so an
+    ``InputError`` raised by one is not caught as the other's. Everything imports the installed names."""
+    bad = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0].startswith(".") or "site-packages" in rel.parts:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            bad += [f"{rel}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in LAYERS]
+    assert not bad, "import the layers as dsv4_numerics.<layer>, never by the folder's name:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 def test_layer_imports_only_the_layers_above(layer):
     bad = []
-    for path in sorted((ROOT / layer).glob("*.py")):
+    for path in sorted((ROOT / layer).rglob("*.py")):
         for line, mod in _imports(path):
             if _target(mod) not in ALLOWED[layer]:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
