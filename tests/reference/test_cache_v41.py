@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dsv4_numerics.strategies_v41 import v41_geometries, v41_mixed_caches
+from dsv4_numerics.strategies_v41 import (
+    e2m1_saturation_groups,
+    e2m1_tie_groups,
+    subnormal_scale_groups,
+    v41_geometries,
+    v41_mixed_caches,
+    zero_groups,
+)
 from reference import cache_v41 as c
 from reference.errors import InputError
 from reference.fp8 import decode_e4m3fn
@@ -270,3 +278,29 @@ def test_gather_reads_positions_through_the_block_table(record, layout):
         c.gather(cache, torch.tensor([[5, 0]]), torch.tensor([3]), 2, record, layout)
     with pytest.raises(InputError, match="'gather_lens'"):
         c.gather(cache, torch.tensor([[1, 0]]), torch.tensor([3]), 2, record, layout, gather_lens=torch.tensor([4]))
+
+
+_NVFP4_GROUPS = st.one_of(e2m1_tie_groups(), e2m1_saturation_groups(), subnormal_scale_groups(), zero_groups())
+
+
+@settings(max_examples=15, deadline=None)
+@given(groups=st.lists(_NVFP4_GROUPS, min_size=32, max_size=32), geom=v41_geometries(block_sizes=(1, 2, 3, 16)),
+       data=st.data())
+def test_gather_of_drawn_nvfp4_groups_reads_back_their_scales(groups, geom, data):
+    """E2M1 ties, saturation, subnormal E4M3 scales and zero groups, written by the vLLM producer
+    at a drawn slot of a drawn geometry and gathered back as the last row of one request: every
+    group's scale byte is the one the strategy constructed it for, and the gathered row is
+    ``code * scale`` of the written record (both byte orders)."""
+    nb, bs, page, record, layout = geom
+    k = torch.cat([g for g, _ in groups]).reshape(1, 512)
+    slot = data.draw(st.integers(0, nb * bs - 1))
+    cache = c.insert(c.empty_cache(nb, bs, record, page_stride=page, fill=0xA5), k, torch.tensor([slot]), bs, record,
+                     layout, nonfinite="triton")
+    table = torch.arange(nb, dtype=torch.int32).reshape(1, nb)
+    out, valid = c.gather(cache, table, torch.tensor([slot + 1]), bs, record, layout, gather_lens=torch.tensor([1]),
+                          consumer="triton")
+    assert valid.tolist() == [[True]]
+    data_b, scales = c.read_records(cache, torch.tensor([slot]), bs, record, layout)
+    assert torch.equal(out[0].view(torch.int16), c.decode_records(data_b, scales, record, "triton").view(torch.int16))
+    if record is NV:
+        assert scales[0].tolist() == [b for _, b in groups]
