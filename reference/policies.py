@@ -290,7 +290,8 @@ class Nvfp4NonFinite(_StrEnum):
         ``maxnum`` reduction, so NaN elements are ignored and an Inf makes ``amax = Inf``; the scale
         ``clamp(Inf / 6, 2**-9, 448)`` is 448 (byte 0x7E); ``div_rn`` keeps NaN / +-Inf; then
         ``cvt.rn.satfinite.e2m1x2.f32`` saturates +-Inf to +-6 (codes 0x7 / 0xF) and, E2M1 having
-        no NaN, writes NaN as positive MAX_NORM (+6, code 0x7; PTX ISA ``cvt`` ``.satfinite``).
+        no NaN, writes NaN as positive MAX_NORM (+6, code 0x7; PTX ISA ``cvt`` ``.satfinite``; not
+        yet observed on hardware: the instruction exists only on sm100+, where the lead confirms it).
         A group whose 16 elements are all NaN has ``amax = NaN``, and ``tl.clamp`` of NaN is
         unspecified: out of contract, the reference raises. The value is ``"triton"``, as
         ``NonFinite.TRITON``, so one declared ``nonfinite`` serves both records of the producer.
