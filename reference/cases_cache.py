@@ -277,9 +277,10 @@ def plain_write_cases() -> list[Case]:
     ]
 
 
-def _gather_case(name: str, seed: int, bs: int, stride: int, seq_lens: list[int],
-                 gather_lens: list[int] | None, extra_pages: int, rows_mix: dict[str, float]) -> Case:
-    g = torch.Generator().manual_seed(seed)
+def gather_tables(g: torch.Generator, bs: int, seq_lens: list[int], gather_lens: list[int] | None,
+                  extra_pages: int) -> tuple[torch.Tensor, list[int], int]:
+    """``(block_table int64 [R, max_blocks], gathered slots in output order, num_blocks)`` of a
+    gather case: permuted pages, one spare column of garbage page ids (never read)."""
     r = len(seq_lens)
     need = [-(-L // bs) for L in seq_lens]
     max_blocks = max(need) + 1  # one spare column (holds garbage page ids, never read)
@@ -296,14 +297,28 @@ def _gather_case(name: str, seed: int, bs: int, stride: int, seq_lens: list[int]
     for b in range(r):
         for pos in range(seq_lens[b] - gl[b], seq_lens[b]):
             slots.append(int(table[b, pos // bs]) * bs + pos % bs)
+    return table, slots, nb
+
+
+def gather_rows(g: torch.Generator, slots: list[int], rows_mix: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(k bf16 [n, 512], slot_mapping int64 [n])`` writing the ``n`` gathered ``slots``: row kinds
+    by fraction (``rows_mix``, the rest realistic), in a permuted token order (as a writer sees them)."""
     n = len(slots)
     kinds = []
     for kind, frac in rows_mix.items():
         kinds += [kind] * int(round(frac * n))
     kinds = (kinds + ["realistic"] * n)[:n]
     k = make_rows(g, _shuffle(g, kinds))
-    order = torch.randperm(n, generator=g)  # the writer sees the tokens in a permuted order
-    slot_t = torch.tensor(slots, dtype=torch.int64)[order]
+    order = torch.randperm(n, generator=g)
+    return k, torch.tensor(slots, dtype=torch.int64)[order]
+
+
+def _gather_case(name: str, seed: int, bs: int, stride: int, seq_lens: list[int],
+                 gather_lens: list[int] | None, extra_pages: int, rows_mix: dict[str, float]) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    table, slots, nb = gather_tables(g, bs, seq_lens, gather_lens, extra_pages)
+    n = len(slots)
+    k, slot_t = gather_rows(g, slots, rows_mix)
     cache = insert(_garbage(g, (nb, stride)), k, slot_t, bs, ScaleRule.AMAX_CLAMP)
     params = {"seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb,
               "seq_lens": seq_lens, "gather_lens": gather_lens, "rows": rows_mix,

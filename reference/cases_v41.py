@@ -1,4 +1,5 @@
-"""Default cases of the DeepSeek-V4.1 cache writer stage ``v41_write`` (datapath 1.6, H13).
+"""Default cases of the DeepSeek-V4.1 cache stages ``v41_write`` and ``v41_gather`` (datapath 1.6,
+4.5, H13).
 
 Inputs (CPU tensors / plain values), as ``cases_cache`` writes them for ``swa_write`` plus the record:
     ``k``             bfloat16 ``[N, 512]`` (all dims quantised, RoPE included)
@@ -8,6 +9,12 @@ Inputs (CPU tensors / plain values), as ``cases_cache`` writes them for ``swa_wr
     ``cache``         uint8 ``[num_blocks, page_stride]``: stale garbage before the write
 The byte order and the quantisation rules are the writer's policies (``v41_layout``,
 ``scale_rule``, ``nvfp4_rule``), not case inputs.
+
+``v41_gather`` inputs: ``cache`` uint8 ``[num_blocks, page_stride]`` written by ``cache_v41.insert``
+(the vLLM 0.33.0 producer: interleaved, AMAX_CLAMP / RECIP_MUL) over stale garbage, ``record``,
+``block_table`` int32 (permuted pages, a spare column of garbage ids), ``seq_lens`` / ``gather_lens``
+int32 ``[R]`` (or None), ``offset``, ``block_size``, ``num_blocks``, ``page_stride``,
+``written_slots`` (every gathered position's slot is among them; other slots hold stale bytes).
 
 Row kinds: those of ``cases_cache.make_rows`` (realistic, tiny, boundary, ties, zeros,
 subnormal, huge: their 64-wide tile constructions hold for the 32- and 16-wide V4.1 groups in
@@ -19,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from .cache_v41 import record_bytes
+from .cache_v41 import PRODUCERS, insert, record_bytes
 from .cases import Case, register_cases
-from .cases_cache import _garbage, _kinds, _shuffle, _slots_with_padding, make_rows
+from .cases_cache import _garbage, _kinds, _shuffle, _slots_with_padding, gather_rows, gather_tables, make_rows
 from .constants import E2M1_MAX, HEAD_DIM, V41_NVFP4_GROUP
 from .fp4 import E2M1_MAGNITUDES
 from .fp8 import decode_e4m3fn
@@ -79,4 +86,36 @@ def v41_write_cases() -> list[Case]:
         _v41_case("mxfp8-bs2-edge-tail40", 402, mx, 2, 12, {"subnormal": 6, "huge": 4, "realistic": 6}, 2, tail=40),
         _v41_case("nvfp4-bs64-ties-realistic", 403, nv, 64, 2, {"e2m1_ties": 24, "realistic": 24, "zeros": 2}, 3),
         _v41_case("nvfp4-bs2-tiny-tail8", 404, nv, 2, 12, {"e2m1_ties": 8, "tiny": 8, "realistic": 4}, 2, tail=8),
+    ]
+
+
+def _v41_gather_case(name: str, seed: int, record: V41Record, bs: int, seq_lens: list[int],
+                     gather_lens: list[int] | None, offset: int, extra_pages: int, rows_mix: dict[str, float],
+                     tail: int = 0) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    table, slots, nb = gather_tables(g, bs, seq_lens, gather_lens, extra_pages)
+    k, slot_t = gather_rows(g, slots, rows_mix)
+    vllm = PRODUCERS["vllm_0.33.0"]
+    stride = bs * record_bytes(record) + tail
+    cache = insert(_garbage(g, (nb, stride)), k, slot_t, bs, record, vllm.layout, vllm.mxfp8_rule,
+                   vllm.mxfp8_nonfinite if record is V41Record.MXFP8 else vllm.nvfp4_nonfinite, vllm.nvfp4_rule)
+    params = {"seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb, "record": record.value,
+              "seq_lens": seq_lens, "gather_lens": gather_lens, "offset": offset, "rows": rows_mix,
+              "written_by": "cache_v41.insert(producer=vllm_0.33.0)", "n_written": len(slots)}
+    inputs = {"cache": cache, "record": record.value, "block_table": table.to(torch.int32),
+              "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+              "gather_lens": None if gather_lens is None else torch.tensor(gather_lens, dtype=torch.int32),
+              "offset": offset, "block_size": bs, "num_blocks": nb, "page_stride": stride, "written_slots": slot_t}
+    return Case(name, "v41_gather", inputs, params)
+
+
+@register_cases("v41_gather")
+def v41_gather_cases() -> list[Case]:
+    mx, nv = V41Record.MXFP8, V41Record.NVFP4
+    return [
+        _v41_gather_case("mxfp8-bs64-2req-full", 411, mx, 64, [90, 20], None, 0, 1, {"tiny": 0.1, "zeros": 0.05}),
+        _v41_gather_case("mxfp8-bs2-window-offset3-tail40", 412, mx, 2, [9, 4, 1], [6, 4, 0], 3, 2,
+                         {"subnormal": 0.2, "huge": 0.1}, tail=40),
+        _v41_gather_case("nvfp4-bs64-window", 413, nv, 64, [70, 30], [64, 30], 0, 0, {"ties": 0.1, "zeros": 0.05}),
+        _v41_gather_case("nvfp4-bs2-offset1-tail8", 414, nv, 2, [7, 3], None, 1, 3, {"tiny": 0.3}, tail=8),
     ]

@@ -282,11 +282,21 @@ class Nvfp4ScaleRule(_StrEnum):
 class Nvfp4NonFinite(_StrEnum):
     """What a V4.1 NVFP4 writer does with a 16-group holding NaN or Inf.
 
-    FINITE: out of contract, the reference raises (vLLM 0.33.0: ``tl.max`` / ``tl.clamp`` /
-        ``cvt.rn.satfinite`` behaviour on NaN is not modelled yet).
+    FINITE: out of contract, the reference raises.
     POISON: scale byte 0x7F (E4M3 NaN) and all 16 codes 0 -- FlashInfer 0.7.2 ("zero codes plus
         a NaN scale", ``FI:data/csrc/sparse_mla_sm120/dsv41_fp4_cache_ops.cu:113-127``).
+    TRITON: vLLM 0.33.0 ``_rope_quant_insert_nvfp4_kernel`` (``V:.../deepseek_v41/common/ops/
+        fused_compress_quant_cache.py:518-531``), step by step: ``amax = tl.max(|x|)`` is a
+        ``maxnum`` reduction, so NaN elements are ignored and an Inf makes ``amax = Inf``; the scale
+        ``clamp(Inf / 6, 2**-9, 448)`` is 448 (byte 0x7E); ``div_rn`` keeps NaN / +-Inf; then
+        ``cvt.rn.satfinite.e2m1x2.f32`` saturates +-Inf to +-6 (codes 0x7 / 0xF) and, E2M1 having
+        no NaN, writes NaN as positive MAX_NORM (+6, code 0x7; PTX ISA ``cvt`` ``.satfinite``; not
+        yet observed on hardware: the instruction exists only on sm100+, where the lead confirms it).
+        A group whose 16 elements are all NaN has ``amax = NaN``, and ``tl.clamp`` of NaN is
+        unspecified: out of contract, the reference raises. The value is ``"triton"``, as
+        ``NonFinite.TRITON``, so one declared ``nonfinite`` serves both records of the producer.
     """
 
     FINITE = "finite"
     POISON = "poison"
+    TRITON = "triton"

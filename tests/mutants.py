@@ -25,6 +25,7 @@ from dsv4_numerics.reference.attention import Segment, sparse_attention
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import DATA_ROW_BYTES, E4M3_MAX, NOPE_DIM, RECORD_BYTES, SCALE_FLOOR_F32, TILE
 from dsv4_numerics.reference.fp8 import encode_fp8, pow2_f64
+from dsv4_numerics.reference.gather_plan import gather_plan
 from dsv4_numerics.reference.policies import Fp8Flavour, RopeArithmetic, ScaleRule
 
 
@@ -573,6 +574,56 @@ def _v41_nvfp4(case: Case, *, swap_nibbles: bool = False, unrounded_divisor: boo
     return _v41_records(case, fp4.pack_e2m1(codes), sbytes)
 
 
+def _v41_gather_with(layout: str = "interleaved", swap_nibbles: bool = False, window_from_start: bool = False,
+                     scale_bias: int = 127) -> Callable[[Case], dict]:
+    """A V4.1 gather with one defect: the wrong byte order (H13), the odd element read from the
+    low nibble, the first ``g`` positions instead of the last ``g`` (window start ``L - g``
+    dropped), or UE8M0 bytes decoded with the wrong bias."""
+
+    def call(case: Case) -> dict:
+        inp = case.inputs
+        seq, gl = inp["seq_lens"], inp.get("gather_lens")
+        if window_from_start and gl is not None:
+            seq = gl  # position L - g + i read as i
+        out, valid = cache_v41.gather(inp["cache"], inp["block_table"], seq, inp["block_size"], inp["record"], layout,
+                                      gl, consumer="triton", offset=inp.get("offset", 0))
+        if swap_nibbles or scale_bias != 127:
+            nb, bs, _ = cache_v41.cache_geometry("mutant", inp["cache"], inp["block_size"], cache_v41._record("m", inp["record"]))
+            plan = gather_plan("mutant", inp["block_table"], inp["seq_lens"], bs, nb, gl, inp.get("offset", 0))
+            data, scales = cache_v41.read_records(inp["cache"], plan.slot, bs, inp["record"], layout)
+            if swap_nibbles and inp["record"] == "nvfp4_288":
+                data = (data >> 4) | (data << 4)
+            if scale_bias != 127 and inp["record"] == "mxfp8_528":
+                scales = (scales.to(torch.int64) + 127 - scale_bias).clamp(0, 255).to(torch.uint8)
+            out[plan.req, plan.row] = cache_v41.decode_records(data, scales, inp["record"], "triton")
+        return {"out": out}
+
+    return call
+
+
+def v41_nonfinite_entry(name: str, call: Callable[[Case], dict]) -> MutantEntry:
+    """A ``v41_write`` entry declaring vLLM's non-finite rule (``nonfinite = triton``) for the
+    non-finite cases of ``tests/kernels/test_vllm_v41.py`` (default cases are finite, so these are
+    not in ``MUTANTS``)."""
+    return MutantEntry(name, "v41_write", "see the test", call, {"nonfinite": "triton"})
+
+
+def v41_nvfp4_nan_as_zero(case: Case) -> dict:
+    """vLLM's NVFP4 writer modelled with NaN -> code 0 (as if cvt flushed NaN) instead of +6."""
+    inp = case.inputs
+    k = inp["k"].clone()
+    k = torch.where(torch.isnan(k), torch.zeros_like(k), k)
+    return {"cache": cache_v41.insert(inp["cache"], k, inp["slot_mapping"], inp["block_size"], inp["record"],
+                                      "interleaved", nonfinite="triton")}
+
+
+def v41_nvfp4_poisoned(case: Case) -> dict:
+    """FlashInfer's POISON rule where vLLM's Triton writer saturates (the two producers disagree)."""
+    inp = case.inputs
+    return {"cache": cache_v41.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"], inp["record"],
+                                      "interleaved", nonfinite="poison")}
+
+
 def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
     return MutantEntry(name, stage, bug, call, dict(policies), dimension=dimension)
 
@@ -607,6 +658,15 @@ MUTANTS: list[MutantEntry] = [
     _m("v41_e2m1_ties_away", "v41_write", "E2M1 ties rounded away from zero (approximate division, fused_compress_"
        "quant_cache.py:522-524 'div.full misplaces values that land exactly on an e2m1 tie')",
        lambda c: _v41_nvfp4(c, ties_away=True)),
+    _m("v41_gather_page_footer", "v41_gather", "V4.1 cache read in the page-footer order it was not written in "
+       "(vFMLA :122-128 'a cache written in the old layout is NOT rejected, it is misread', H13)",
+       _v41_gather_with(layout="page_footer"), ue8m0="triton"),
+    _m("v41_gather_nibbles_swapped", "v41_gather", "NVFP4 even element read from the HIGH nibble (cache_utils.py:625 "
+       "'Even element in the low nibble')", _v41_gather_with(swap_nibbles=True), ue8m0="triton"),
+    _m("v41_gather_window_start_dropped", "v41_gather", "positions i instead of L - g + i (start_pos = seq_len - "
+       "gather_len dropped, cache_utils.py:552-559)", _v41_gather_with(window_from_start=True), ue8m0="triton"),
+    _m("v41_gather_ue8m0_bias_128", "v41_gather", "MXFP8 scale decoded as exp2(b - 128) (off-by-one bias)",
+       _v41_gather_with(scale_bias=128), ue8m0="triton"),
     # gather
     _m("fnuz_codes_read_as_ocp", "gather", "FNUZ cache decoded as OCP (vLLM#42893: dropped use_fnuz, H9)",
        _gather_as(Fp8Flavour.E4M3FN.value), fp8=Fp8Flavour.E4M3FNUZ.value),

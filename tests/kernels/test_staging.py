@@ -295,3 +295,114 @@ def test_cpu_arch_tags(monkeypatch):
     assert P.cpu_arch() == "aarch64"
     monkeypatch.undo()
     P.reset_caches()
+
+
+# ----------------------------------------------------------------------------- the V4.1 part
+def _import_time_nodes(tree):
+    """The nodes that run when a module is imported: everything but function bodies (the lazy
+    imports inside functions -- the CuTe-DSL gather branch, ``can_fuse_query_quant`` -- belong to
+    other parts or to engine code the entries never call)."""
+    import ast
+
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _vllm_imports(path: Path) -> set[str]:
+    """Every ``vllm.*`` module a staged file imports at import time (absolute and relative
+    ``from`` imports resolved against the file's package)."""
+    import ast
+
+    rel = path.as_posix()
+    pkg = rel[rel.index("vllm/"):].rsplit("/", 1)[0].replace("/", ".")
+    out = set()
+    for node in _import_time_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+                out.add(f"{base}.{node.module}" if node.module else base)
+            elif node.module and node.module.startswith("vllm"):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("vllm"))
+    return out
+
+
+def _resolves(dest: Path, module: str) -> bool:
+    p = dest / module.replace(".", "/")
+    return (p.with_suffix(".py")).exists() or (p / "__init__.py").exists()
+
+
+def test_v41_part_brings_triton_and_its_standins(tmp_path, wheel):
+    dest = tmp_path / "st"
+    assert staging.parse_parts("v41") == ["triton", "v41"]
+    m = staging.stage(dest, staging.parse_parts("v41"), wheel, log=lambda m: None)
+    assert m["parts"] == ["triton", "v41"]
+    for rel in staging.COPIES["v41"]:
+        assert m["files"][rel]["part"] == "v41" and (dest / rel).read_bytes() == _content(rel)
+    for rel in staging.STANDINS["v41"]:
+        assert m["files"][rel]["kind"] == "stand-in" and m["files"][rel]["part"] == "v41"
+    # the model package's real __init__ imports the whole model: it must be a stand-in, never the copy
+    assert "vllm/models/deepseek_v41/__init__.py" not in staging.COPIES["v41"]
+    assert staged.part_for("vllm.models.deepseek_v41.common.ops.cache_utils") == "v41"
+    assert "--parts v41" in staged.missing_hint("vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache")
+
+
+def test_v41_standins_import_without_vllm(tmp_path, wheel):
+    """The V4.1 stand-ins import with neither vLLM nor Triton: the activation container keeps the
+    real field order; the weight loader refuses use (engine machinery). In a child process."""
+    dest = tmp_path / "st"
+    staging.stage(dest, staging.parse_parts("v41"), wheel, log=lambda m: None)
+    code = """
+import torch
+from dsv4_numerics.kernels import staged
+assert staged.activate() == []
+from vllm.model_executor.layers.fusion.quant_activation import QuantizedActivation, get_input_quant_key
+from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp8Dynamic
+from vllm.model_executor.model_loader.weight_utils import composed_weight_loader
+import vllm.models.deepseek_v41
+qa = QuantizedActivation(torch.zeros(1), torch.ones(1), torch.bfloat16, torch.Size([1]), kMxfp8Dynamic)
+assert qa.quant_key == kMxfp8Dynamic and get_input_quant_key(object()) is None
+try:
+    composed_weight_loader(None, None)
+except RuntimeError as e:
+    assert "engine machinery" in str(e)
+else:
+    raise SystemExit("composed_weight_loader did not refuse")
+"""
+    env = dict(os.environ, DSV4_STAGED=str(dest))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not os.environ.get("DSV4_VLLM_WHEEL"),
+                    reason="set DSV4_VLLM_WHEEL to the real vllm-0.33.0 wheel to check the v41 part against it")
+def test_v41_part_from_the_real_wheel_resolves_every_vllm_import(tmp_path):
+    """Against the real wheel: every ``vllm.*`` import of every staged V4.1 file (and of the files
+    they import, transitively) names a staged copy or stand-in, so the import cannot reach a
+    missing vLLM module on the GPU machine."""
+    dest = tmp_path / "st"
+    staging.stage(dest, staging.parse_parts("v41"), Path(os.environ["DSV4_VLLM_WHEEL"]), log=lambda m: None)
+    todo = [dest / rel for rel in staging.COPIES["v41"]]
+    seen: set[Path] = set()
+    missing = []
+    while todo:
+        f = todo.pop()
+        if f in seen or not f.exists():
+            continue
+        seen.add(f)
+        for mod in _vllm_imports(f):
+            if not _resolves(dest, mod):
+                # ``from pkg import name``: the name may be a module or an attribute of pkg
+                parent = mod.rsplit(".", 1)[0]
+                if not _resolves(dest, parent):
+                    missing.append((f.relative_to(dest).as_posix(), mod))
+                continue
+            p = dest / mod.replace(".", "/")
+            todo.append(p.with_suffix(".py") if p.with_suffix(".py").exists() else p / "__init__.py")
+    assert not missing, missing

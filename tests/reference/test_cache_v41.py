@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dsv4_numerics.strategies_v41 import v41_geometries, v41_mixed_caches
+from dsv4_numerics.strategies_v41 import (
+    e2m1_saturation_groups,
+    e2m1_tie_groups,
+    subnormal_scale_groups,
+    v41_geometries,
+    v41_mixed_caches,
+    zero_groups,
+)
 from dsv4_numerics.reference import cache_v41 as c
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.fp8 import decode_e4m3fn
@@ -192,7 +200,7 @@ def test_bad_input_is_named():
     assert torch.equal(c.insert(cache, k, torch.tensor([0, -2]), 4, MX, IL),
                        c.insert(cache, k[:1], torch.tensor([0]), 4, MX, IL))  # ALL_NEGATIVE skips -2
     with pytest.raises(InputError, match="'nonfinite'"):
-        c.encode_records(k, NV, nonfinite=NonFinite.TRITON)
+        c.encode_records(k, NV, nonfinite=NonFinite.TORCH)  # an MXFP8-only trajectory
     bad = k.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(InputError, match="'k'.*finite"):
@@ -229,3 +237,70 @@ def test_vllm_reciprocal_multiply_equals_the_amax_clamp_division():
         r = np.maximum(a, np.float32(1e-4)) * np.float32(1 / 448)  # numpy float32: correctly rounded
         want = torch.tensor([_ceil_log2(float(v)) for v in r], dtype=torch.int32)
         assert torch.equal(tile_exponent(amax, ScaleRule.AMAX_CLAMP), want)
+
+
+def test_vllm_nvfp4_nonfinite_rule_by_hand():
+    """Nvfp4NonFinite.TRITON, every byte derived by hand (E4M3 0.5 = 0x30, 448 = 0x7E; E2M1 codes
+    2 = 1.0, 4 = 2.0, 7 = 6.0, sign bit 0x8)."""
+    k = torch.zeros(1, 512, dtype=torch.bfloat16)
+    k[0, 0:3] = torch.tensor([float("nan"), 3.0, 1.0])  # group 0: NaN ignored, amax 3 -> scale 0.5
+    k[0, 16:19] = torch.tensor([float("inf"), 448.0, float("-inf")])  # group 1: amax Inf -> scale 448
+    data, scales = c.encode_records(k, NV, nonfinite=Nvfp4NonFinite.TRITON, nvfp4_rule="recip_mul")
+    assert scales[0, 0] == 0x30 and scales[0, 1] == 0x7E and scales[0, 2] == 0x01  # zero group: 2**-9
+    # group 0: NaN -> +6 (0x7), 3/0.5 = 6 -> 0x7 | 1/0.5 = 2 -> 0x4; then zeros
+    assert data[0, 0] == 0x7 | 0x7 << 4 and data[0, 1] == 0x4
+    # group 1: +Inf -> 6 (0x7), 448/448 = 1 -> 0x2 | -Inf -> -6 (0xF)
+    assert data[0, 8] == 0x7 | 0x2 << 4 and data[0, 9] == 0xF
+    # the finite policies refuse the same row; an all-NaN group is out of contract for TRITON too
+    with pytest.raises(InputError, match="'k'"):
+        c.encode_records(k, NV, nonfinite=Nvfp4NonFinite.FINITE)
+    k[0, 32:48] = float("nan")
+    with pytest.raises(InputError, match="all-NaN"):
+        c.encode_records(k, NV, nonfinite=Nvfp4NonFinite.TRITON)
+    assert c.PRODUCERS["vllm_0.33.0"].nvfp4_nonfinite is Nvfp4NonFinite.TRITON
+
+
+@pytest.mark.parametrize("record,layout", [(MX, IL), (NV, PF)])
+def test_gather_reads_positions_through_the_block_table(record, layout):
+    """Rows ``offset + i`` read position ``L - g + i``: with bs 2, table [[1, 0]], L 3, g 2,
+    offset 1, rows 1 and 2 read slots 1*2 + 1 = 3 and 0*2 + 0 = 0; row 0 stays unwritten."""
+    g = torch.Generator().manual_seed(7)
+    cache = torch.randint(0, 256, (2, 2 * c.record_bytes(record)), generator=g, dtype=torch.uint8)
+    k = (torch.randn(4, 512, generator=g)).to(torch.bfloat16)
+    cache = c.insert(cache, k, torch.tensor([0, 1, 2, 3]), 2, record, layout)
+    out, valid = c.gather(cache, torch.tensor([[1, 0]], dtype=torch.int32), torch.tensor([3]), 2, record, layout,
+                          gather_lens=torch.tensor([2]), offset=1)
+    assert out.shape == (1, 3, 512) and valid.tolist() == [[False, True, True]]
+    want = c.dequantize_slots(cache, torch.tensor([3, 0]), 2, record, layout)
+    assert torch.equal(out[0, 1:].view(torch.int16), want.view(torch.int16))
+    assert not bool(out[0, 0].any())
+    with pytest.raises(InputError, match="'block_table'"):
+        c.gather(cache, torch.tensor([[5, 0]]), torch.tensor([3]), 2, record, layout)
+    with pytest.raises(InputError, match="'gather_lens'"):
+        c.gather(cache, torch.tensor([[1, 0]]), torch.tensor([3]), 2, record, layout, gather_lens=torch.tensor([4]))
+
+
+_NVFP4_GROUPS = st.one_of(e2m1_tie_groups(), e2m1_saturation_groups(), subnormal_scale_groups(), zero_groups())
+
+
+@settings(max_examples=15, deadline=None)
+@given(groups=st.lists(_NVFP4_GROUPS, min_size=32, max_size=32), geom=v41_geometries(block_sizes=(1, 2, 3, 16)),
+       data=st.data())
+def test_gather_of_drawn_nvfp4_groups_reads_back_their_scales(groups, geom, data):
+    """E2M1 ties, saturation, subnormal E4M3 scales and zero groups, written by the vLLM producer
+    at a drawn slot of a drawn geometry and gathered back as the last row of one request: every
+    group's scale byte is the one the strategy constructed it for, and the gathered row is
+    ``code * scale`` of the written record (both byte orders)."""
+    nb, bs, page, record, layout = geom
+    k = torch.cat([g for g, _ in groups]).reshape(1, 512)
+    slot = data.draw(st.integers(0, nb * bs - 1))
+    cache = c.insert(c.empty_cache(nb, bs, record, page_stride=page, fill=0xA5), k, torch.tensor([slot]), bs, record,
+                     layout, nonfinite="triton")
+    table = torch.arange(nb, dtype=torch.int32).reshape(1, nb)
+    out, valid = c.gather(cache, table, torch.tensor([slot + 1]), bs, record, layout, gather_lens=torch.tensor([1]),
+                          consumer="triton")
+    assert valid.tolist() == [[True]]
+    data_b, scales = c.read_records(cache, torch.tensor([slot]), bs, record, layout)
+    assert torch.equal(out[0].view(torch.int16), c.decode_records(data_b, scales, record, "triton").view(torch.int16))
+    if record is NV:
+        assert scales[0].tolist() == [b for _, b in groups]
