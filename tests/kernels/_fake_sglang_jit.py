@@ -123,3 +123,33 @@ def fused_rope_inplace(q, k, freqs_cis, positions, inverse=False):
         e2, o2 = fma_f32(e, c, -(o * s)), fma_f32(e, s, o * c)
     q[..., 0::2] = e2.to(torch.bfloat16)
     q[..., 1::2] = o2.to(torch.bfloat16)
+
+
+def dpsk_v4_fp8_attention_fwd(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                              num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False,
+                              indices=None, attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None,
+                              topk_length=None, extra_topk_length=None):
+    """The TileLang decode's contract (``tilelang_fp8_attention.py:95-108,949-1064``: power-of-two
+    pages, top-k a multiple of block_I = 32, no schedule) over FlashMLA's stand-in, with the NoPE
+    codes read by exponent arithmetic (every exponent-0 code as a normal)."""
+    import tests.kernels._fake_flashmla as FM
+    from dsv4_numerics.reference.cache_model1 import dequantize_all
+    from dsv4_numerics.reference.policies import Fp8Decode, Ue8m0Consumer
+
+    assert tile_scheduler_metadata is None and num_splits is None
+    for cache, idx in ((k_cache, indices), (extra_k_cache, extra_indices_in_kvcache)):
+        if cache is not None:
+            bs = cache.shape[1]
+            assert bs & (bs - 1) == 0, "block_size_kv must be a power of two"
+            assert idx.shape[-1] % 32 == 0 and cache.stride(0) % 4 == 0
+    CALLS.append({"fn": "tilelang_decode", "h_q": q.shape[2]})
+    rows = FM._rows
+    FM._rows = lambda c: dequantize_all(c[:, :, 0, :], c.shape[1], consumer=Ue8m0Consumer.FLASHMLA,
+                                        read=Fp8Decode.EXP0_AS_NORMAL)
+    try:
+        return FM.flash_mla_with_kvcache(q, k_cache, None, None, head_dim_v, None, softmax_scale=softmax_scale,
+                                         is_fp8_kvcache=is_fp8_kvcache, indices=indices, attn_sink=attn_sink,
+                                         extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices_in_kvcache,
+                                         topk_length=topk_length, extra_topk_length=extra_topk_length)
+    finally:
+        FM._rows = rows

@@ -128,3 +128,15 @@ def test_probes_name_the_missing_step(monkeypatch):
         for name in ("sglang.store_jit", "sglang.tilelang_decode"):
             ok, why = registry.get(name).available()
             assert not ok and "needs sm90" in why
+
+
+def test_tilelang_decode_driven_as_flashmla_with_exp0_codes_read_as_normals(fake):
+    want = ("h64-c128a-bs2", "sweep-tiny-kv", "sweep-odd-pages-53-69")
+    cases = [c for c in default_cases("decode") if c.name in want]
+    assert _verdicts("sglang.tilelang_decode", cases) == {"h64-c128a-bs2": "pass", "sweep-tiny-kv": "pass",
+                                                          "sweep-odd-pages-53-69": "skip"}
+    # without the declared reading the tiny-cache case fails: the policy is what explains the kernel
+    exact = dataclasses.replace(_runnable("sglang.tilelang_decode"),
+                                policies=dict(registry.get("sglang.tilelang_decode").policies, fp8_decode="exact"))
+    tiny = [c for c in cases if c.name == "sweep-tiny-kv"]
+    assert [r.verdict for r in matrix.run_entry(exact, cases=tiny)] == ["fail"]
