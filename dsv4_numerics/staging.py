@@ -654,15 +654,20 @@ def _site_wheels(folder: str) -> list[Path]:
     return wheels
 
 
-def merged_wheels(groups: list[list[Path]]) -> list[Path]:
-    """One list of wheels from several folders for the single pip call: a file name met twice
-    (``apache-tvm-ffi`` rides with both the CuTe-DSL and the SGLang wheels) is kept once when the
-    bytes agree and is an error when they differ."""
+def merged_wheels(groups: list[list[Path]], log=print) -> list[Path]:
+    """One list of wheels from several folders for the single pip call, one per distribution
+    (pip refuses two versions of one package in a call): ``apache-tvm-ffi`` rides with both the
+    CuTe-DSL and the SGLang wheels. The first folder's wheel wins (another version is logged and
+    left out); the same file name with different bytes is an error."""
     seen: dict[str, Path] = {}
     for w in (w for g in groups for w in g):
-        first = seen.setdefault(w.name, w)
-        if first is not w and first.read_bytes() != w.read_bytes():
+        first = seen.setdefault(w.name.split("-")[0].lower(), w)
+        if first is w:
+            continue
+        if first.name == w.name and first.read_bytes() != w.read_bytes():
             raise StagingError(f"two different wheels named {w.name}: {first} and {w}")
+        if first.name != w.name:
+            log(f"{w} left out: {first.name} (from an earlier folder) installs that package")
     return list(seen.values())
 
 
@@ -687,7 +692,7 @@ def add_site_wheels(dest: Path, cutedsl: str | None = None, others: list[str] | 
                                "stage it with --wheel PATH --parts cutedsl first")
         groups.append(_cute_wheels(cutedsl))
     groups.extend(_site_wheels(f) for f in others)
-    install_site(dest, merged_wheels(groups), manifest, log)
+    install_site(dest, merged_wheels(groups, log), manifest, log)
     mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     log(f"packages installed into {dest / SITE}")
     return manifest

@@ -45,6 +45,16 @@ def test_site_wheels_from_two_folders_one_pip_call(tmp_path):
     assert json.loads((dest / staging.MANIFEST).read_text())["site"] == manifest["site"]
 
 
+def test_one_wheel_per_distribution_first_folder_wins(tmp_path):
+    old = _wheel(tmp_path / "a", "zz_pkg")
+    newer = tmp_path / "b" / "zz_pkg-0.2-py3-none-any.whl"
+    newer.parent.mkdir()
+    newer.write_bytes(old.read_bytes())
+    said = []
+    got = staging.merged_wheels([[old], [newer]], log=said.append)
+    assert got == [old] and "left out" in said[0]
+
+
 def test_site_wheels_refuse_bad_input(tmp_path):
     dest = tmp_path / "staged"
     dest.mkdir()
