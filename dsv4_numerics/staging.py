@@ -43,6 +43,12 @@ bring ``triton`` along, whose support files they import):
               for the running Python; without ``--wheel`` it does only that, into a DEST that
               already holds the part (the GPU machine's half of the carry procedure).
 
+``--site-wheels DIR`` (repeatable, into an already staged DEST, without ``--wheel``) installs any
+other wheels a staged kernel family needs into ``DEST/site`` -- SGLang's JIT-CUDA and TileLang
+kernels need ``apache-tvm-ffi``, ``msgspec`` and ``tilelang`` with its dependencies -- in the same
+single pip call as ``--cutedsl-wheels`` (site/ is rebuilt whole; a wheel present in two folders
+is installed once).
+
 Staging is additive: staging more parts into an existing DEST keeps what is there, so one
 folder holds everything. ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
 is a copy (from the wheel) or a stand-in (with a one-line reason).
@@ -666,38 +672,84 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
 
 
 def install_site(dest: Path, wheels: list[Path], manifest: dict, log=print) -> None:
-    """Install the CuTe-DSL ``wheels`` into ``dest/site`` with ONE pip command (pip refuses to
-    merge a second wheel into an existing ``nvidia_cutlass_dsl/``, so site/ is rebuilt whole)
-    for the running Python, and record them in ``manifest`` (not written here)."""
+    """Install ``wheels`` into ``dest/site`` with ONE pip command (pip refuses to merge a second
+    wheel into an existing ``nvidia_cutlass_dsl/``, so site/ is rebuilt whole: every wheel it must
+    hold goes into the same call) for the running Python, and record them in ``manifest`` (not
+    written here)."""
     import shutil
 
     site = dest / SITE
     if site.exists():
         shutil.rmtree(site)
-    log(f"installing {len(wheels)} CuTe-DSL wheels into {site} ...")
+    log(f"installing {len(wheels)} wheels into {site} ...")
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet",
                         "--disable-pip-version-check", "--target", str(site), *map(str, wheels)],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise StagingError(f"pip install of the CuTe-DSL wheels failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        raise StagingError(f"pip install of the wheels into {site} failed: {(r.stderr or r.stdout).strip()[-400:]}")
     manifest["site"] = {w.name: {"kind": "wheel installed into site/", "sha256": _sha(w.read_bytes())}
                         for w in wheels}
 
 
+def _site_wheels(folder: str) -> list[Path]:
+    """The wheels of a ``--site-wheels`` folder (at least one)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise StagingError(f"--site-wheels {folder}: not a directory")
+    wheels = sorted(d.glob("*.whl"))
+    if not wheels:
+        raise StagingError(f"--site-wheels {folder}: no *.whl in it")
+    return wheels
+
+
+def merged_wheels(groups: list[list[Path]], log=print) -> list[Path]:
+    """One list of wheels from several folders for the single pip call, one per distribution
+    (pip refuses two versions of one package in a call): ``apache-tvm-ffi`` rides with both the
+    CuTe-DSL and the SGLang wheels. The first folder's wheel wins (another version is logged and
+    left out); the same file name with different bytes is an error."""
+    seen: dict[str, Path] = {}
+    for w in (w for g in groups for w in g):
+        first = seen.setdefault(w.name.split("-")[0].lower(), w)
+        if first is w:
+            continue
+        if first.name == w.name and first.read_bytes() != w.read_bytes():
+            raise StagingError(f"two different wheels named {w.name}: {first} and {w}")
+        if first.name != w.name:
+            log(f"{w} left out: {first.name} (from an earlier folder) installs that package")
+    return list(seen.values())
+
+
+def add_site_wheels(dest: Path, cutedsl: str | None = None, others: list[str] | tuple[str, ...] = (),
+                    log=print) -> dict:
+    """Install wheels into ``DEST/site`` of an existing staged folder in one pip call (the GPU
+    machine's half of the carry procedure; no vLLM wheel needed): ``cutedsl``, a folder holding
+    the CuTe-DSL set (``DEST`` must hold the ``cutedsl`` part), and ``others``, folders of any
+    wheels a staged kernel family needs (SGLang's ``apache-tvm-ffi``, ``msgspec``, ``tilelang``,
+    ...). The folder's ``MANIFEST.json`` records them (created if the folder has none)."""
+    dest = Path(dest)
+    if not dest.is_dir():
+        raise StagingError(f"{dest} is not a staged folder (it does not exist)")
+    mpath = dest / MANIFEST
+    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    groups = []
+    if cutedsl:
+        if not mpath.exists():
+            raise StagingError(f"{dest} holds no {MANIFEST}: stage it with --wheel PATH --parts cutedsl first")
+        if "cutedsl" not in manifest.get("parts", []):
+            raise StagingError(f"{dest} has no cutedsl part (parts: {','.join(manifest.get('parts', []))}): "
+                               "stage it with --wheel PATH --parts cutedsl first")
+        groups.append(_cute_wheels(cutedsl))
+    groups.extend(_site_wheels(f) for f in others)
+    install_site(dest, merged_wheels(groups, log), manifest, log)
+    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    log(f"packages installed into {dest / SITE}")
+    return manifest
+
+
 def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
     """Install the CuTe-DSL wheels into an existing staged folder that already holds the
-    ``cutedsl`` part (no vLLM wheel needed: the GPU machine's half of the carry procedure)."""
-    mpath = Path(dest) / MANIFEST
-    if not mpath.exists():
-        raise StagingError(f"{dest} holds no {MANIFEST}: stage it with --wheel PATH --parts cutedsl first")
-    manifest = json.loads(mpath.read_text())
-    if "cutedsl" not in manifest.get("parts", []):
-        raise StagingError(f"{dest} has no cutedsl part (parts: {','.join(manifest.get('parts', []))}): "
-                           "stage it with --wheel PATH --parts cutedsl first")
-    install_site(Path(dest), _cute_wheels(folder), manifest, log)
-    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    log(f"CuTe-DSL packages installed into {Path(dest) / SITE}")
-    return manifest
+    ``cutedsl`` part (``add_site_wheels`` with that folder alone)."""
+    return add_site_wheels(dest, cutedsl=folder, log=log)
 
 
 def add_arguments(p) -> None:
@@ -713,6 +765,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cutedsl-wheels", metavar="DIR", help="install the CuTe-DSL wheels in DIR into DEST/site (one pip call, "
                                                             "for the running Python); without --wheel/--version: only "
                                                             "that, into a DEST that already holds the cutedsl part")
+    p.add_argument("--site-wheels", metavar="DIR", action="append", default=[],
+                   help="(repeatable) also install every wheel in DIR into DEST/site in the same single pip call "
+                        "(e.g. the SGLang JIT/TileLang wheels); only into an already staged DEST, without --wheel")
     p.add_argument("--unpack", action="store_true", help="only decompress the staged CUDA ops library in DEST "
                                                           "(activation does this automatically)")
 
@@ -727,8 +782,12 @@ def run(args, log=print) -> int:
         return 0
     if args.wheel and args.vllm_version:
         raise StagingError("give --wheel PATH or --version V, not both")
-    if args.cutedsl_wheels and not args.wheel and not args.vllm_version:
-        add_wheels_only(dest, args.cutedsl_wheels, log=log)
+    site_wheels = getattr(args, "site_wheels", None) or []
+    if site_wheels and (args.wheel or args.vllm_version):
+        raise StagingError("--site-wheels installs into an already staged DEST: stage first, then run it without "
+                           "--wheel/--version")
+    if (args.cutedsl_wheels or site_wheels) and not args.wheel and not args.vllm_version:
+        add_site_wheels(dest, args.cutedsl_wheels, site_wheels, log=log)
         return 0
     parts = parse_parts(args.parts)
     cpu = any(p in CPU_PARTS for p in parts)

@@ -51,6 +51,8 @@ not a multiple of 16 is repacked (same record bytes, different inter-page paddin
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dsv4_numerics.reference.cache_model1 import kernel_view
@@ -130,19 +132,27 @@ def _grouped(seg: PagedSegment, b: int, s_q: int, fn: str, arg: str):
     return _rows_of(idx, b, s_q, -1), ln
 
 
-def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
+def sparse_decode_call(case, s_q: int = 1, kernel=None, who: str = "FlashMLA sparse decode",
+                       check=None) -> dict[str, torch.Tensor]:
     """Canonical ``decode`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H]}`` via
-    ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring)."""
+    ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring).
+
+    ``kernel``: another callable with ``flash_mla_with_kvcache``'s keyword signature and return
+    ``(out, lse)`` (SGLang's TileLang decode, ``kernels/sglang_jit.py``), named ``who`` in
+    refusals; ``check(decode_inputs)`` may refuse further cases (``UnsupportedCase``). None: a
+    fresh FlashMLA schedule per call."""
     fn = "flashmla.sparse_decode"
     d = decode_inputs(case, fn)
     t, h = d.q.shape[0], d.q.shape[1]
     _check_minus1_only(d.main, "SWA")
     if d.extra is not None:
         _check_minus1_only(d.extra, "compressed")
-    hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse decode")
+    if check is not None:
+        check(d)
+    hp = padded_heads(h, FLASHMLA_HEADS, who)
     if d.main.idx.shape[1] == 0:
-        raise UnsupportedCase("FlashMLA sparse decode needs a main segment with topk > 0 "
-                              "(sparse_decode.h TORCH_CHECK(topk > 0))")
+        raise UnsupportedCase(f"{who} needs a main segment with topk > 0 "
+                              "(FlashMLA: sparse_decode.h TORCH_CHECK(topk > 0))")
     q, sink = pad_heads(d.q, d.sink, hp)
     b = -(-t // s_q)
     q = _rows_of(q, b, s_q, 0.0)  # [b, s_q, hp, 512], contiguous (s_q = 1: b = T, vLLM's call)
@@ -151,15 +161,16 @@ def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
     if d.extra is not None and d.extra.idx.shape[1] > 0:
         e_idx, e_len = _grouped(d.extra, b, s_q, fn, "extra_lens")
         kw = dict(extra_k_cache=_cache_for_kernel(d.extra), extra_indices_in_kvcache=e_idx, extra_topk_length=e_len)
-    fm = _interface()
-    sched, _ = fm.get_mla_metadata()
-    out, lse = fm.flash_mla_with_kvcache(
+    if kernel is None:
+        fm = _interface()
+        sched, _ = fm.get_mla_metadata()
+        kernel = functools.partial(fm.flash_mla_with_kvcache, tile_scheduler_metadata=sched)
+    out, lse = kernel(
         q=q,
         k_cache=_cache_for_kernel(d.main),
         block_table=None,
         cache_seqlens=None,
         head_dim_v=q.shape[-1],
-        tile_scheduler_metadata=sched,
         softmax_scale=d.scale,
         is_fp8_kvcache=True,
         indices=indices,

@@ -2,7 +2,7 @@
 
 Adding a kernel means adding one entry to the ``ENTRIES`` list of its family module
 (``flashmla``, ``flashinfer``, ``cutedsl``, ``vllm_cuda``, ``vllm_triton``, ``vllm_v41``,
-``rocm_triton``, ``mla_family``, ``vllm_cpu``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
+``rocm_triton``, ``mla_family``, ``vllm_cpu``, ``sglang_jit``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
 module ``__getattr__``), so a family module may import :class:`KernelEntry` from here without a
 cycle. A family module that does not exist yet contributes nothing; an ``ImportError`` raised
 *inside* an existing family module is a bug and propagates.
@@ -34,9 +34,10 @@ FAMILY_MODULES = (
     "rocm_triton",
     "mla_family",
     "vllm_cpu",
+    "sglang_jit",
 )
 
-FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "reference")
+FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "sglang", "reference")
 
 # Policy key -> the enum its value must come from (reference/policies.py). Keys not listed here
 # carry booleans written as "true"/"false" (BOOL_POLICY_KEYS) or are free-form (documented by

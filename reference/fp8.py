@@ -28,6 +28,7 @@ policy             finite |v| rounding > max    NaN           +Inf / -Inf     mo
 FINITE             saturate to +-max            InputError    InputError      neutral contract
 CUDA_SATFINITE     saturate (clamp to +-M)      -M (0xFE)     +M / -M         vLLM CUDA/HIP SWA writer
 TRITON             saturate (clamp to +-M)      +-M (0x7E)    +M / -M         vLLM Triton writers
+SGLANG_JIT         saturate (clamp to +-M)      +M (0x7E)     +M / -M         SGLang JIT-CUDA V4 store
 TORCH              0x7F|sign (NaN)              0x7F|sign     0x7F / 0xFF     torch <= 2.11 cast
 TORCH_SATURATING   0x7E|sign                    0x7F|sign     0x7E / 0xFE     torch 2.13 cast
 =================  ===========================  ============  ==============  ===============
@@ -195,6 +196,8 @@ def _writer_clamp(v: torch.Tensor, m: float, nonfinite: NonFinite) -> torch.Tens
         c = torch.where(nan, torch.full_like(c, -m), c)
     elif nonfinite in (NonFinite.TRITON, NonFinite.VLLM_CPU):  # tl.clamp on sm_90: NaN -> +-m by the NaN's sign bit
         c = torch.where(nan, torch.where(_sign_bit(v), -m, m).to(c.dtype), c)
+    elif nonfinite is NonFinite.SGLANG_JIT:  # fmaxf(fminf(NaN, m), -m) = +m, whatever the sign
+        c = torch.where(nan, torch.full_like(c, m), c)
     return c
 
 

@@ -54,6 +54,14 @@ class NonFinite(_StrEnum):
         element 51 of a tile makes the whole tile NaN); a NaN element -> 0x7E as TRITON; a tile
         whose amax is NaN or Inf gets scale byte 127 (exponent 0), not 255, and codes 0x7E for
         every element of a NaN tile, +-0 / 0x7E for the finite / Inf elements of an Inf tile.
+    SGLANG_JIT: SGLang 0.5.23's JIT-CUDA V4 store (``fused_store_flashmla_cache``,
+        ``SG:kernels/jit/csrc/deepseek_v4/store.cuh:47-80``, helpers
+        ``SG:kernels/jit/include/sgl_kernel/deepseek_v4/fp8_utils.cuh:26-45``). The tile amax is a
+        NaN-ignoring ``fmaxf`` / ``redux.sync.max.f32`` (as CUDA_SATFINITE); the element clamp is
+        ``fmaxf(fminf(v, M), -M)``, so a NaN becomes ``+M`` (0x7E) whatever its sign. An Inf tile gets
+        scale byte 255 and the inverse scale ``__uint_as_float((254 - 255) << 23)`` = ``-Inf``: every
+        element is multiplied by ``-Inf`` before the clamp, so a positive (or +Inf) element -> 0xFE,
+        a negative (or -Inf) element -> 0x7E, and +-0 and NaN (``0 * -Inf`` = NaN) -> 0x7E.
     """
 
     FINITE = "finite"
@@ -65,6 +73,8 @@ class NonFinite(_StrEnum):
     # TORCH_SATURATING is the 2.13 cast (finite overflow and +-Inf -> 0x7E|sign, NaN -> 0x7F|sign).
     TORCH_SATURATING = "torch_saturating"
     VLLM_CPU = "vllm_cpu"
+    # SGLang 0.5.23 JIT-CUDA V4 store (block below the enum's users; ``SG:`` = the sglang wheel).
+    SGLANG_JIT = "sglang_jit"
 
 
 class Fp8Subnormals(_StrEnum):

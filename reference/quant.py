@@ -152,6 +152,9 @@ def quantize_tiles(
                       an Inf tile gets 255, finite elements +-0, Inf elements NaN (0x7F).
                       NaN produced by arithmetic is taken as the canonical positive NaN (its sign
                       is platform dependent in torch and is not modelled).
+      SGLANG_JIT      SGLang's JIT-CUDA V4 store: amax ignores NaN; an Inf tile gets scale byte 255
+                      and ``x * -inf`` (its inverse scale is -Inf), so each element is clamped to
+                      ``-M * sign(x)`` and +-0 / NaN become +M (0x7E); NaN elements -> +M.
       VLLM_CPU        vLLM's CPU writer: amax by the ``maxps`` tree (``maxps_tree_amax``: NaN at
                       element 51 makes it NaN, other NaNs drop their subtree's first operand); a
                       NaN or Inf amax gives scale byte 127 and codes ``x * NaN`` / ``x * 0``
@@ -190,6 +193,17 @@ def _inf_tile_byte(nonfinite: NonFinite) -> int:
     """Scale byte a producer writes for a tile whose (NaN-ignoring) amax is infinite, or whose
     amax is NaN under the TORCH policies: 255 (the UE8M0 NaN byte), except VLLM_CPU's 127."""
     return UE8M0_BIAS if nonfinite is NonFinite.VLLM_CPU else UE8M0_NAN
+
+
+# Producers whose tile amax ignores NaN elements (``fmaxf``, ``redux.sync.max.f32``, ``tl.max``).
+_NAN_IGNORING_AMAX = (NonFinite.CUDA_SATFINITE, NonFinite.TRITON, NonFinite.SGLANG_JIT)
+
+
+def _inf_tile_multiplier(nonfinite: NonFinite) -> float:
+    """What the elements of a tile whose amax is +Inf are multiplied by: ``exp2f(-inf)`` / ``1/inf``
+    = +0 for the vLLM writers; ``-Inf`` for SGLANG_JIT, whose ``inv_scale_ue8m0(255)`` shifts a
+    negative biased exponent into the sign and exponent bits (``0xFF800000``)."""
+    return float("-inf") if nonfinite is NonFinite.SGLANG_JIT else 0.0
 
 
 # vLLM's CPU writer (NonFinite.VLLM_CPU) takes a tile's amax with a tree of x86 ``maxps``, which
@@ -297,7 +311,7 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
     n, d = rows.shape
     tiles = rows.to(torch.bfloat16).reshape(n, d // TILE, TILE)
     absx = tiles.abs()
-    if nonfinite in (NonFinite.CUDA_SATFINITE, NonFinite.TRITON):  # fmaxf / tl.max ignore NaN
+    if nonfinite in _NAN_IGNORING_AMAX:  # fmaxf / tl.max ignore NaN
         absx = torch.nan_to_num(absx, nan=0.0, posinf=float("inf"))
     if nonfinite is NonFinite.VLLM_CPU:
         amax = maxps_tree_amax(absx.to(torch.float32))
@@ -315,7 +329,8 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
     else:
         ok = torch.isfinite(amax)  # not ok: Inf tile, or NaN tile under the TORCH policies
         sbytes = torch.where(ok, biased, _inf_tile_byte(nonfinite)).to(torch.uint8)
-        scale = torch.where(ok, scale, torch.where(torch.isnan(amax), float("nan"), 0.0).to(torch.bfloat16))
+        scale = torch.where(ok, scale, torch.where(torch.isnan(amax), float("nan"),
+                                                   _inf_tile_multiplier(nonfinite)).to(torch.bfloat16))
     y = tiles * scale.unsqueeze(-1)
     codes = _code_table(flavour, nonfinite, m, rows.device)[y.view(torch.int16).to(torch.int32)]
     if subnormals is Fp8Subnormals.FLUSH:
@@ -343,7 +358,7 @@ def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour,
     t64 = tiles.to(torch.float64)
     # exact power-of-two scaling in float64; e in [-22, 120] (amax floored at 1e-4, bf16 < 2**128).
     # Not-ok tiles: x * exp2f(-inf) (CUDA) == x / inf (Triton, torch) == x * 0.0.
-    scale = torch.where(ok, _pow2(-e), 0.0).unsqueeze(-1)
+    scale = torch.where(ok, _pow2(-e), _inf_tile_multiplier(nonfinite)).unsqueeze(-1)
     y = t64 * scale
     if nonfinite in _TORCH_POLICIES or nonfinite is NonFinite.VLLM_CPU:
         y = torch.where(torch.isnan(amax).unsqueeze(-1), float("nan"), y)

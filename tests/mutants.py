@@ -115,9 +115,12 @@ def _write_records(case: Case, data: torch.Tensor, scales: torch.Tensor, slots: 
             flat[base:base + DATA_ROW_BYTES] = data[t]
             flat[base + DATA_ROW_BYTES:base + RECORD_BYTES] = scales[t]
             continue
-        pstride = bs * RECORD_BYTES if layout == "packed" else P  # packed: stride(0) ignored (H12)
+        pstride = {"packed": bs * RECORD_BYTES,  # packed: stride(0) ignored (H12)
+                   "sglang_padded": -(-bs * RECORD_BYTES // DATA_ROW_BYTES) * DATA_ROW_BYTES}.get(layout, P)
         d0 = page * pstride + e * DATA_ROW_BYTES
         s0 = page * pstride + bs * DATA_ROW_BYTES + e * 8
+        if s0 + 8 > flat.numel():  # past the allocation: an out-of-bounds write, lost here
+            continue
         flat[d0:d0 + DATA_ROW_BYTES] = data[t]
         flat[s0:s0 + 8] = scales[t]
     return {"cache": out}
@@ -624,6 +627,14 @@ def v41_nvfp4_poisoned(case: Case) -> dict:
                                       "interleaved", nonfinite="poison")}
 
 
+def _exp0_as_normal(case: Case) -> dict:
+    """The decode reference with every exponent-0 FP8 code read as a normal (``Fp8Decode``)."""
+    spec = st.get("decode")
+    out = _outputs(spec.expected(case, spec.policies({"fp8_decode": "exp0_as_normal"})))
+    out["out"] = out["out"].to(torch.bfloat16)
+    return out
+
+
 def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
     return MutantEntry(name, stage, bug, call, dict(policies), dimension=dimension)
 
@@ -722,4 +733,9 @@ MUTANTS: list[MutantEntry] = [
        lambda c: _epilogue(c, skip_inverse_rope=True)),
     _m("group_major_read_as_token_major", "inv_rope_fp8", "group-major [G, T, D] codes reinterpreted as [T, G, D] "
        "(attention 3.3 layout)", lambda c: _epilogue(c, token_major=True)),
+    # --- SGLang 0.5.23 JIT / TileLang kernels (kernels/sglang_jit.py) ---
+    _m("sglang_padded_page_stride", "swa_write", "pages addressed at SGLang's kv_page_bytes (bs*584 rounded up "
+       "to 576, kv_layout.cuh:111-115) instead of cache.stride(0) on an unpadded cache", _layout_mutant("sglang_padded")),
+    _m("fp8_exp0_read_as_normal", "decode", "exponent-0 FP8 codes (zero included) read as (1 + m/8) * 2**-7 times the "
+       "scale (SGLang's TileLang decode, vLLM's CPU decode) where the consumer reads them exactly", _exp0_as_normal),
 ]

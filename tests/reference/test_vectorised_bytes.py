@@ -46,8 +46,10 @@ def _rows(draw, n: int) -> torch.Tensor:
 
 
 # The frozen per-token path (bytes_slow.py) predates NonFinite.VLLM_CPU, which is checked against
-# the CPU writer itself (tests/kernels/test_vllm_cpu.py) and its definition (test_cpu_policies.py).
-_FROZEN_NONFINITE = [p for p in NonFinite if p is not NonFinite.VLLM_CPU]
+# the CPU writer itself (tests/kernels/test_vllm_cpu.py) and its definition (test_cpu_policies.py),
+# and NonFinite.SGLANG_JIT, checked against a re-derivation of SGLang's store arithmetic
+# (tests/kernels/test_sglang_jit_adapters.py) and its definition (test_sglang_policies.py).
+_FROZEN_NONFINITE = [p for p in NonFinite if p not in (NonFinite.VLLM_CPU, NonFinite.SGLANG_JIT)]
 
 
 def _slow_insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp):
