@@ -99,8 +99,8 @@ def _cache_for_kernel(seg: PagedSegment) -> torch.Tensor:
     return aligned_pages(view)
 
 
-def _check_minus1_only(seg: PagedSegment, name: str) -> None:
-    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, "FlashMLA decode", name)
+def _check_minus1_only(seg: PagedSegment, name: str, who: str = "FlashMLA decode") -> None:
+    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, who, name)
 
 
 DECODE_SQ = 3  # the s_q > 1 value of FlashMLA's sparse decode test
@@ -130,17 +130,23 @@ def _grouped(seg: PagedSegment, b: int, s_q: int, fn: str, arg: str):
     return _rows_of(idx, b, s_q, -1), ln
 
 
-def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
+def sparse_decode_call(case, s_q: int = 1, attend=None, lse_heads_last: bool = False,
+                       fn: str = "flashmla.sparse_decode") -> dict[str, torch.Tensor]:
     """Canonical ``decode`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H]}`` via
-    ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring)."""
-    fn = "flashmla.sparse_decode"
+    ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring).
+
+    ``attend``: another function taking ``flash_mla_with_kvcache``'s keyword arguments (SGLang's
+    ``triton_fp8_attention_fwd`` is called with the same dict, ``kernels.sglang``); it gets
+    ``tile_scheduler_metadata=None``. ``lse_heads_last``: its LSE is ``[b, s_q, h]`` (FlashMLA's
+    is a ``[b, h, s_q]`` view)."""
     d = decode_inputs(case, fn)
     t, h = d.q.shape[0], d.q.shape[1]
-    _check_minus1_only(d.main, "SWA")
+    who = "FlashMLA decode" if attend is None else fn
+    _check_minus1_only(d.main, "SWA", who)
     if d.extra is not None:
-        _check_minus1_only(d.extra, "compressed")
+        _check_minus1_only(d.extra, "compressed", who)
     hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse decode")
-    if d.main.idx.shape[1] == 0:
+    if d.main.idx.shape[1] == 0 and attend is None:
         raise UnsupportedCase("FlashMLA sparse decode needs a main segment with topk > 0 "
                               "(sparse_decode.h TORCH_CHECK(topk > 0))")
     q, sink = pad_heads(d.q, d.sink, hp)
@@ -151,9 +157,12 @@ def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
     if d.extra is not None and d.extra.idx.shape[1] > 0:
         e_idx, e_len = _grouped(d.extra, b, s_q, fn, "extra_lens")
         kw = dict(extra_k_cache=_cache_for_kernel(d.extra), extra_indices_in_kvcache=e_idx, extra_topk_length=e_len)
-    fm = _interface()
-    sched, _ = fm.get_mla_metadata()
-    out, lse = fm.flash_mla_with_kvcache(
+    sched = None
+    if attend is None:
+        fm = _interface()
+        sched, _ = fm.get_mla_metadata()
+        attend = fm.flash_mla_with_kvcache
+    out, lse = attend(
         q=q,
         k_cache=_cache_for_kernel(d.main),
         block_table=None,
@@ -168,9 +177,10 @@ def sparse_decode_call(case, s_q: int = 1) -> dict[str, torch.Tensor]:
         **kw,
     )
     # out [b, s_q, hp, 512]; lse is a [b, hp, s_q] view of a [b, s_q, hp] buffer
+    lse = lse if lse_heads_last else lse.transpose(1, 2)
     return {
         "out": out.reshape(b * s_q, hp, -1)[:t, :h],
-        "lse": lse_plus_inf_to_minus_inf(lse.transpose(1, 2).reshape(b * s_q, hp)[:t, :h].float()),
+        "lse": lse_plus_inf_to_minus_inf(lse.reshape(b * s_q, hp)[:t, :h].float()),
     }
 
 
