@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -170,3 +171,64 @@ def test_real_wheel_stages_and_entry_modules_resolve(tmp_path):
     assert not unresolved, sorted(unresolved)
     size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
     assert size < 16 * 2**20  # travels inside .staged within one 64 MiB carry
+
+
+_FAKE_TRITON = '''
+import importlib.abc, importlib.machinery, sys, types
+
+class _Any:
+    def __init__(self, name): self._n = name
+    def __getattr__(self, k): return _Any(self._n + "." + k)
+    def __call__(self, *a, **k):
+        return a[0] if len(a) == 1 and callable(a[0]) and not k else _Any(self._n + "()")
+    def __getitem__(self, k): return _Any(self._n + "[]")
+
+class _Mod(types.ModuleType):
+    def __getattr__(self, k):
+        if k.startswith("__"):
+            raise AttributeError(k)
+        return _Any(self.__name__ + "." + k)
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        m = _Mod(spec.name); m.__path__ = []; return m
+    def exec_module(self, m):
+        pass
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
+@pytest.mark.skipif(not REAL_WHEEL.is_file(), reason=f"the real SGLang wheel is not at {REAL_WHEEL}")
+def test_real_wheel_modules_import_with_the_standins(tmp_path):
+    """Every module the sglang entries import really imports from the staged folder (activation as
+    the probes do it; module-level code runs, so every name a stand-in must provide is checked) --
+    with a permissive fake ``triton`` where none is installed (a CPU machine): kernels are only
+    defined, never compiled. ``msgspec`` comes from the staged fallback when not installed."""
+    import subprocess
+    import sys
+
+    from dsv4_numerics.kernels.sglang import MODULES
+
+    dest = tmp_path / "st"
+    sg.stage(dest, REAL_WHEEL, log=lambda s: None)
+    (tmp_path / "fake_triton.py").write_text(_FAKE_TRITON)
+    code = (
+        "import importlib, importlib.util, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "if importlib.util.find_spec('triton') is None:\n"
+        "    import fake_triton\n"
+        "from dsv4_numerics.kernels import staged\n"
+        "assert staged.activate() == []\n"
+        f"for m in {list(MODULES)!r}:\n"
+        "    importlib.import_module(m)\n"
+        "import sglang, msgspec\n"
+        "print('ok', sglang.__file__)\n"
+    )
+    env = dict(os.environ, DSV4_STAGED=str(dest))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ok ") and str(dest) in r.stdout
