@@ -729,18 +729,24 @@ def run(args, log=print) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dsv4_numerics.staging`` (the same as ``dsv4-numerics stage-vllm``)."""
+def command_main(command: str, doc: str, add_args, run_args, argv: list[str] | None) -> int:
+    """A staging module's ``python -m`` entry: parse ``argv`` with ``add_args``, carry it out with
+    ``run_args``; a StagingError is one line on stderr and exit status 2."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="dsv4-numerics stage-vllm", description=__doc__.split("\n")[0])
-    add_arguments(p)
+    p = argparse.ArgumentParser(prog=f"dsv4-numerics {command}", description=doc.split("\n")[0])
+    add_args(p)
     args = p.parse_args(argv)
     try:
-        return run(args)
+        return run_args(args)
     except StagingError as e:
-        print(f"dsv4-numerics stage-vllm: error: {e}", file=sys.stderr)
+        print(f"dsv4-numerics {command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dsv4_numerics.staging`` (the same as ``dsv4-numerics stage-vllm``)."""
+    return command_main("stage-vllm", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

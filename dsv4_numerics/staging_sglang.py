@@ -30,8 +30,16 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .staging import StagingError, finish_manifest, open_manifest, wheel_identity, write_copy, \
-    write_package_markers, write_standins
+from .staging import (
+    StagingError,
+    command_main,
+    finish_manifest,
+    open_manifest,
+    wheel_identity,
+    write_copy,
+    write_package_markers,
+    write_standins,
+)
 
 VERSION = "0.5.23"
 PART = "sglang"
@@ -345,16 +353,7 @@ def run(args, log=print) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dsv4_numerics.staging_sglang`` (the same as ``dsv4-numerics stage-sglang``)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="dsv4-numerics stage-sglang", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except StagingError as e:
-        print(f"dsv4-numerics stage-sglang: error: {e}", file=sys.stderr)
-        return 2
+    return command_main("stage-sglang", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
