@@ -63,10 +63,9 @@ from pathlib import Path
 
 import torch
 
-from dsv4_numerics.reference.cache_model1 import kernel_view
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
-from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
+from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
     CombineInvalidTopk,
