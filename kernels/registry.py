@@ -34,6 +34,7 @@ FAMILY_MODULES = (
     "rocm_triton",
     "mla_family",
     "vllm_cpu",
+    "sglang",
     "sglang_jit",
 )
 
@@ -55,6 +56,7 @@ POLICY_ENUMS: dict[str, type] = {
     "nan": _pol.NanPolicy,
     "rope_arith": _pol.RopeArithmetic,
     "attention_mode": _pol.AttentionMode,
+    "invalid_topk": _pol.CombineInvalidTopk,
 }
 if hasattr(_pol, "Ue8m0Consumer"):
     POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer

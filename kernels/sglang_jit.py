@@ -74,7 +74,6 @@ Declared behaviour (``reference.policies``), read from the sources:
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 from typing import Callable
@@ -346,8 +345,8 @@ def tilelang_decode_call(case: Case) -> dict:
     from .flashmla import sparse_decode_call
 
     fwd = _module(TILELANG_MODULE).dpsk_v4_fp8_attention_fwd
-    kernel = functools.partial(fwd, tile_scheduler_metadata=None)
-    return sparse_decode_call(case, 1, kernel=kernel, who="SGLang's TileLang decode", check=_tilelang_pages)
+    return sparse_decode_call(case, 1, attend=fwd, who="SGLang's TileLang decode", check=_tilelang_pages,
+                              fn="sglang.tilelang_decode")
 
 
 # --------------------------------------------------------------------------- entries

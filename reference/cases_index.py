@@ -45,6 +45,7 @@ from .indices_slots import (
     slots_to_request_positions,
 )
 from .indices_window import build_c128a_topk_metadata, compute_swa_indices_and_lens, fill_short_context_topk_indices
+from .indices_sglang import build_swa_token_ids, combine_topk_swa_indices_sglang, v4_paged_decode_indices
 
 
 def _chunk_plan_tensor(**kw: Any) -> torch.Tensor:
@@ -78,13 +79,26 @@ INDEX_BUILDERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
     "build_prefill_topk_ragged_indices": (build_prefill_topk_ragged_indices,
                                           ("ragged_indices", "indptr")),
     "build_indptr_from_lengths": (build_indptr_from_lengths, ("indptr",)),
+    "combine_topk_swa_indices_sglang": (combine_topk_swa_indices_sglang, ("combined_indices", "combined_lens")),
+    "build_swa_token_ids": (build_swa_token_ids, ("swa_token_ids", "swa_first_pos", "swa_gather_lens", "swa_offsets")),
+    "v4_paged_decode_indices": (v4_paged_decode_indices, ("swa_indices", "csa_indices", "hca_indices")),
+}
+
+# Builder keyword arguments that are named policies: run_index_case passes an entry's declared
+# value for them (the builder's default otherwise).
+INDEX_POLICY_ARGS: dict[str, tuple[str, ...]] = {
+    "combine_topk_swa_indices_sglang": ("invalid_topk",),
 }
 
 
-def run_index_case(case: Case) -> dict[str, torch.Tensor]:
-    """Run the reference builder named by ``case.params['builder']``; ``{output name: tensor}``."""
-    fn, names = INDEX_BUILDERS[case.params["builder"]]
-    res = fn(**case.inputs)
+def run_index_case(case: Case, policies: dict | None = None) -> dict[str, torch.Tensor]:
+    """Run the reference builder named by ``case.params['builder']``; ``{output name: tensor}``.
+    ``policies``: an entry's declared policies; those in ``INDEX_POLICY_ARGS`` of the builder are
+    passed to it."""
+    builder = case.params["builder"]
+    fn, names = INDEX_BUILDERS[builder]
+    kw = {k: str(policies[k]) for k in INDEX_POLICY_ARGS.get(builder, ()) if policies and k in policies}
+    res = fn(**case.inputs, **kw)
     if isinstance(res, torch.Tensor):
         res = (res,)
     return dict(zip(names, res))
@@ -187,6 +201,42 @@ def topk_global_cases() -> list[Case]:
 
 @register_cases("swa_indices")
 def swa_indices_cases() -> list[Case]:
+    return _vllm_swa_indices_cases() + _sglang_swa_cases()
+
+
+def _sglang_swa_cases() -> list[Case]:
+    """SGLang 0.5.23's SWA builders (``reference.indices_sglang``)."""
+    return [
+        _case("sglang-swa-token-ids-3req", "swa_indices", "build_swa_token_ids", dict(
+            # req 0: seq 5, extend 5 -> all 5 positions; req 1: seq 300, extend 2 -> 129 positions
+            # from 171; req 2: seq 1 (decode) -> position 0; pool rows permuted
+            seq_lens=_i32([5, 300, 1]),
+            extend_seq_lens=_i32([5, 2, 1]),
+            req_pool_indices=_i32([2, 0, 3]),
+            req_to_token=(torch.arange(4 * 300, dtype=torch.int32).reshape(4, 300) * 7 + 3) % 1201,
+            full_to_swa=(torch.arange(1201, dtype=torch.int64) * 5 + 11) % 997,
+            swa_window=SWA_WINDOW,
+        ), ["window-starts-at-0", "permuted-pool-rows", "decode-request"]),
+        _case("sglang-paged-decode-ring-w8", "swa_indices", "v4_paged_decode_indices", dict(
+            # ring of 10 slots per sequence (window 8 + 2 speculative); token 1 wraps the ring,
+            # token 2 is short (n = 3), token 3 is CUDA-graph padding (batch id -1, untouched)
+            state_slot_per_seq=_i32([4, 1, 7]),
+            batch_id_per_token=_i32([0, 2, 1, -1]),
+            positions=_i64([20, 13, 2, 0]),
+            swa_indptr=_i32([0, 8, 16, 19, 19]),
+            csa_indptr=_i32([0, 10, 20, 25, 25]),
+            hca_indptr=_i32([0, 9, 17, 21, 21]),
+            swa_indices=torch.full((24,), -2, dtype=torch.int32),
+            csa_indices=torch.full((30,), -2, dtype=torch.int32),
+            hca_indices=torch.full((26,), -2, dtype=torch.int32),
+            T=4,
+            win=8,
+            ring_stride=10,
+        ), ["ring-wrap", "window-starts-at-0", "padding-token", "ragged-indptr"]),
+    ]
+
+
+def _vllm_swa_indices_cases() -> list[Case]:
     b = "compute_swa_indices_and_lens"
     return [
         _case("decode-bs64-w128-window-starts-at-0-padding", "swa_indices", b, dict(
@@ -347,6 +397,31 @@ def _combine_c4_inputs() -> dict:
     )
 
 
+def _sglang_combine_inputs(common: dict, extra_rows: int = 0) -> dict:
+    """A common-form combine case in SGLang's arguments: the same workspace (``compressed_base =
+    M*r``, ``swa_base = M*r + N``), absolute ``query_pos``, ``extra_rows`` trailing rows owned by
+    no request (SGLang writes them -1 with length 0)."""
+    qsl, sl = common["query_start_loc"].to(torch.int64), common["seq_lens"].to(torch.int64)
+    qlen = qsl[1:] - qsl[:-1]
+    req = torch.repeat_interleave(torch.arange(sl.shape[0]), qlen)
+    first = torch.repeat_interleave(torch.cumsum(qlen, 0) - qlen, qlen)
+    pos = sl[req] - qlen[req] + torch.arange(req.numel()) - first
+    topk = common["topk_indices"]
+    r = torch.arange(sl.shape[0], dtype=torch.int32)
+    return dict(
+        topk_indices=torch.cat([topk, torch.full((extra_rows, topk.shape[1]), 7, dtype=torch.int32)]),
+        query_start_loc=common["query_start_loc"],
+        query_pos=torch.cat([pos, torch.full((extra_rows,), 3, dtype=torch.int64)]).to(torch.int32),
+        seq_lens=common["seq_lens"],
+        gather_lens=common["gather_lens"],
+        compressed_base=r * common["M"],
+        swa_base=r * common["M"] + common["N"],
+        window_size=common["window_size"],
+        compress_ratio=common["compress_ratio"],
+        topk=common["topk"],
+    )
+
+
 @register_cases("combine_prefill")
 def combine_prefill_cases() -> list[Case]:
     edge = ["nonzero-query-base", "interior-minus1", "window-starts-at-0"]
@@ -355,6 +430,8 @@ def combine_prefill_cases() -> list[Case]:
               _combine_c4_inputs(), edge + ["divergence-minus1-to-M*r-1"], form="common"),
         _case("c4-rocm-base5-interior-minus1", "combine_prefill", "combine_topk_swa_indices_rocm",
               _combine_c4_inputs(), edge, form="rocm"),
+        _case("c4-sglang-base5-interior-minus1-pad-row", "combine_prefill", "combine_topk_swa_indices_sglang",
+              _sglang_combine_inputs(_combine_c4_inputs(), extra_rows=1), edge + ["padding-token"], form="sglang"),
         _case("swa-only-topk0-common", "combine_prefill", "combine_topk_swa_indices", dict(
             topk_indices=_i32([[-1]] * 3),
             query_start_loc=_i32([0, 2, 3]),

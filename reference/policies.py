@@ -310,3 +310,26 @@ class Nvfp4NonFinite(_StrEnum):
     FINITE = "finite"
     POISON = "poison"
     TRITON = "triton"
+
+
+
+
+# --------------------------------------------------------------------------- SGLang 0.5.23
+# Citation key ``S:`` = the SGLang 0.5.23 wheel (``sglang/``).
+
+
+class CombineInvalidTopk(_StrEnum):
+    """What a prefill combine (top-k + SWA window into one workspace index row) writes for a
+    NEGATIVE top-k entry inside the row's ``topk_len`` prefix.
+
+    SHIFTED_BY_BASE: no check, the entry gets the request's workspace base added, so a ``-1`` of
+        request ``r`` becomes ``M*r - 1``, the last row of request ``r-1`` (vLLM 0.33.0's common
+        ``combine_topk_swa_indices``, hazard H10; ``reference.indices_prefill``).
+    KEPT_MINUS1: every negative entry becomes ``-1`` (a hole the prefill attention skips) and is
+        still counted by the row length; entries ``>= 0`` get the base added without an upper
+        bound check -- SGLang 0.5.23 ``_combine_topk_swa_indices_kernel``
+        (``S:kernels/ops/attention/dsv4/sparse_prefill_kernels.py:142-146``).
+    """
+
+    SHIFTED_BY_BASE = "shifted_by_base"
+    KEPT_MINUS1 = "kept_minus1"

@@ -261,6 +261,32 @@ def _combine_common_validates(case: Case) -> dict:
     return _index(case)
 
 
+def _sglang_combine_shifts_minus1(case: Case) -> dict:
+    """SGLang's combine shifting a negative top-k entry by the request base like vLLM's common form
+    (``M*r - 1``) where ``sparse_prefill_kernels.py:142-146`` writes ``-1``."""
+    if case.params["builder"] == "combine_topk_swa_indices_sglang":
+        return _index(case, invalid_topk="shifted_by_base")
+    return _index(case)
+
+
+def _ring_not_wrapped(case: Case) -> dict:
+    """SGLang's paged-decode SWA prefix without the ring wrap (``slot * ring_stride + abs_pos``
+    instead of ``+ abs_pos % ring_stride``): reads another sequence's ring once ``pos >= ring_stride``."""
+    if case.params["builder"] != "v4_paged_decode_indices":
+        return _index(case)
+    big = case.inputs["ring_stride"] * 1000  # no wrap for any position of the default cases
+    out = _index(case, ring_stride=big)
+    slots = case.inputs["state_slot_per_seq"].to(torch.int64)
+    for k in ("swa_indices", "csa_indices", "hca_indices"):
+        v = out[k].to(torch.int64)
+        written = v >= 0
+        # slot * big + abs_pos  ->  slot * ring_stride + abs_pos
+        v = torch.where(written, (v // big) * case.inputs["ring_stride"] + v % big, v)
+        out[k] = v.to(torch.int32)
+    assert slots.numel()
+    return out
+
+
 # --------------------------------------------------------------------------- attention
 
 
@@ -692,6 +718,11 @@ MUTANTS: list[MutantEntry] = [
        _combine_without_request_offset),
     _m("combine_common_validates_minus1", "combine_prefill", "common combine modelled with the ROCm twin's -1 "
        "validation; production turns an interior -1 into M*r-1 (H10)", _combine_common_validates),
+    _m("sglang_combine_minus1_shifted", "combine_prefill", "SGLang combine shifting an interior -1 to M*r-1 like "
+       "vLLM's common form; SGLang 0.5.23 writes -1 (CombineInvalidTopk)", _sglang_combine_shifts_minus1,
+       invalid_topk="kept_minus1"),
+    _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "
+       "(abs_pos % ring_stride dropped, paged_decode_indices.py:104-106)", _ring_not_wrapped),
     # attention
     _m("extra_segment_dropped", "decode", "compressed segment not attended (attention 2.6)", _extra_dropped),
     _m("segments_separate_softmax", "decode", "one softmax per segment instead of over the union (attention 2.6)",

@@ -1,8 +1,8 @@
 """Hypothesis fuzzing of the GPU sparse-attention kernels at production shapes (issue 13 item 6).
 
 For each decode / prefill entry of FlashMLA (``flashmla.sparse_decode.sm90``,
-``flashmla.sparse_prefill.sm90``) and of the ROCm Triton kernels (``rocm_triton.sparse_decode*``,
-``rocm_triton.sparse_prefill*``), draw a production-shaped case with the default case builders
+``flashmla.sparse_prefill.sm90``), of the ROCm Triton kernels (``rocm_triton.sparse_decode*``,
+``rocm_triton.sparse_prefill*``) and of SGLang's Triton decode (``sglang.triton_sparse_decode``), draw a production-shaped case with the default case builders
 (``reference.cases_attention.decode_case`` / ``prefill_case``): batch up to 128, 64 or 128 heads,
 SWA window 128 with pages of 64 or 256 entries, C4A top-k 512/1024/2048, C128A on 2- or
 64-entry compressed pages, lonely (padding) rows, stale-valid columns past the lengths, sinks
@@ -63,7 +63,7 @@ def _max_examples(ci: bool) -> int:
     return int(raw)
 
 _WANTED = ("flashmla.sparse_decode.sm90", "flashmla.sparse_prefill.sm90", "rocm_triton.sparse_decode",
-           "rocm_triton.sparse_prefill")
+           "rocm_triton.sparse_prefill", "sglang.triton_sparse_decode")
 
 
 def _entries():

@@ -1,0 +1,353 @@
+"""Adapters for SGLang 0.5.23's DeepSeek-V4 Triton kernels (``S:`` = the SGLang wheel,
+``sglang/``; ``sglang/kernels/ops/attention/dsv4/``).
+
+The sources reach a GPU machine without an SGLang install through
+``dsv4-numerics stage-sglang --wheel sglang-0.5.23-*.whl DIR`` and ``DSV4_STAGED=DIR`` (the same
+folder may hold the vLLM parts). Its stand-ins describe NVIDIA CUDA with OCP FP8
+(``is_fp8_fnuz() = False``, every ``is_gfx*`` False). Each adapter converts the canonical
+``Case`` inputs as SGLang's call sites do (int32 index buffers, contiguous page buffers,
+caller-allocated outputs) and returns canonical outputs.
+
+Entries:
+
+==============================================  ================  ==========================================
+entry                                           stage             production function
+==============================================  ================  ==========================================
+sglang.dequantize_k_cache_paged_dsv4            gather            ``dequant_k_cache.dequantize_k_cache_paged_dsv4`` (``KVLayout.V4``)
+sglang.combine_topk_swa_indices                 combine_prefill   ``sparse_prefill_kernels.combine_topk_swa_indices``
+sglang.build_swa_token_ids                      swa_indices       ``sparse_prefill_kernels.build_swa_token_ids``
+sglang.write_v4_paged_decode_indices            swa_indices       ``unified_kv_kernels.paged_decode_indices.write_v4_paged_decode_indices``
+sglang.triton_sparse_decode                     decode            ``triton_sparse_decode.triton_fp8_attention_fwd``
+==============================================  ================  ==========================================
+
+What SGLang does differently from vLLM / FlashMLA (read from the sources; each difference that a
+stage can see is a declared policy or an ``UnsupportedCase``):
+
+* ``KVLayout.V4`` is byte-for-byte the 584-byte MODEL1 page (``[bs x 576 data][bs x 8 scales]``,
+  page padded to a multiple of 576: ``kv_layout.py:101-104``, ``dequant_k_cache.py:12-16``); its
+  Triton readers decode a scale byte as ``exp2(s - 127)`` (0 -> 0.0, 255 -> +Inf: ``ue8m0 =
+  triton``) and take ``page_table_1_flattened`` = SLOTS (token ids), not a block table: the
+  adapter computes the gathered slots as ``build_swa_token_ids`` does (positions ``L - g + i``).
+  A slot ``-1`` is not skipped (it would be read at page 0, entry ``-1``): out of contract.
+* The V4.1 layouts of ``kv_layout.py`` exist in two byte orders: ``V41`` / ``V41_FP4`` are
+  BLOCK-SPLIT (all data rows, then all scale rows: ``V41Layout.page_footer``) with pages padded to
+  512 / 256 bytes, ``V41_NEW`` / ``V41_FP4_NEW`` INTERLEAVED (``V41Layout.interleaved``, vLLM's
+  order) unpadded. Their dequantiser refuses anything below SM100 (``dequant_k_cache.py:118-126``)
+  and no ``v41`` gather stage exists yet: no entry here.
+* ``combine_topk_swa_indices``: a negative top-k entry becomes ``-1`` (``invalid_topk =
+  kept_minus1``) where vLLM's common form shifts it to ``M*r - 1``; workspace bases per request and
+  absolute positions are arguments; no image visibility (cases with it are skipped).
+* ``triton_fp8_attention_fwd`` treats only ``-1`` as empty (``index_rule = minus1_only``; any other
+  negative index is clamped to slot 0 and read), dequantises ``fp8.to(bf16) * exp2(s - 127).to(bf16)``
+  and runs P@V with bf16 P (``attention_mode = bf16_p``), returns the natural, sink-free LSE with
+  ``+inf`` for lonely rows, ``[b, s_q, h]`` (FlashMLA's is ``[b, h, s_q]``).
+
+Not mapped (no stage models them yet): ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (RMSNorm
++ RoPE before a unit-scale E4M3 store into the ``UNIFORM_FP8`` pool; its fp32 reduction order
+makes the stored bytes unreproducible by a bytes-exact judge; note it does NOT skip a negative
+slot: ``slot < 0`` writes row ``CACHE_ROWS + slot``, PyTorch's negative-index rule),
+``gather_dequant_requant_fp8_paged_dsv4`` (FP8 workspace), the ``unified_kv_kernels``
+``paged_decode`` / ``paged_prefill`` attention (ring-addressed unified pool, ROCm-first), and the
+TileLang / JIT-CUDA kernels (``kernels/sglang_jit.py``).
+
+Triton is not importable on the CPU machine that wrote these adapters, so the kernels cannot run
+through ``TRITON_INTERPRET=1`` here; every entry needs a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from dsv4_numerics.reference.cases import Case
+from dsv4_numerics.reference.constants import HEAD_DIM
+from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, fail
+from dsv4_numerics.reference.policies import (
+    AttentionMode,
+    CombineInvalidTopk,
+    Fp8Flavour,
+    IndexRule,
+    LseConvention,
+    NanPolicy,
+    Ue8m0Consumer,
+)
+
+from . import probe as P
+from . import staged
+from .flashmla import sparse_decode_call
+from .registry import KernelEntry
+from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
+from .vllm_triton import index_case_builder, int32
+
+__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE",
+           "sglang_probe", "staged_sglang_reason", "gather_slots", "gather_args", "combine_args", "swa_token_ids_args",
+           "paged_decode_indices_args"]
+
+_DSV4 = "sglang.kernels.ops.attention.dsv4"
+DEQUANT = f"{_DSV4}.dequant_k_cache"
+SPARSE_PREFILL = f"{_DSV4}.sparse_prefill_kernels"
+PAGED_DECODE_INDICES = f"{_DSV4}.unified_kv_kernels.paged_decode_indices"
+SPARSE_DECODE = f"{_DSV4}.triton_sparse_decode"
+MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE)
+
+
+@functools.lru_cache(maxsize=None)
+def staged_sglang_reason(module: str) -> str | None:
+    """``None`` if the SGLang file of ``module`` is in a ``DSV4_STAGED`` folder or in an installed
+    ``sglang`` package; else the command that stages it. Looked up as a FILE: finding the module
+    spec would import its parent packages (``dsv4/__init__.py`` imports Triton and the JIT
+    loaders), which is the import step's job."""
+    problems = staged.activate()
+    rel = module.replace(".", "/")
+    for cand in (rel + ".py", rel + "/__init__.py"):
+        if staged.staged_file(cand) is not None:
+            return None
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        base = Path(root).parent
+        if (base / (rel + ".py")).is_file() or (base / rel / "__init__.py").is_file():
+            return None
+    return "; ".join(problems) if problems else staged.missing_hint(module, "sglang")
+
+
+def sglang_probe(module: str) -> P.Probe:
+    """Probe, in the order a user fixes them: the SGLang file ``module`` staged (``stage-sglang``,
+    ``DSV4_STAGED``; found without importing), a GPU, Triton importable, then the import itself
+    (with the staged stand-ins; the loader's message verbatim)."""
+    return P.chain(lambda: staged_sglang_reason(module), P.needs_arch("any-gpu"), P.needs_module("triton"),
+                   P.needs_import(module))
+
+
+def _fn(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+# --------------------------------------------------------------------------- gather
+
+
+def gather_slots(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The canonical gather's rows as SGLang's flat slot list: for request ``b`` (``L =
+    seq_lens[b]``, ``g = gather_lens[b]`` or ``L``) and ``i < g``, slot ``block_table[b, p // bs] *
+    bs + p % bs`` at ``p = L - g + i`` (what ``build_swa_token_ids`` + ``req_to_token`` produce).
+    Returns ``(slots int32 [sum g], request [sum g], row [sum g])`` with ``row = offset + i``, the
+    output row of the canonical ``[R, offset + max g, 512]``. A table too short or holding a page
+    outside the cache for a gathered position raises InputError (the kernel would read out of
+    bounds: it has no ``-1`` handling)."""
+    fn = "sglang.gather_slots"
+    bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
+    nb, _ = _cache_geometry(fn, inputs["cache"], bs)
+    bt = inputs["block_table"]
+    check_dtype(fn, "block_table", bt, INDEX_DTYPES)
+    check_rank(fn, "block_table", bt, 2)
+    seq = inputs["seq_lens"].to(torch.int64).cpu()
+    gl = inputs.get("gather_lens")
+    g = seq.clone() if gl is None else gl.to(torch.int64).cpu()
+    r = bt.shape[0]
+    if seq.shape != (r,) or g.shape != (r,) or bool(((g < 0) | (g > seq)).any()):
+        fail(fn, "gather_lens", f"seq_lens and gather_lens must be [{r}] with 0 <= gather_lens <= seq_lens")
+    offset = check_int(fn, "offset", inputs.get("offset", 0), minimum=0)
+    req = torch.repeat_interleave(torch.arange(r), g)
+    i = torch.arange(int(g.sum())) - (torch.cumsum(g, 0) - g)[req]
+    pos = (seq - g)[req] + i
+    blk = pos // bs
+    if blk.numel() and int(blk.max()) >= bt.shape[1]:
+        fail(fn, "block_table", f"has {bt.shape[1]} columns; a gathered position needs block {int(blk.max())}")
+    pages = bt.to(torch.int64).cpu()[req, blk]
+    if bool(((pages < 0) | (pages >= nb)).any()):
+        fail(fn, "block_table", f"gathered positions must map to pages in [0, {nb})")
+    return (pages * bs + pos % bs).to(torch.int32), req, offset + i
+
+
+def gather_args(inputs: dict) -> dict:
+    """Canonical ``gather`` inputs -> ``dequantize_k_cache_paged_dsv4`` arguments: the contiguous
+    2-D page buffer ``[num_blocks, page_stride]`` (SGLang asserts ``is_contiguous()`` and reads
+    the page stride as ``shape[-1]``; an odd stride is repacked to an even one, which its bf16
+    view needs), int32 slots, ``page_size``, ``layout="v4"``; plus ``_req`` / ``_row`` to scatter
+    the ``[N, 1, 512]`` result into the canonical ``[R, offset + max g, 512]`` (zeros elsewhere)."""
+    bs = inputs["block_size"]
+    slots, req, row = gather_slots(inputs)
+    view = readable_pages(inputs["cache"], bs, TRITON_PAGE_ALIGN)  # [nb, bs, 584], strides (P', 584, 1)
+    nb, p = view.shape[0], view.stride(0)
+    pages = torch.as_strided(view, (nb, p), (p, 1))  # the allocation holds nb * P' bytes (DESIGN.md)
+    r = inputs["block_table"].shape[0]
+    g = inputs.get("gather_lens")
+    g = inputs["seq_lens"] if g is None else g
+    width = inputs.get("offset", 0) + (int(g.max()) if r else 0)
+    return dict(quant_k_cache=pages, page_table_1_flattened=slots.to(view.device), page_size=bs, layout="v4",
+                _req=req, _row=row, _shape=(r, width, HEAD_DIM))
+
+
+def _call_gather(case: Case) -> dict:
+    a = gather_args(case.inputs)
+    req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
+    got = _fn(DEQUANT, "dequantize_k_cache_paged_dsv4")(**a)  # [N, 1, 512] bf16
+    out = torch.zeros(shape, dtype=torch.bfloat16, device=got.device)
+    out[req.to(got.device), row.to(got.device)] = got[:, 0]
+    return {"out": out}
+
+
+# --------------------------------------------------------------------------- index builders
+
+
+def combine_args(inputs: dict) -> dict:
+    """``combine_topk_swa_indices`` inputs with SGLang's dtypes: every index tensor int32 (the
+    wrapper asserts it), ints as given."""
+    fn = "sglang.combine_args"
+    out = {k: int32(fn, k, inputs[k]) for k in ("topk_indices", "query_start_loc", "query_pos", "seq_lens",
+                                                 "gather_lens", "compressed_base", "swa_base")}
+    for k in ("window_size", "compress_ratio", "topk"):
+        out[k] = check_int(fn, k, inputs[k], minimum=0)
+    return out
+
+
+def swa_token_ids_args(inputs: dict) -> dict:
+    """``build_swa_token_ids`` inputs: int32 lengths, pool rows and ``req_to_token``, int64
+    ``full_to_swa`` (asserted by the wrapper), and ``total_swa`` = the sum of the gather lengths
+    (the caller's CPU count)."""
+    fn = "sglang.swa_token_ids_args"
+    seq, ext = int32(fn, "seq_lens", inputs["seq_lens"]), int32(fn, "extend_seq_lens", inputs["extend_seq_lens"])
+    w = check_int(fn, "swa_window", inputs["swa_window"], minimum=1)
+    total = int(torch.minimum(seq.to(torch.int64), ext.to(torch.int64) + (w - 1)).sum())
+    f2s = inputs["full_to_swa"]
+    check_dtype(fn, "full_to_swa", f2s, INDEX_DTYPES)
+    return dict(seq_lens=seq, extend_seq_lens=ext, req_pool_indices=int32(fn, "req_pool_indices", inputs["req_pool_indices"]),
+                req_to_token=int32(fn, "req_to_token", inputs["req_to_token"]).contiguous(),
+                full_to_swa=f2s.to(torch.int64).contiguous(), swa_window=w, total_swa=total)
+
+
+def paged_decode_indices_args(inputs: dict) -> dict:
+    """``write_v4_paged_decode_indices`` keyword arguments: int32 buffers, COPIES of the three
+    output buffers (written in place; their fill shows what the kernel left alone)."""
+    fn = "sglang.paged_decode_indices_args"
+    out = {k: int32(fn, k, inputs[k]) for k in ("state_slot_per_seq", "batch_id_per_token", "swa_indptr",
+                                                 "csa_indptr", "hca_indptr")}
+    out["positions"] = int32(fn, "positions", inputs["positions"])
+    for k in ("swa_indices", "csa_indices", "hca_indices"):
+        out[k] = int32(fn, k, inputs[k]).clone()
+    for k in ("T", "win", "ring_stride"):
+        out[k] = check_int(fn, k, inputs[k], minimum=0)
+    return out
+
+
+def _call_combine(case: Case) -> dict:
+    index_case_builder(case, "combine_topk_swa_indices_sglang")
+    idx, lens = _fn(SPARSE_PREFILL, "combine_topk_swa_indices")(**combine_args(case.inputs))
+    return {"combined_indices": idx, "combined_lens": lens}
+
+
+def _call_swa_token_ids(case: Case) -> dict:
+    index_case_builder(case, "build_swa_token_ids")
+    res = _fn(SPARSE_PREFILL, "build_swa_token_ids")(**swa_token_ids_args(case.inputs))
+    return dict(zip(("swa_token_ids", "swa_first_pos", "swa_gather_lens", "swa_offsets"), res))
+
+
+def _call_paged_decode_indices(case: Case) -> dict:
+    index_case_builder(case, "v4_paged_decode_indices")
+    a = paged_decode_indices_args(case.inputs)
+    _fn(PAGED_DECODE_INDICES, "write_v4_paged_decode_indices")(**a)
+    return {k: a[k] for k in ("swa_indices", "csa_indices", "hca_indices")}
+
+
+# --------------------------------------------------------------------------- sparse decode
+
+
+def _call_sparse_decode(case: Case) -> dict:
+    """``triton_fp8_attention_fwd`` with the keyword dict SGLang builds for
+    ``flash_mla_with_kvcache`` (the FlashMLA adapter's call, ``kernels.flashmla``: heads padded to
+    64/128, ``b = T`` rows of ``s_q = 1``, ``[nb, bs, 1, 584]`` caches, per-row lengths); its LSE
+    comes back ``[b, s_q, h]``."""
+    return sparse_decode_call(case, 1, attend=_fn(SPARSE_DECODE, "triton_fp8_attention_fwd"),
+                              lse_heads_last=True, fn="sglang.triton_sparse_decode")
+
+
+# --------------------------------------------------------------------------- entries
+
+_ARCHS = ("any-gpu",)
+_probe = sglang_probe
+
+ENTRIES: list[KernelEntry] = [
+    KernelEntry(
+        name="sglang.dequantize_k_cache_paged_dsv4",
+        stage="gather",
+        family="sglang",
+        source=f"{DEQUANT}.dequantize_k_cache_paged_dsv4(layout=KVLayout.V4)",
+        archs=_ARCHS,
+        dtypes=("uint8",),
+        policies={"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value},
+        tolerance_scope="sglang.dequantize_k_cache_paged_dsv4",
+        probe=_probe(DEQUANT),
+        call=_call_gather,
+        notes="SGLang's bf16 gather of the V4 (584-byte MODEL1) page by slot list (the adapter turns the "
+              "block table into slots as build_swa_token_ids does). Scale byte 0 -> 0.0, 255 -> +Inf "
+              "(tl.exp2). Output rows not gathered stay 0 (the reference's convention).",
+    ),
+    KernelEntry(
+        name="sglang.combine_topk_swa_indices",
+        stage="combine_prefill",
+        family="sglang",
+        source=f"{SPARSE_PREFILL}.combine_topk_swa_indices",
+        archs=_ARCHS,
+        dtypes=("int32",),
+        policies={"combine_form": "sglang", "invalid_topk": CombineInvalidTopk.KEPT_MINUS1.value},
+        tolerance_scope="sglang.combine_topk_swa_indices",
+        probe=_probe(SPARSE_PREFILL),
+        call=_call_combine,
+        notes="A negative top-k entry inside topk_len becomes -1 (vLLM's common form: M*r - 1); rows past "
+              "the last request are -1 with length 0. Runs the cases of builder "
+              "combine_topk_swa_indices_sglang.",
+    ),
+    KernelEntry(
+        name="sglang.build_swa_token_ids",
+        stage="swa_indices",
+        family="sglang",
+        source=f"{SPARSE_PREFILL}.build_swa_token_ids",
+        archs=_ARCHS,
+        dtypes=("int32",),
+        policies={},
+        tolerance_scope="sglang.build_swa_token_ids",
+        probe=_probe(SPARSE_PREFILL),
+        call=_call_swa_token_ids,
+        notes="SWA-cache token ids of each request's union of query windows, through req_to_token and "
+              "full_to_swa (int64 -> int32).",
+    ),
+    KernelEntry(
+        name="sglang.write_v4_paged_decode_indices",
+        stage="swa_indices",
+        family="sglang",
+        source=f"{PAGED_DECODE_INDICES}.write_v4_paged_decode_indices",
+        archs=_ARCHS,
+        dtypes=("int32",),
+        policies={},
+        tolerance_scope="sglang.write_v4_paged_decode_indices",
+        probe=_probe(PAGED_DECODE_INDICES),
+        call=_call_paged_decode_indices,
+        notes="Ring offsets slot * ring_stride + pos % ring_stride, ragged (no -1 padding) into the "
+              "SWA / CSA / HCA buffers; padding tokens (batch id < 0) untouched.",
+    ),
+    KernelEntry(
+        name="sglang.triton_sparse_decode",
+        stage="decode",
+        family="sglang",
+        source=f"{SPARSE_DECODE}.triton_fp8_attention_fwd",
+        archs=_ARCHS,
+        dtypes=("bfloat16", "uint8"),
+        policies={"index_rule": IndexRule.MINUS1_ONLY.value, "lse": LseConvention.NATURAL_SINKFREE.value,
+                  "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
+                  "fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value,
+                  "output_inv_roped": "false"},
+        tolerance_scope="rocm_triton.sparse_decode",
+        probe=_probe(SPARSE_DECODE),
+        call=_call_sparse_decode,
+        notes="SGLANG_HACK_FLASHMLA_BACKEND=triton path, called with FlashMLA's keyword dict. Judged with "
+              "the bf16-P Triton decode tolerance (the ROCm Triton decode's scope: same arithmetic class, "
+              "bf16 dequant x bf16 scale, bf16 P, fp32 accumulation). Indices other than -1 outside the "
+              "cache are skipped (UnsupportedCase: the kernel would read them).",
+    ),
+]
