@@ -38,7 +38,7 @@ from dsv4_numerics.strategies_index import batches
 
 from .test_fuzz_indices import IndexSpec, check
 
-SGLANG = [e.name for e in registry.all_entries() if e.name.startswith("sglang.")]
+SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the JIT rows: test_sglang_jit_adapters.py
 
 
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
