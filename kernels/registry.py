@@ -57,6 +57,8 @@ POLICY_ENUMS: dict[str, type] = {
     "rope_arith": _pol.RopeArithmetic,
     "attention_mode": _pol.AttentionMode,
     "invalid_topk": _pol.CombineInvalidTopk,
+    "window_start": _pol.CombineWindowStart,
+    "e2m1_zero": _pol.E2m1Zero,
 }
 if hasattr(_pol, "Ue8m0Consumer"):
     POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer

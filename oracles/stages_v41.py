@@ -39,13 +39,14 @@ import torch
 
 from dsv4_numerics.reference import cache_v41
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.policies import Ue8m0Consumer, V41Layout
+from dsv4_numerics.reference.policies import E2m1Zero, Ue8m0Consumer, V41Layout
 
 from .stages import JudgeScope, StageSpec, Verdict, _pol, judge_gather_rows, register
 
 __all__ = ["V41_GATHER_DEFAULTS"]
 
-V41_GATHER_DEFAULTS = {"v41_layout": V41Layout.INTERLEAVED.value, "ue8m0": Ue8m0Consumer.EXACT.value}
+V41_GATHER_DEFAULTS = {"v41_layout": V41Layout.INTERLEAVED.value, "ue8m0": Ue8m0Consumer.EXACT.value,
+                       "e2m1_zero": E2m1Zero.SIGNED.value}
 
 
 def _expected_v41_gather(case: Case, policies: dict) -> dict:
@@ -53,7 +54,8 @@ def _expected_v41_gather(case: Case, policies: dict) -> dict:
     out, valid = cache_v41.gather(
         inp["cache"], inp["block_table"], inp["seq_lens"], inp["block_size"], inp["record"],
         _pol(policies, "v41_layout", V41Layout.INTERLEAVED.value), inp.get("gather_lens"),
-        consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value), offset=inp.get("offset", 0))
+        consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value), offset=inp.get("offset", 0),
+        e2m1_zero=_pol(policies, "e2m1_zero", E2m1Zero.SIGNED.value))
     return {"out": out, "_valid": valid}
 
 
@@ -72,6 +74,12 @@ def _v41_gather_alternatives(case: Case, policies: dict) -> dict[str, torch.Tens
             if c.value != ue:
                 alts[f"ue8m0={c.value} (scale bytes 0/255 decoded by another consumer)"] = \
                     _expected_v41_gather(case, dict(policies, ue8m0=c.value))["out"]
+    if case.inputs["record"] == "nvfp4_288":
+        z = _pol(policies, "e2m1_zero", E2m1Zero.SIGNED.value)
+        for other in E2m1Zero:
+            if other.value != z:
+                alts[f"e2m1_zero={other.value} (E2M1 code 0x8 read as the other signed zero)"] = \
+                    _expected_v41_gather(case, dict(policies, e2m1_zero=other.value))["out"]
     return alts
 
 

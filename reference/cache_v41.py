@@ -52,6 +52,7 @@ from .fp4 import _encode_e2m1, _nvfp4_scale_bytes, decode_e2m1, div_rn_f32, pack
 from .fp8 import _validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
 from .gather_plan import gather_plan
 from .policies import (
+    E2m1Zero,
     Fp8Flavour,
     NonFinite,
     Nvfp4NonFinite,
@@ -295,12 +296,15 @@ def decode_records(
     scales: torch.Tensor,
     record: V41Record | str,
     consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+    e2m1_zero: E2m1Zero | str = E2m1Zero.SIGNED,
 ) -> torch.Tensor:
     """bf16 rows ``[N, 512]`` from ``data [N, D]`` and ``scales [N, S]``: ``value * scale`` formed
     exactly (float64) and rounded once to bf16. MXFP8 scale bytes 0/255 follow ``consumer``
-    (H4); NVFP4 scales are E4M3FN values (0x7F/0xFF NaN, so a poisoned group reads NaN)."""
+    (H4); NVFP4 scales are E4M3FN values (0x7F/0xFF NaN, so a poisoned group reads NaN); the
+    NVFP4 code 0x8 reads -0.0 or +0.0 per ``e2m1_zero`` (:class:`~.policies.E2m1Zero`)."""
     fn = "decode_records"
     record = _record(fn, record)
+    e2m1_zero = check_enum(fn, "e2m1_zero", E2m1Zero, e2m1_zero)
     d, sc = _PARTS[record]
     check_dtype(fn, "data", data, (torch.uint8,))
     check_dtype(fn, "scales", scales, (torch.uint8,))
@@ -315,6 +319,8 @@ def decode_records(
         mult = decode_ue8m0(scales, consumer).to(torch.float64)
     else:
         vals = decode_e2m1(unpack_e2m1(data)).to(torch.float64)
+        if e2m1_zero is E2m1Zero.POSITIVE:
+            vals = vals + 0.0  # -0.0 + 0.0 = +0.0 (round to nearest); every other value unchanged
         mult = decode_e4m3fn(scales).to(torch.float64)
     out = vals.reshape(n, sc, HEAD_DIM // sc) * mult.unsqueeze(-1)
     return out.reshape(n, HEAD_DIM).to(torch.bfloat16)
@@ -402,10 +408,11 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int, reco
 
 
 def dequantize_slots(cache: torch.Tensor, slots: torch.Tensor, block_size: int, record: V41Record | str,
-                     layout: V41Layout | str, consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT) -> torch.Tensor:
+                     layout: V41Layout | str, consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT,
+                     e2m1_zero: E2m1Zero | str = E2m1Zero.SIGNED) -> torch.Tensor:
     """bf16 rows ``[S, 512]`` of global ``slots`` (``decode_records`` of ``read_records``)."""
     data, scales = read_records(cache, slots, block_size, record, layout)
-    return decode_records(data, scales, record, consumer)
+    return decode_records(data, scales, record, consumer, e2m1_zero)
 
 
 def dequantize_all(cache: torch.Tensor, block_size: int, record: V41Record | str, layout: V41Layout | str,
@@ -417,7 +424,8 @@ def dequantize_all(cache: torch.Tensor, block_size: int, record: V41Record | str
 
 def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
            record: V41Record | str, layout: V41Layout | str, gather_lens: torch.Tensor | None = None,
-           consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+           consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT, offset: int = 0,
+           e2m1_zero: E2m1Zero | str = E2m1Zero.SIGNED) -> tuple[torch.Tensor, torch.Tensor]:
     """Model of vLLM 0.33.0 ``dequantize_and_gather_k_cache`` on a V4.1 cache
     (``_dequantize_and_gather_k_mxfp8_kernel`` / ``_nvfp4_kernel``, ``V:.../deepseek_v41/common/ops/
     cache_utils.py:528-655``): output row ``offset + i`` of request ``b`` is ``dequantize_slots`` of
@@ -426,7 +434,8 @@ def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tenso
     rows are zero here (stale in a kernel's workspace). The kernels form ``value * scale`` in fp32,
     exactly (<= 4 + 4 significant bits, inside the fp32 range), then round once to bf16, as
     ``decode_records`` does; MXFP8 scale bytes 0/255 follow ``consumer`` (Triton: ``exp2(b - 127)``
-    -> ``Ue8m0Consumer.TRITON``); NVFP4 scales are E4M3 bytes (0x7F/0xFF read NaN)."""
+    -> ``Ue8m0Consumer.TRITON``); NVFP4 scales are E4M3 bytes (0x7F/0xFF read NaN) and code 0x8
+    reads per ``e2m1_zero`` (the Triton kernel: ``E2m1Zero.POSITIVE``)."""
     fn = "gather"
     record, layout = _record(fn, record), _layout(fn, layout)
     nb, bs, _ = cache_geometry(fn, cache, block_size, record)
@@ -435,7 +444,7 @@ def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tenso
     valid = torch.zeros((plan.requests, plan.width), dtype=torch.bool, device=cache.device)
     if plan.slot.numel():
         ri, rr = plan.req.to(cache.device), plan.row.to(cache.device)
-        out[ri, rr] = dequantize_slots(cache, plan.slot.to(cache.device), bs, record, layout, consumer)
+        out[ri, rr] = dequantize_slots(cache, plan.slot.to(cache.device), bs, record, layout, consumer, e2m1_zero)
         valid[ri, rr] = True
     return out, valid
 

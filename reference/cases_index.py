@@ -88,6 +88,7 @@ INDEX_BUILDERS: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
 # value for them (the builder's default otherwise).
 INDEX_POLICY_ARGS: dict[str, tuple[str, ...]] = {
     "combine_topk_swa_indices_sglang": ("invalid_topk",),
+    "combine_topk_swa_indices": ("invalid_topk", "window_start"),
 }
 
 
@@ -432,6 +433,20 @@ def combine_prefill_cases() -> list[Case]:
               _combine_c4_inputs(), edge, form="rocm"),
         _case("c4-sglang-base5-interior-minus1-pad-row", "combine_prefill", "combine_topk_swa_indices_sglang",
               _sglang_combine_inputs(_combine_c4_inputs(), extra_rows=1), edge + ["padding-token"], form="sglang"),
+        _case("c4-bounded-replay-out-of-pool", "combine_prefill", "combine_topk_swa_indices", dict(
+            # one request, seq 200, query 2 (positions 198, 199), replay from 138: gather 62 < W, so
+            # the window max(p - 127, 0) = 71, 72 starts before gather_start = 138; N = 200 // 4 = 50,
+            # M = 50 + 62; top-k entries 60 and 63 lie past N (out of the compressed pool), -1 inside
+            topk_indices=_i32([[0, 60, 2, -1, 4, 5, 6, 7], [0, 1, 2, 3, 63, 5, -1, 49]]),
+            query_start_loc=_i32([0, 2]),
+            seq_lens=_i32([200]),
+            gather_lens=_i32([62]),
+            window_size=SWA_WINDOW,
+            compress_ratio=C4_RATIO,
+            topk=8,
+            M=112,
+            N=50,
+        ), ["out-of-pool-topk", "window-before-gather-start"], form="common"),
         _case("swa-only-topk0-common", "combine_prefill", "combine_topk_swa_indices", dict(
             topk_indices=_i32([[-1]] * 3),
             query_start_loc=_i32([0, 2, 3]),

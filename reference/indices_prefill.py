@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from .constants import PREFILL_WIDTH_ALIGN
-from .errors import check_int, fail
+from .errors import check_enum, check_int, fail
+from .policies import CombineInvalidTopk, CombineWindowStart
 from .indices_slots import as_index, to_int32
 
 
@@ -220,6 +221,8 @@ def combine_topk_swa_indices(
     left_visible: torch.Tensor | None = None,
     right_visible: torch.Tensor | None = None,
     max_image_tokens: int = 0,
+    invalid_topk: CombineInvalidTopk | str = CombineInvalidTopk.SHIFTED_BY_BASE,
+    window_start: CombineWindowStart | str = CombineWindowStart.SEQUENCE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combined prefill rows, common (NVIDIA) form, faithfully including its divergence.
 
@@ -249,9 +252,21 @@ def combine_topk_swa_indices(
     ``max_image_tokens > 0`` (the kernel's ``IMAGE_WIDTH``); the kernel stores at most
     ``ceil((W + IMAGE_WIDTH) / W) * W`` window columns. Rows where production would read past the
     top-k row (``topk_len > K``) or write past its own row raise InputError.
+
+    The two named policies give vLLM 0.33.0's V4.1 kernel of the same name (``deepseek_v41/common/
+    ops/cache_utils.py``), which differs in exactly these (``invalid_topk = bounded_minus1``,
+    ``window_start = gathered``; it has no image visibility): ``invalid_topk``
+    (:class:`~.policies.CombineInvalidTopk`) what a top-k entry outside ``[0, N)`` becomes;
+    ``window_start`` (:class:`~.policies.CombineWindowStart`) whether the window is clamped to
+    ``gather_start``. The defaults are the V4 common form described above.
     Returns ``(combined_indices int32 [T, width], combined_lens int32 [T])``.
     """
     fn = "combine_topk_swa_indices"
+    invalid_topk = check_enum(fn, "invalid_topk", CombineInvalidTopk, invalid_topk)
+    window_start = check_enum(fn, "window_start", CombineWindowStart, window_start)
+    if invalid_topk == CombineInvalidTopk.KEPT_MINUS1:
+        fail(fn, "invalid_topk", "must be shifted_by_base or bounded_minus1 here (kept_minus1 is SGLang's "
+             "form: indices_sglang.combine_topk_swa_indices_sglang)", invalid_topk.value)
     topk_i, sl, gl, w, r, k, m, n, img, req, pos = _combine_common_args(
         fn, topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio,
         topk, M, N, max_image_tokens)
@@ -268,8 +283,11 @@ def combine_topk_swa_indices(
              f"{i} (the kernel would read past the row)", f"width {topk_i.shape[1]}")
     left_add = (left - (w - 1)).clamp(min=0)
     swa_start = (pos - (w - 1) - left_add).clamp(min=0)
-    swa_len = pos + right - swa_start + 1
     gather_start = (sl - gl)[req]
+    if window_start == CombineWindowStart.GATHERED:
+        swa_start = torch.maximum(swa_start, gather_start)
+    swa_len = (pos + right - swa_start + 1).clamp(min=0) if window_start == CombineWindowStart.GATHERED \
+        else pos + right - swa_start + 1
     swa_cap = _cdiv(w + image_width, w) * w
     written = torch.minimum(swa_len.clamp(min=0), torch.full_like(swa_len, swa_cap))
     if t and bool((topk_len + written > width).any()):
@@ -280,7 +298,11 @@ def combine_topk_swa_indices(
     base = (m * req)[:, None]
     kk = min(width, topk_i.shape[1])
     in_topk = cols[:, :kk] < topk_len[:, None]
-    out[:, :kk] = torch.where(in_topk, topk_i[:, :kk] + base, out[:, :kk])
+    vals = topk_i[:, :kk] + base
+    if invalid_topk == CombineInvalidTopk.BOUNDED_MINUS1:
+        ok = (topk_i[:, :kk] >= 0) & (topk_i[:, :kk] < n)
+        vals = torch.where(ok, vals, torch.full_like(vals, -1))
+    out[:, :kk] = torch.where(in_topk, vals, out[:, :kk])
     j = cols - topk_len[:, None]
     in_swa = (j >= 0) & (j < written[:, None])
     swa_val = base + n + swa_start[:, None] + j - gather_start[:, None]

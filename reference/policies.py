@@ -329,7 +329,42 @@ class CombineInvalidTopk(_StrEnum):
         still counted by the row length; entries ``>= 0`` get the base added without an upper
         bound check -- SGLang 0.5.23 ``_combine_topk_swa_indices_kernel``
         (``S:kernels/ops/attention/dsv4/sparse_prefill_kernels.py:142-146``).
+    BOUNDED_MINUS1: every entry outside ``[0, N)`` (negative, or past the compressed part of the
+        workspace) becomes ``-1`` and is still counted by the row length -- vLLM 0.33.0's V4.1
+        ``CombineTopkSwaIndicesKernel`` (``models/deepseek_v41/common/ops/cache_utils.py:1105-1110``:
+        "A failed (-1) or out-of-pool candidate stays -1"); the ROCm V4 form validates the same way.
     """
 
     SHIFTED_BY_BASE = "shifted_by_base"
     KEPT_MINUS1 = "kept_minus1"
+    BOUNDED_MINUS1 = "bounded_minus1"
+
+
+class E2m1Zero(_StrEnum):
+    """How a V4.1 NVFP4 reader decodes E2M1 code ``0x8`` (sign bit set, magnitude 0).
+
+    SIGNED: ``-0.0``, the format's value (``reference.fp4.decode_e2m1``).
+    POSITIVE: ``+0.0``: the reader forms ``where(code >= 8, -mag, mag)`` and Triton lowers the
+        float negation ``-mag`` to ``0 - mag`` (``triton.language.semantic.minus``), so ``-0.0``
+        never appears -- vLLM 0.33.0's ``_dequantize_and_gather_k_nvfp4_kernel``
+        (``models/deepseek_v41/common/ops/cache_utils.py``); seen on the H200 (sm90): 2,605 of 65,536
+        elements of ``nvfp4-bs64-window`` were +0 where the format reads -0.
+    """
+
+    SIGNED = "signed"
+    POSITIVE = "positive"
+
+
+class CombineWindowStart(_StrEnum):
+    """Where a prefill combine's SWA window may start, for token position ``p`` with window ``W``
+    of a request whose gathered context starts at ``gather_start = seq_len - gather_len``.
+
+    SEQUENCE: ``max(p - (W-1), 0)``: a window reaching below ``gather_start`` indexes rows before
+        the request's gathered SWA rows (vLLM 0.33.0's V4 common form; the caller keeps
+        ``gather_len >= W`` so it does not happen there).
+    GATHERED: ``max(p - (W-1), 0, gather_start)``: the window never starts before the gathered
+        buffer (vLLM 0.33.0's V4.1 kernel, ``cache_utils.py:1086-1090``, "SWA bounded replay").
+    """
+
+    SEQUENCE = "sequence"
+    GATHERED = "gathered"

@@ -269,6 +269,25 @@ def _sglang_combine_shifts_minus1(case: Case) -> dict:
     return _index(case)
 
 
+def _v41_combine_with(**policies: str) -> Callable[[Case], dict]:
+    """vLLM's V4.1 combine (``invalid_topk = bounded_minus1``, ``window_start = gathered``) with
+    one of the two rules replaced by the V4 common form's."""
+
+    def call(case: Case) -> dict:
+        if case.params["builder"] == "combine_topk_swa_indices":
+            return _index(case, **dict({"invalid_topk": "bounded_minus1", "window_start": "gathered"}, **policies))
+        return _index(case)
+
+    return call
+
+
+def _v41_nvfp4_gather_positive_zero(case: Case) -> dict:
+    """A V4.1 NVFP4 gather reading E2M1 code 0x8 as +0 (Triton's ``0 - mag`` negation) under an
+    entry that declares the format's -0 (``E2m1Zero``)."""
+    spec = st.get("v41_gather")
+    return _outputs(spec.expected(case, spec.policies({"e2m1_zero": "positive"})))
+
+
 def _ring_not_wrapped(case: Case) -> dict:
     """SGLang's paged-decode SWA prefix without the ring wrap (``slot * ring_stride + abs_pos``
     instead of ``+ abs_pos % ring_stride``): reads another sequence's ring once ``pos >= ring_stride``."""
@@ -721,6 +740,14 @@ MUTANTS: list[MutantEntry] = [
     _m("sglang_combine_minus1_shifted", "combine_prefill", "SGLang combine shifting an interior -1 to M*r-1 like "
        "vLLM's common form; SGLang 0.5.23 writes -1 (CombineInvalidTopk)", _sglang_combine_shifts_minus1,
        invalid_topk="kept_minus1"),
+    _m("v41_combine_out_of_pool_shifted", "combine_prefill", "V4.1 combine shifting a top-k entry outside [0, N) "
+       "by the request base; vLLM 0.33.0 V4.1 writes -1 (CombineInvalidTopk.BOUNDED_MINUS1)",
+       _v41_combine_with(invalid_topk="shifted_by_base"), invalid_topk="bounded_minus1", window_start="gathered"),
+    _m("v41_combine_window_before_gather", "combine_prefill", "V4.1 combine window not clamped to gather_start "
+       "(CombineWindowStart.GATHERED, bounded replay)", _v41_combine_with(window_start="sequence"),
+       invalid_topk="bounded_minus1", window_start="gathered"),
+    _m("v41_nvfp4_zero_sign", "v41_gather", "NVFP4 code 0x8 read as +0 where the entry declares -0 (E2m1Zero)",
+       _v41_nvfp4_gather_positive_zero),
     _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "
        "(abs_pos % ring_stride dropped, paged_decode_indices.py:104-106)", _ring_not_wrapped),
     # attention

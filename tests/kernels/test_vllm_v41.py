@@ -66,7 +66,8 @@ def _fake_cache_utils() -> types.ModuleType:
                                              consumer="triton", offset=offset)
         else:
             res, valid = cache_v41.gather(k_cache, block_table, seq_lens, block_size, rec, "interleaved",
-                                          gather_lens, consumer="triton", offset=offset)
+                                          gather_lens, consumer="triton", offset=offset,
+                                          e2m1_zero="positive")  # Triton's -mag is 0 - mag
         w = res.shape[1]
         out[:, :w][valid] = res[valid]
 
