@@ -510,7 +510,7 @@ def _index_rule(case: Case, policies: dict) -> str:
 # ``ordered`` = reference.attention (fixed order, fixtures), ``fast`` = reference.attention_fast
 # (unordered float64 GEMMs with a returned bound; the default on a CUDA device)
 ORDERED, FAST = "ordered", "fast"
-FAST_ORACLE_STAGES = ("decode", "prefill")
+FAST_ORACLE_STAGES = ("decode", "prefill", "v41_sparse_decode", "v41_sparse_prefill")
 
 
 def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
@@ -933,6 +933,9 @@ register(StageSpec("dense_mla_decode", "numeric", ("out", "lse"), dict(_ATTN_DEF
 register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_dense_prefill,
                    lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
 
+
+# the DeepSeek-V4.1 attention and query-quantiser stages register themselves (they build on this module)
+from . import stages_v41_attention  # noqa: E402,F401
 
 __all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "StageSpec", "Verdict", "decode_segments", "get", "identity_cos_sin", "judge_attention",
            "prefill_segments", "v_rms",

@@ -79,7 +79,8 @@ def register_cases(stage: str, size: str = "default") -> Callable[[CaseBuilder],
 def _load_builders() -> None:
     import importlib
 
-    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_attention_sweep", "cases_mla", "cases_v41"):
+    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_attention_sweep", "cases_mla", "cases_v41",
+                "cases_v41_attention"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet
