@@ -33,6 +33,7 @@ FAMILY_MODULES = (
     "rocm_triton",
     "mla_family",
     "vllm_cpu",
+    "v41_attention",
 )
 
 FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "reference")
@@ -54,6 +55,8 @@ POLICY_ENUMS: dict[str, type] = {
     "rope_arith": _pol.RopeArithmetic,
     "attention_mode": _pol.AttentionMode,
 }
+if hasattr(_pol, "V41Layout"):
+    POLICY_ENUMS["v41_layout"] = _pol.V41Layout
 if hasattr(_pol, "Ue8m0Consumer"):
     POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer
 BOOL_POLICY_KEYS = frozenset({"output_inv_roped", "fp8_q", "fp8_kv", "fp8_output"})

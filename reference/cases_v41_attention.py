@@ -182,23 +182,16 @@ _GROUP_KINDS = ("realistic", "ties", "zero", "tiny", "huge")
 
 
 def _exact_norm_rows(g: torch.Generator, t: int, width: int) -> torch.Tensor:
-    """bf16 ``[t, width]`` exact-norm rows: blocks of 4 columns ``(+-2, 0, 0, 0)`` or 5 columns
-    ``(+-2, +-1/2 x 4)`` or single ``+-1`` columns (squares 4+0, 4+4*1/4 and 1: each block's squares
-    sum to its width), so every square is a power of 4 and the row's squares sum to ``width``."""
+    """bf16 ``[t, width]`` exact-norm rows: per row ``n4`` blocks ``(+-2, 0, 0, 0)`` and ``n5`` blocks
+    ``(+-2, +-1/2 x 4)``, the other columns ``+-1`` (squares 4+0, 4+4*1/4 and 1: each block's squares
+    sum to its width), shuffled: every square is a power of 4 and the squares sum to ``width``."""
     rows = torch.empty(t, width, dtype=torch.float64)
     for i in range(t):
-        vals: list[float] = []
-        while len(vals) < width:
-            left = width - len(vals)
-            kind = int(torch.randint(0, 3, (1,), generator=g))
-            if kind == 0 and left >= 4:
-                vals += [2.0, 0.0, 0.0, 0.0]
-            elif kind == 1 and left >= 5:
-                vals += [2.0, 0.5, 0.5, 0.5, 0.5]
-            else:
-                vals.append(1.0)
-        r = torch.tensor(vals, dtype=torch.float64)
-        r = r[torch.randperm(width, generator=g)]
+        n4 = int(torch.randint(0, width // 16, (1,), generator=g))
+        n5 = int(torch.randint(0, width // 16, (1,), generator=g))
+        parts = [torch.tensor([2.0, 0.0, 0.0, 0.0]).repeat(n4), torch.tensor([2.0, 0.5, 0.5, 0.5, 0.5]).repeat(n5),
+                 torch.ones(width - 4 * n4 - 5 * n5, dtype=torch.float64)]
+        r = torch.cat(parts).to(torch.float64)[torch.randperm(width, generator=g)]
         rows[i] = torch.where(torch.rand(width, generator=g) < 0.5, -r, r)
     out = rows.to(torch.bfloat16)
     if not bool(is_exact_norm_row(out).all()):
