@@ -108,6 +108,14 @@ def _expected_v41_prefill(case: Case, policies: dict) -> dict:
     return out
 
 
+def _distance(g: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest ``|g - ref|`` where both are finite; ``inf`` when their NaN / inf positions differ."""
+    if not torch.equal(torch.isfinite(g), torch.isfinite(ref)) or not torch.equal(torch.isnan(g), torch.isnan(ref)):
+        return float("inf")
+    fin = torch.isfinite(g)
+    return float((g - ref).abs()[fin].max()) if bool(fin.any()) else 0.0
+
+
 def _judge_v41_attention(case: Case, expected: dict, got: dict, scope: st.JudgeScope) -> st.Verdict:
     """``judge_attention`` against the rows as written; a reader whose declared ``v41_layout``
     differs from the writer's gets a verdict naming both policies (module docstring)."""
@@ -119,9 +127,7 @@ def _judge_v41_attention(case: Case, expected: dict, got: dict, scope: st.JudgeS
             f"the reader declares v41_layout={reader}")
     if "out" in got:
         g = got["out"].detach().cpu().to(torch.float64)
-        fin = torch.isfinite(expected["_misread"]) & torch.isfinite(expected["out"]) & torch.isfinite(g)
-        d_mis = float((g - expected["_misread"]).abs()[fin].max()) if bool(fin.any()) else float("nan")
-        d_true = float((g - expected["out"]).abs()[fin].max()) if bool(fin.any()) else float("nan")
+        d_mis, d_true = _distance(g, expected["_misread"]), _distance(g, expected["out"])
         if d_mis < d_true:
             note += (f"; the kernel's out is the misread one (max |out - misread| {d_mis:.3g} vs "
                      f"|out - written| {d_true:.3g}): declare policies={{'v41_layout': '{reader}'}} only for "

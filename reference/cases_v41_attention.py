@@ -42,6 +42,7 @@ from .cases import Case, register_cases
 from .cases_cache import make_rows
 from .cases_v41 import e2m1_tie_rows
 from .constants import HEAD_DIM, V41_MXFP8_GROUP
+from .errors import fail
 from .policies import IndexRule, V41Record
 from .query_quant import is_exact_norm_row
 
@@ -110,6 +111,8 @@ def _q_sink(g: torch.Generator, t: int, h: int) -> tuple[torch.Tensor, torch.Ten
 
 def _caches(g, t, main_bs, main_nb, extra, producer, lonely, stale, tail, main_k, empty_extra):
     """The decode-form inputs shared by decode and prefill (``extra`` = (record, bs, nb, k) | None)."""
+    if producer not in PRODUCERS:
+        fail("v41 case builder", "producer", f"must be one of {sorted(PRODUCERS)}", producer)
     main, main_written = _written_cache(g, V41Record.MXFP8, main_bs, main_nb, tail, producer)
     inputs = {"swa_cache": main, "swa_block_size": main_bs, "swa_record": V41Record.MXFP8.value,
               "v41_layout": PRODUCERS[producer].layout.value}
