@@ -56,30 +56,31 @@ def _paged(inp: dict, prefix: str, on) -> V41Paged:
                     on(idx) if idx is not None else torch.zeros(0, 0, dtype=torch.int32), on(inp.get(f"{prefix}_lens")))
 
 
-def _decoded(case: Case, policies: dict, layout: str, device=None) -> tuple[V41Paged, V41Paged | None, list]:
+def _decoded(case: Case, policies: dict, layout: str) -> list:
+    """The V4.1 segments of a case on the CPU (the fast oracle moves them to its device itself)."""
     inp = case.inputs
 
     def on(x):
-        return x if x is None or device is None else x.to(device)
+        return x if x is None else x.cpu()
 
     main = _paged(inp, "swa", on)
     extra = _paged(inp, "extra", on) if "extra_cache" in inp else None
     rule = IndexRule(st._index_rule(case, policies))
     consumer = st._pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value)
-    return main, extra, v41_segments(main, extra, layout, rule, consumer)
+    return v41_segments(main, extra, layout, rule, consumer)
 
 
-def v41_decode_segments(case: Case, policies: dict, device=None, layout: str | None = None) -> list:
-    """``[SWA, compressed?]`` oracle segments of a ``v41_sparse_decode`` case, the caches decoded in
-    ``layout`` (default: the order they were written in) on ``device`` (default: the case's)."""
-    return _decoded(case, policies, layout or written_layout(case), device)[2]
+def v41_decode_segments(case: Case, policies: dict, layout: str | None = None) -> list:
+    """``[SWA, compressed?]`` oracle segments of a ``v41_sparse_decode`` case (CPU), the caches decoded
+    in ``layout`` (default: the order they were written in)."""
+    return _decoded(case, policies, layout or written_layout(case))
 
 
 def v41_prefill_segments(case: Case, policies: dict, layout: str | None = None) -> list:
     """The one combined segment of a ``v41_sparse_prefill`` case: the workspace rows ``[extra slots |
     SWA slots]`` (``cases_v41_attention``) under the prefill conventions (``stages.prefill_segments``:
     index rule, ``missing_lengths``)."""
-    _, _, segs = _decoded(case, policies, layout or written_layout(case))
+    segs = _decoded(case, policies, layout or written_layout(case))
     rows = torch.cat([s.rows for s in segs[::-1]])  # extra region first, then the SWA region
     inp = case.inputs
     ws = {"kv": rows, "indices": inp["indices"]}
@@ -94,15 +95,15 @@ def _misread(case: Case, policies: dict, segs: list) -> torch.Tensor:
 
 
 def _expected_v41_decode(case: Case, policies: dict) -> dict:
-    dev = st._pol(policies, "oracle_device", "cpu") if st._pol(policies, "oracle", st.ORDERED) == st.FAST else None
-    out = st._attention_outputs(case, policies, case.inputs["q"], v41_decode_segments(case, policies, dev))
+    # decoded on the CPU (the V4.1 cases are small); under oracle=fast the attention runs on the device
+    out = st._attention_outputs(case, policies, case.inputs["q"].cpu(), v41_decode_segments(case, policies))
     if reader_layout(policies) != written_layout(case):
         out["_misread"] = _misread(case, policies, v41_decode_segments(case, policies, layout=reader_layout(policies)))
     return out
 
 
 def _expected_v41_prefill(case: Case, policies: dict) -> dict:
-    out = st._attention_outputs(case, policies, case.inputs["q"], v41_prefill_segments(case, policies))
+    out = st._attention_outputs(case, policies, case.inputs["q"].cpu(), v41_prefill_segments(case, policies))
     if reader_layout(policies) != written_layout(case):
         out["_misread"] = _misread(case, policies, v41_prefill_segments(case, policies, reader_layout(policies)))
     return out
