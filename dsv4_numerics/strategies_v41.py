@@ -20,6 +20,10 @@ construction, returned as ``(group, scale_byte)``:
 
 ``v41_mixed_caches`` draws the FlashMLA V4.1 pairing: an MXFP8 main cache (528 B) with an NVFP4
 extra cache (288 B, valid only as ``extra_k_cache`` next to a V4.1 main cache), one byte order.
+``v41_decode_cases`` draws whole ``v41_sparse_decode`` cases (``reference.cases_v41_attention``):
+MXFP8 main cache, no / MXFP8 / NVFP4 extra cache (NVFP4 rows half on E2M1 ties), page sizes,
+page tails, the producer (vLLM interleaved or FlashInfer page-footer), lonely tokens, empty
+extra segments and stale valid ids past the lengths.
 
 Needs hypothesis (``pip install "dsv4-numerics[test]"``). All tensors are CPU tensors.
 """
@@ -48,6 +52,7 @@ __all__ = [
     "zero_groups",
     "v41_geometries",
     "v41_mixed_caches",
+    "v41_decode_cases",
 ]
 
 # Midpoints between neighbouring E2M1 magnitudes (0.25 .. 5).
@@ -128,3 +133,25 @@ def v41_mixed_caches(draw, max_blocks: int = 4) -> dict:
         bs = draw(st.sampled_from(sizes))
         geoms[part] = (draw(st.integers(1, max_blocks)), bs, bs * record_bytes(record) + draw(st.integers(0, 40)))
     return {"layout": layout, **geoms}
+
+
+@st.composite
+def v41_decode_cases(draw, max_tokens: int = 4):
+    """A ``v41_sparse_decode`` ``Case`` (CPU tensors) built by ``cases_v41_attention.v41_decode_case``
+    from drawn geometry and edges (module docstring); ``case.params`` records what was drawn."""
+    from dsv4_numerics.reference.cases_v41_attention import v41_decode_case
+
+    t = draw(st.integers(1, max_tokens))
+    extra_kind = draw(st.sampled_from((None, V41Record.MXFP8, V41Record.NVFP4)))
+    extra = None
+    if extra_kind is not None:
+        bs = draw(st.sampled_from((2, 16, 64)))
+        extra = (extra_kind, bs, max(1, 64 // bs), draw(st.sampled_from((64, 128))))
+    lonely = tuple(i for i in range(t) if draw(st.booleans()) and draw(st.booleans()))
+    empty_extra = tuple(i for i in range(t) if extra is not None and draw(st.booleans()) and draw(st.booleans()))
+    return v41_decode_case(
+        "hypothesis", draw(st.integers(0, 2**31 - 1)), t=t, heads=draw(st.sampled_from((3, 8))),
+        main_bs=draw(st.sampled_from((16, 64))), main_nb=draw(st.integers(1, 3)), main_k=draw(st.sampled_from((64, 128))),
+        extra=extra, producer=draw(st.sampled_from(("vllm_0.33.0", "flashinfer_0.7.2"))), lonely=lonely,
+        empty_extra=empty_extra, stale_past_len=draw(st.booleans()), tail=draw(st.sampled_from((0, 8, 40))),
+        edge="drawn")

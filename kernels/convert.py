@@ -142,21 +142,21 @@ def paged_cache_view(cache: torch.Tensor, block_size: int, fn: str = "paged_cach
 
 
 def aligned_pages(view: torch.Tensor, align: int = PAGE_ALIGN_BYTES) -> torch.Tensor:
-    """``view [nb, bs, 1, 584]`` unchanged if its base address and page stride are multiples of
+    """``view [nb, bs, 1, R]`` (R = 584, or 528 / 288 for the V4.1 records) unchanged if its base address and page stride are multiples of
     ``align`` bytes; otherwise a repacked copy with page stride ``round_up(P, align)`` holding the
-    same ``bs*584`` bytes per page (the bytes a kernel reads are identical; only the padding
+    same ``bs*R`` bytes per page (the bytes a kernel reads are identical; only the padding
     between pages changes). Kernels that issue 128-bit loads at page starts need this: vLLM's
     allocator always gives multiples of 576 (datapath 1.2), test cases may use odd strides."""
     check_rank("aligned_pages", "view", view, 4)
-    nb, bs = view.shape[0], view.shape[1]
+    nb, bs, rb = view.shape[0], view.shape[1], view.shape[-1]  # rb: 584, or a V4.1 record's 528 / 288
     page = view.stride(0)
     if page % align == 0 and view.data_ptr() % align == 0:
         return view
-    new_page = round_up(max(page, bs * RECORD_BYTES), align)
+    new_page = round_up(max(page, bs * rb), align)
     flat = torch.zeros((nb, new_page), dtype=torch.uint8, device=view.device)
-    src = view.as_strided((nb, bs * RECORD_BYTES), (page, 1), view.storage_offset())
-    flat[:, : bs * RECORD_BYTES] = src
-    return flat.as_strided((nb, bs, 1, RECORD_BYTES), (new_page, RECORD_BYTES, RECORD_BYTES, 1))
+    src = view.as_strided((nb, bs * rb), (page, 1), view.storage_offset())
+    flat[:, : bs * rb] = src
+    return flat.as_strided((nb, bs, 1, rb), (new_page, rb, rb, 1))
 
 
 def slot_count(view: torch.Tensor) -> int:

@@ -36,6 +36,7 @@ FAMILY_MODULES = (
     "vllm_cpu",
     "sglang",
     "sglang_jit",
+    "v41_attention",
 )
 
 FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "sglang", "reference")
@@ -60,6 +61,8 @@ POLICY_ENUMS: dict[str, type] = {
     "window_start": _pol.CombineWindowStart,
     "e2m1_zero": _pol.E2m1Zero,
 }
+if hasattr(_pol, "V41Layout"):
+    POLICY_ENUMS["v41_layout"] = _pol.V41Layout
 if hasattr(_pol, "Ue8m0Consumer"):
     POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer
 BOOL_POLICY_KEYS = frozenset({"output_inv_roped", "fp8_q", "fp8_kv", "fp8_output"})

@@ -538,7 +538,7 @@ def _index_rule(case: Case, policies: dict) -> str:
 # ``ordered`` = reference.attention (fixed order, fixtures), ``fast`` = reference.attention_fast
 # (unordered float64 GEMMs with a returned bound; the default on a CUDA device)
 ORDERED, FAST = "ordered", "fast"
-FAST_ORACLE_STAGES = ("decode", "prefill")
+FAST_ORACLE_STAGES = ("decode", "prefill", "v41_sparse_decode", "v41_sparse_prefill")
 
 
 def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
@@ -968,3 +968,4 @@ __all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "Sta
 
 # Stage families kept in their own modules register on import (they import this one).
 from . import stages_v41  # noqa: E402,F401  (v41_gather)
+from . import stages_v41_attention  # noqa: E402,F401  (v41_sparse_decode / prefill, v41_query_quant)

@@ -28,6 +28,9 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 v32_decode        DeepSeek V3.2 sparse decode (656-byte cache)
                 dense_mla_decode  dense paged MLA decode (R1/V3/Kimi)
                 dense_mla_prefill dense ragged causal MHA prefill (R1 per-head dims 192/128; TokenSpeed)
+                v41_sparse_decode DeepSeek-V4.1 sparse decode (MXFP8 528 B SWA + MXFP8/NVFP4 compressed)
+                v41_sparse_prefill DeepSeek-V4.1 prefill over the workspace gathered from the V4.1 caches
+  bytes         v41_query_quant   DeepSeek-V4.1 query quantiser (MXFP8 q, F8_128x4 scales, normed kv)
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def register_cases(stage: str, size: str = "default") -> Callable[[CaseBuilder],
 def _load_builders() -> None:
     import importlib
 
-    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_attention_sweep", "cases_mla", "cases_v41"):
+    for mod in ("cases_cache", "cases_index", "cases_attention", "cases_attention_sweep", "cases_mla", "cases_v41",
+                "cases_v41_attention"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet

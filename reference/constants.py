@@ -120,3 +120,12 @@ E2M1_BIAS = 1
 NVFP4_SCALE_MIN = 2.0**-9  # the V4.1 NVFP4 writers clamp amax/6 to [2**-9, 448] (smallest E4M3 subnormal)
 NVFP4_SCALE_MAX = E4M3_MAX
 NVFP4_POISON_SCALE_BYTE = 0x7F  # E4M3 NaN: FlashInfer's scale byte for a group holding NaN/Inf
+
+# --------------------------------------------------------------------------- V4.1 query quantiser (MXFP8 activations)
+# ``fused_q_kv_rmsnorm_quant`` (vLLM 0.33.0 ``models/deepseek_v41/common/ops/query_quant.py``): the
+# normalised q rows as E4M3 codes with one UE8M0 byte per V41_MXFP8_GROUP (32) values, the bytes in
+# FlashInfer's swizzled F8_128x4 layout: tiles of 128 rows x 4 groups = 512 bytes.
+F8_128X4_ROWS = 128  # rows per scale tile (the token count is padded to a multiple of it)
+F8_128X4_GROUPS = 4  # scale groups per tile (the group count is padded to a multiple of it)
+F8_128X4_SUBROWS = 32  # rows per interleaved sub-block: byte (r % 32) * 16 + (r % 128 // 32) * 4 + g % 4
+F8_128X4_TILE_BYTES = F8_128X4_ROWS * F8_128X4_GROUPS  # 512

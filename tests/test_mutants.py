@@ -113,7 +113,8 @@ def test_reference_passes_every_default_case(stage, matrix_results):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [s for s in ("decode", "prefill", "v32_decode", "dense_mla_decode",
-                                               "dense_mla_prefill") if s in st.STAGES])
+                                               "dense_mla_prefill", "v41_sparse_decode", "v41_sparse_prefill")
+                                   if s in st.STAGES])
 def test_same_precision_emulation_passes_its_tier(stage, matrix_results):
     # the oracle's bf16_p mode is the precision model the tier-A records were derived from: it must
     # pass them (and the three-output rule) on every default case, or the records are too tight

@@ -18,7 +18,8 @@ import torch
 
 from dsv4_numerics.reference.attention import Segment, sparse_attention
 from dsv4_numerics.reference.cache_model1 import dequantize_all
-from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer
+from dsv4_numerics.reference.cache_v41 import dequantize_all as dequantize_v41
+from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer, V41Layout, V41Record
 
 CALLS: list[dict] = []
 
@@ -27,11 +28,19 @@ def get_mla_metadata(*args, **kwargs):
     return SimpleNamespace(have_initialized=False), None
 
 
+# FlashMLA selects the record from the bytes per token (V4 584, V4.1 MXFP8 528, V4.1 NVFP4 288)
+_V41_RECORDS = {528: V41Record.MXFP8, 288: V41Record.NVFP4}
+
+
 def _rows(k_cache: torch.Tensor) -> torch.Tensor:
-    assert k_cache.dim() == 4 and k_cache.shape[2] == 1 and k_cache.shape[3] == 584, k_cache.shape
-    assert k_cache.stride(1) == 584 and k_cache.stride(-1) == 1, k_cache.stride()
+    r = k_cache.shape[3]
+    assert k_cache.dim() == 4 and k_cache.shape[2] == 1 and r in (584, *_V41_RECORDS), k_cache.shape
+    assert k_cache.stride(1) == r and k_cache.stride(-1) == 1, k_cache.stride()
     assert k_cache.stride(0) % 16 == 0, "page stride must keep 16-byte aligned pages"
     bs = k_cache.shape[1]
+    if r in _V41_RECORDS:  # interleaved records (FlashMLA 2026.09.30+)
+        flat = torch.as_strided(k_cache, (k_cache.shape[0], bs * r), (k_cache.stride(0), 1), k_cache.storage_offset())
+        return dequantize_v41(flat, bs, _V41_RECORDS[r], V41Layout.INTERLEAVED)
     return dequantize_all(k_cache[:, :, 0, :], bs, consumer=Ue8m0Consumer.FLASHMLA)
 
 
@@ -46,6 +55,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     assert h_q in (64, 128) and d == 512
     assert indices.dtype == torch.int32 and indices.shape[:2] == (b, s_q) and indices.stride(-1) == 1
     assert indices.shape[2] > 0 and indices.shape[2] % 64 == 0
+    if extra_k_cache is not None and extra_k_cache.shape[3] == 288:
+        assert k_cache.shape[3] == 528, "V4.1 fp4 is only valid for extra_k_cache next to a V4.1 k_cache"
     segs = []
     for cache, idx, ln in ((k_cache, indices, topk_length), (extra_k_cache, extra_indices_in_kvcache, extra_topk_length)):
         if cache is None:
