@@ -646,6 +646,7 @@ def _v41_gather_with(layout: str = "interleaved", swap_nibbles: bool = False, wi
             out[plan.req, plan.row] = cache_v41.decode_records(data, scales, inp["record"], "triton")
         return {"out": out}
 
+    return call
 
 # --------------------------------------------------------------------------- V4.1 attention readers
 
