@@ -118,7 +118,9 @@ ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All ker
 sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
 comes again replays them as one CUDA graph (``fast_graphs``; ``graph=`` of
 ``fast_sparse_attention``): the host then issues ~15 operations instead of ~100, and the call
-costs about its GPU work.
+costs about its GPU work. On CUDA a call is first padded to its shape bucket (``fast_buckets``:
+invalid padding, the ordered result unchanged bit for bit, the bound that of the padded call), so
+calls of nearby shapes -- matrix cases, fuzz draws -- share one graph.
 """
 from __future__ import annotations
 
