@@ -185,3 +185,17 @@ def test_compare_scale_and_allowance_arguments():
                       (dict(allow=torch.tensor([math.nan, 0.0])), "allow")):
         with pytest.raises(InputError, match=match):
             nm.compare(got, ref, atol=0.1, rtol=0.0, cos_tol=1.0, **kw)
+
+
+def test_tensor_core_model_truncates_towards_zero_at_the_largest_operand():
+    # one step of 4 products: 1 + 2**-30 and -(1 + 2**-30) lose the 2**-30 (unit 2**-23 at 1,
+    # round toward zero); 2**-30 alone is kept (its own exponent); the fp32 scale multiply follows
+    q = torch.tensor([[[1.0, 2.0**-30, 0.0, 0.0]], [[-1.0, -(2.0**-30), 0.0, 0.0]], [[0.0, 2.0**-30, 0.0, 0.0]]],
+                     dtype=torch.float64)
+    g = torch.ones(3, 1, 4, dtype=torch.float64)
+    s = derive.mma_rz_logits(q, g, 1.0)
+    assert s.flatten().tolist() == [1.0, -1.0, 2.0**-30]
+    # over several steps the truncation error accumulates: 8 steps of (1 + 2**-24 * 3) lose 3*2**-24 each
+    q8 = torch.full((1, 1, 32), 0.25 + 3 * 2.0**-26, dtype=torch.float64)
+    s8 = float(derive.mma_rz_logits(q8, torch.ones(1, 1, 32, dtype=torch.float64), 1.0))
+    assert s8 < 8.0 + 24 * 2.0**-24 and s8 >= 8.0
