@@ -35,10 +35,11 @@ FP32_ULP = 2.0**-23  # one fp32 ulp at 1 (the unit of ``logit_ulps``)
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
-    """``||x_i||_2`` of each row of a float ``[..., D]`` tensor, float64 on the CPU, the squares summed in
-    a fixed pairwise order (zero-padded to a power of two, halved: the same bits on every host);
-    non-finite values count as 0."""
-    v = torch.nan_to_num(x.detach().cpu().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    """``||x_i||_2`` of each row of a float ``[..., D]`` tensor, float64, computed where ``x`` is (a
+    GPU table is not copied to the host) and returned on the CPU; the squares summed in a fixed
+    pairwise order (zero-padded to a power of two, halved: elementwise IEEE operations only, so the
+    same bits on every host and device); non-finite values count as 0."""
+    v = torch.nan_to_num(x.detach().to(torch.float64), nan=0.0, posinf=0.0, neginf=0.0)
     v = v * v
     D = v.shape[-1]
     size = 1 << max(0, (D - 1).bit_length())
@@ -47,7 +48,7 @@ def row_norms(x: torch.Tensor) -> torch.Tensor:
     while v.shape[-1] > 1:
         h = v.shape[-1] // 2
         v = v[..., :h] + v[..., h:]
-    return torch.sqrt(v[..., 0])
+    return torch.sqrt(v[..., 0]).cpu()
 
 
 def logit_scale(q: torch.Tensor, segments: list, scale: float) -> torch.Tensor:
@@ -60,7 +61,7 @@ def logit_scale(q: torch.Tensor, segments: list, scale: float) -> torch.Tensor:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         fail(fn, "scale", "must be a finite number", scale)
     T = q.shape[0]
-    valid = segment_validity(segments, T).cpu()
+    valid = segment_validity(segments, T).cpu()  # [T, K] booleans: small
     kmax = torch.zeros(T, dtype=torch.float64)
     col = 0
     for s in segments:
