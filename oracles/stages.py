@@ -7,7 +7,9 @@ policies, and the judge that compares a kernel's canonical outputs with them (DE
 * ``kind``: ``"bytes"`` (bit-exact over the defined bytes, ``bytes_diff``), ``"index"`` (exact,
   ``bytes_diff.diff_index``) or ``"numeric"`` (``numeric.compare`` with the tolerance record of the
   entry's scope, exact zeros where the reference is exactly zero, and the three-output rule where
-  the entry declares ``attention_mode = bf16_p``);
+  the entry declares ``attention_mode = bf16_p``; the attention stages' softmax statistics also
+  get the per-row logit term ``logit_ulps * 2**-23 * F`` of ``row_scale``, and the degenerate
+  floor is relative to the case's V RMS / largest ``F``: ``_statistic_allowance``);
 * ``outputs``: the canonical output names a kernel's ``call`` returns (``got``);
 * ``defaults``: the stage's default policies (used for keys an entry does not declare);
 * ``expected(case, policies) -> dict``: reference outputs (CPU); keys starting with ``_`` are
