@@ -22,8 +22,9 @@ part: the cache's scale bytes follow), ``q_log2`` the query and ``sink_log2`` th
 The logits scale as ``2**(kv_log2 + q_log2)``; the strategy keeps that sum in
 ``[LOGIT_LOG2_MIN, LOGIT_LOG2_MAX]``: at most 12 (logits up to the thousands, where an fp32 kernel
 still holds ``exp(logit - max)``; far beyond it any fp32 kernel's logits overflow, which no case of
-this suite claims to be the kernel's fault), at least -8 (smaller ``max_logits`` fall under the
-comparators' absolute ``degenerate_reference`` floor, ``sum r^2 < 1e-12``, and cannot be judged).
+this suite claims to be the kernel's fault), at least -8 (smaller logits: the comparators' ``degenerate_reference``
+floor is relative to the row's logit scale, but the ``lse`` / ``max_logits`` ``atol``, 1e-5, is
+absolute and would judge nothing below it).
 """
 
 from __future__ import annotations

@@ -32,6 +32,14 @@ Tier B (FP8-compute routes, attention 4.1 [inferred]): model ``_softmax_model(p_
   with the oracle fed the *same* quantised q (attention 7: "Oracle is fed quantised q"). Same
   formulas as tier A; values above the attention.md 7 ceiling are clamped to it (noted in the
   record).
+  Both also carry ``logit_ulps`` = ``M * max`` over rows of ``max_k |s32_k - s_k| / (2**-23 F)``:
+        the fp32 logit chains of both models and of a truncating tensor-core MMA model
+        (``mma_rz_logits``: 4 products per step, round toward zero; the worse) against the
+        oracle's logits, in fp32 units of the row's
+        logit scale ``F = scale ||q|| max_k ||K_k||`` (``row_scale``). The judge allows
+        ``logit_ulps * 2**-23 * F`` per row on top of ``atol`` / ``rtol``: the statistics are
+        1-Lipschitz in the logits, and the logit error grows with ``F`` (q x 2**11 in the GPU
+        fuzz: FlashMLA's lse 19-91 fp32 ulps of the lse value off, issue 23), not with the lse.
 Tier B lse adds the FP8 MMA accumulation term ``2**-14 * max scale * sum_i |q_i k_i|`` to the
   model's error (Hopper FP8 MMAs keep ~14 accumulation bits, DeepSeek-V3 report 3.3.2; the LSE
   is 1-Lipschitz in the logits).
@@ -102,6 +110,7 @@ from dsv4_numerics.reference.policies import AttentionMode, Fp8Flavour, NonFinit
 from dsv4_numerics.reference.quant import dequantize_groups_ue8m0, dequantize_tiles, quantize_groups_ue8m0, quantize_tiles
 
 from .numeric import FORMATS, cos_diff
+from .row_scale import logit_scale
 from .stages import v_rms
 from .tolerances import TIER_CEILINGS, half_e4m3_step_at_top
 
@@ -364,7 +373,10 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
         ml = m
         lse = msafe + (_f32_log(L) if f32 else det_log(L))
     lse = torch.where(has, lse, torch.full_like(lse, -math.inf)).squeeze(-1).to(torch.float64)
-    return {"out": out, "lse": lse, "max_logits": ml.squeeze(-1).to(torch.float64)}
+    res = {"out": out, "lse": lse, "max_logits": ml.squeeze(-1).to(torch.float64)}
+    if f32:  # the fp32 logit chain in natural units (float64; -inf at invalid slots): _logit_ratio
+        res["logits"] = s.to(torch.float64) * (math.log(2.0) if base2 else 1.0)
+    return res
 
 
 def _errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
@@ -486,6 +498,52 @@ def _logit_magnitude(q: torch.Tensor, segments: list[Segment], scale: float) -> 
     return float(mag.max()) if mag.numel() else 0.0
 
 
+MMA_BLOCK = 4  # products per truncating accumulation step of the tensor-core model (V100/T4: 4, A100: 8)
+
+
+def mma_rz_logits(q: torch.Tensor, g: torch.Tensor, scale: float, block: int = MMA_BLOCK) -> torch.Tensor:
+    """Logits ``[T, H, K]`` (float64 holding fp32 values) of a tensor-core MMA model with a
+    truncating fp32 accumulator (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
+    tensor cores", PeerJ CS 2021: per step the accumulator and ``block`` exact products are aligned
+    to the largest exponent among them, summed, and the sum is truncated to 24 significant bits of
+    that exponent -- round toward zero, no extra bits kept; then the fp32 ``* fl32(scale)``).
+    ``q`` ``[T, H, D]``, ``g`` ``[T, K, D]`` (float64 values of bf16 / FP8-code operands: every
+    product is exact in float64; their sum with the accumulator is exact unless the exponents span
+    more than ~29 bits, far below the truncation). The bias of truncation makes its error grow with
+    the number of steps, unlike the RNE chain of ``_softmax_model``; fixed order, elementwise ops
+    only (the same bits on every host)."""
+    T, H, D = q.shape
+    qt = q.to(torch.float64).permute(2, 0, 1)  # [D, T, H]
+    gt = g.to(torch.float64).permute(2, 0, 1)  # [D, T, K]
+    acc = torch.zeros(T, H, g.shape[1], dtype=torch.float64)
+    for d0 in range(0, D, block):
+        prods = [qt[d].unsqueeze(2) * gt[d].unsqueeze(1) for d in range(d0, min(D, d0 + block))]
+        top = acc.abs()
+        exact = acc
+        for p in prods:
+            top = torch.maximum(top, p.abs())
+            exact = exact + p
+        _, e = torch.frexp(top)
+        unit = torch.ldexp(torch.ones_like(top), (e.to(torch.int64) - 24).to(torch.float64))
+        acc = torch.trunc(exact / unit) * unit  # exact: unit is a power of two
+    return (acc.to(torch.float32) * torch.tensor(scale, dtype=torch.float32)).to(torch.float64)
+
+
+def _logit_ratio(model_logits: torch.Tensor, q: torch.Tensor, segments: list[Segment], scale: float) -> float:
+    """``max over (t, h) of max_k |s32_k - s_k| / (2**-23 F[t, h])`` over the valid slots: the fp32
+    logit chain's error in fp32 units of the row's logit scale ``F`` (``row_scale.logit_scale``);
+    ``s`` the oracle's float64 logits (fixed order over d). Rows with ``F = 0`` have no valid slot."""
+    g, valid = _gathered(q, segments)
+    exact = _logits(q.to(torch.float64), g, scale)
+    if model_logits is None:  # the truncating tensor-core model
+        model_logits = mma_rz_logits(q, g, scale)
+    err = torch.where(valid.unsqueeze(1), (model_logits - exact).abs(), torch.zeros((), dtype=torch.float64))
+    f = logit_scale(q, segments, scale)
+    e_row = err.amax(-1) if err.shape[-1] else torch.zeros_like(f)
+    ratio = torch.where(f > 0, e_row / (f * FP32_EPS), torch.zeros((), dtype=torch.float64))
+    return float(ratio.max()) if ratio.numel() else 0.0
+
+
 def _per_vrms(e: dict[str, float], vrms: float) -> dict[str, float]:
     """Absolute figures in units of the sample's V RMS (``atol_unit = "vrms"``)."""
     out = dict(e)
@@ -525,11 +583,15 @@ def sweep(seeds: int = 2, device: str = "cpu", configs: tuple[Config, ...] = CON
                 _merge(meas.setdefault(("A", "out"), {}), _per_vrms(_errors(bp.out, ex.out, BF16_EPS, A), vrms))
             # the fp32 statistics of both arithmetics: natural exp/log (ROCm Triton) and FlashMLA's
             # base-2 (attention 2.1); the record covers the worse of the two
+            mma_ratio = _logit_ratio(None, q, segs, sc)
             for base2 in (False, True):
                 f32 = _softmax_model(q, segs, sc, sink, "none", "none", torch.float32, base2=base2)
+                ratio = max(_logit_ratio(f32["logits"], q, segs, sc), mma_ratio)
                 for name, ref in (("lse", ex.lse), ("max_logits", ex.max_logits)):
                     cap = TIER_CEILINGS.get(("A", name), {}).get("atol")
-                    _merge(meas.setdefault(("A", name), {}), _errors(f32[name], ref, FP32_EPS, atol_cap=cap))
+                    e = _errors(f32[name], ref, FP32_EPS, atol_cap=cap)
+                    e["logit_ratio"] = ratio
+                    _merge(meas.setdefault(("A", name), {}), e)
             count += 1
             if "B" not in cfg.tiers:
                 continue
@@ -620,6 +682,12 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
                        measured={k: _r(v) for k, v in m.items()})
             if output == "out":
                 rec["three_output_k"] = MARGIN
+            if "logit_ratio" in m:  # the per-row logit term (row_scale), on top of atol / rtol
+                rec["logit_ulps"] = _r(MARGIN * m["logit_ratio"])
+                rec["derived"] += ("; logit_ulps = M*max over rows of max_k |s32_k - s_k| / (2**-23 F) (the fp32 logit "
+                                   "chains of both models and of the truncating tensor-core model mma_rz_logits against the oracle's logits; F = scale ||q|| max_k ||K_k||, "
+                                   "row_scale.logit_scale): the judge allows logit_ulps * 2**-23 * F per row on top of "
+                                   "atol / rtol (the statistics are 1-Lipschitz in the logits)")
         if rec.get("margin") is None:
             rec.pop("margin")
         if arch:

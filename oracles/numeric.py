@@ -13,11 +13,21 @@
 Deliberate departures from kernelkit, because they hide real failures:
 
 * kernelkit *skips* the cosine rule (returns 0) when ``sum(r^2) < 1e-12``; here a trivially small
-  reference is a FAILURE (rule ``degenerate_reference``): the case cannot discriminate. A caller
+  reference is a FAILURE (rule ``degenerate_reference``): the case cannot discriminate. "Small"
+  is relative to the values' own scale (``ref_scale``: ``sum(r^2) < 1e-12 * ref_scale**2``; the
+  attention judge passes the case's V RMS for ``out`` and its largest row logit bound for the
+  softmax statistics), so a case at magnitude ``2**-40`` is judged as strictly as one at 1 --
+  kernelkit's absolute floor (``ref_scale = 1``, the default) rejects every case below ~``2**-20``. A caller
   that expects exact zeros (lonely queries, sink = +inf) passes ``zero_ref="exact"`` and then the
   all-zero reference demands an all-zero output (rule ``exact_zero``).
 * a kernel output that is all zero where the reference is not fails (rule ``zero_output``) even
   before the cosine rule would.
+
+A caller may also pass ``allow`` (per element, absolute, broadcastable to the values): an error
+budget it derived for a term the scalar limits cannot express -- the attention judge's softmax
+statistics carry the fp32 logit chain's error, which grows with each row's logit magnitude, not
+with the statistic's value (``oracles.row_scale``). Both element rules then judge the error beyond
+that budget, ``max(|a - r| - allow, 0)``; the reported ``max_abs`` / ulps stay the raw errors.
 
 The three-output rule (``three_output``): with ``golden`` the fp64 oracle and ``same`` the
 oracle in the kernel's own precision model (``AttentionMode.BF16_P``),
@@ -208,6 +218,8 @@ def compare(
     fmt: str | None = None,
     name: str = "out",
     zero_ref: str = "fail",
+    ref_scale: float = 1.0,
+    allow: torch.Tensor | None = None,
 ) -> NumericReport:
     """Judge ``got`` against ``ref`` with the kernelkit rules (module docstring).
 
@@ -218,6 +230,10 @@ def compare(
         ``degenerate_reference``; ``"exact"`` -- an all-zero reference requires ``got`` to be
         exactly zero everywhere (lonely rows, sink = +inf); a nonzero trivially small reference
         still fails.
+    ref_scale: the magnitude unit of the values (finite, > 0; module docstring): the degenerate
+        test is ``sum r^2 < 1e-12 * ref_scale**2``.
+    allow: float tensor broadcastable to ``ref``, finite and >= 0 (module docstring): the error
+        budget subtracted before the element rules.
     A shape mismatch is a failure (rule ``shape``), not an exception: it is a kernel outcome.
     """
     fn = "compare"
@@ -228,6 +244,16 @@ def compare(
             fail(fn, arg, "must be a finite number >= 0", v)
     if zero_ref not in ("fail", "exact"):
         fail(fn, "zero_ref", "must be 'fail' or 'exact'", zero_ref)
+    if isinstance(ref_scale, bool) or not isinstance(ref_scale, (int, float)) or not (0 < ref_scale < math.inf):
+        fail(fn, "ref_scale", "must be a finite number > 0", ref_scale)
+    if allow is not None:
+        check_tensor(fn, "allow", allow)
+        if not allow.dtype.is_floating_point or not bool(torch.isfinite(allow).all()) or bool((allow < 0).any()):
+            fail(fn, "allow", "must be a float tensor of finite values >= 0", allow.dtype)
+        try:
+            torch.broadcast_shapes(tuple(allow.shape), tuple(ref.shape))
+        except RuntimeError:
+            fail(fn, "allow", f"must broadcast to the reference's shape {tuple(ref.shape)}", tuple(allow.shape))
     fmt = fmt if fmt is not None else format_of(got.dtype)
     _check_fmt(fn, fmt)
     rep = NumericReport(name=name, passed=False, rule=RULE_SHAPE, message="", fmt=fmt,
@@ -252,7 +278,12 @@ def compare(
     abs_err = (a - r).abs()
     rel_err = abs_err / (r.abs() + REL_EPS)
     ulps = abs_err / ulp(r, fmt)
-    elem_ok = (abs_err <= atol) | (rel_err <= rtol)
+    if allow is not None:  # the element rules judge the error beyond the caller's budget
+        beyond = (abs_err - allow.to(abs_err.device, torch.float64)).clamp_(min=0.0)
+        abs_j, rel_j = beyond, beyond / (r.abs() + REL_EPS)
+    else:
+        abs_j, rel_j = abs_err, rel_err
+    elem_ok = (abs_j <= atol) | (rel_j <= rtol)
     if rep.numel:
         i = int(abs_err.reshape(-1).argmax())
         rep.max_abs, rep.max_abs_index = float(abs_err.reshape(-1)[i]), _unravel(i, rep.shape)
@@ -271,8 +302,8 @@ def compare(
     rep.cos_diff = cos_diff(a, r)
     # element headroom: the better of the two tolerances, worst element
     with torch.no_grad():
-        h_abs = torch.where(abs_err > 0, atol / abs_err, torch.full_like(abs_err, math.inf))
-        h_rel = torch.where(rel_err > 0, rtol / rel_err, torch.full_like(rel_err, math.inf))
+        h_abs = torch.where(abs_j > 0, atol / abs_j, torch.full_like(abs_j, math.inf))
+        h_rel = torch.where(rel_j > 0, rtol / rel_j, torch.full_like(rel_j, math.inf))
         h_elem = float(torch.maximum(h_abs, h_rel).min()) if rep.numel else math.inf
     h_cos = cos_tol / rep.cos_diff if rep.cos_diff > 0 else math.inf
     rep.headroom_by_rule = {RULE_ELEMENT: h_elem, RULE_COSINE: h_cos}
@@ -289,7 +320,8 @@ def compare(
                     "NaN/+inf/-inf positions differ: " + ", ".join(f"{k}: {v} positions" for k, v in rep.anomaly_mismatch.items()))
     ref_sumsq = float((r * r).sum())
     got_sumsq = float((a * a).sum())
-    if ref_sumsq < TRIVIAL_SUMSQ:
+    trivial = TRIVIAL_SUMSQ * float(ref_scale) ** 2
+    if ref_sumsq < trivial:
         all_zero_ref = not bool((r != 0).any())
         if zero_ref == "exact" and all_zero_ref:
             if bool((a != 0).any()):
@@ -299,7 +331,8 @@ def compare(
             rep.headroom = math.inf
             return done(True, RULE_EXACT_ZERO, "reference and output are exactly zero")
         return done(False, RULE_DEGENERATE,
-                    f"reference is trivially small (sum r^2 = {ref_sumsq:.3g} < {TRIVIAL_SUMSQ:g}); the case cannot discriminate")
+                    f"reference is trivially small (sum r^2 = {ref_sumsq:.3g} < {TRIVIAL_SUMSQ:g} * ref_scale^2 = {trivial:.3g}); "
+                    "the case cannot discriminate")
     if got_sumsq == 0.0:
         return done(False, RULE_ZERO_OUTPUT, "output is all zero where the reference is not")
     if rep.mismatch_count:

@@ -7,7 +7,9 @@ policies, and the judge that compares a kernel's canonical outputs with them (DE
 * ``kind``: ``"bytes"`` (bit-exact over the defined bytes, ``bytes_diff``), ``"index"`` (exact,
   ``bytes_diff.diff_index``) or ``"numeric"`` (``numeric.compare`` with the tolerance record of the
   entry's scope, exact zeros where the reference is exactly zero, and the three-output rule where
-  the entry declares ``attention_mode = bf16_p``);
+  the entry declares ``attention_mode = bf16_p``; the attention stages' softmax statistics also
+  get the per-row logit term ``logit_ulps * 2**-23 * F`` of ``row_scale``, and the degenerate
+  floor is relative to the case's V RMS / largest ``F``: ``_statistic_allowance``);
 * ``outputs``: the canonical output names a kernel's ``call`` returns (``got``);
 * ``defaults``: the stage's default policies (used for keys an entry does not declare);
 * ``expected(case, policies) -> dict``: reference outputs (CPU); keys starting with ``_`` are
@@ -88,6 +90,7 @@ from dsv4_numerics.reference.policies import (
 from . import bytes_diff as bd
 from .bytes_diff_v41 import diff_v41
 from . import numeric as nm
+from .row_scale import logit_allowance, logit_scale
 from .tolerances import Tolerances, default_tolerances
 
 
@@ -461,11 +464,14 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
             if tol.atol_unit == "vrms" and vr is None:
                 fail("judge_attention", "expected", f"must carry '_vrms' for the {tol.atol_unit} atol of '{name}'")
             atol = tol.atol_for(vr)
+            allow, ref_scale = _statistic_allowance(name, tol, expected, e.shape, vr)
             r = nm.compare(g.to(torch.float64)[keep], e[keep], atol=atol, rtol=tol.rtol, cos_tol=tol.cos_tol,
-                           fmt=fmt, name=name)
+                           fmt=fmt, name=name, ref_scale=ref_scale, allow=None if allow is None else allow[keep])
             rd = r.to_dict()
             rd["tolerance"] = {"line": tol.line, "tier": tol.tier, "kind": tol.kind, "scope": tol.scope.to_dict(),
-                               "atol_unit": tol.atol_unit, "vrms": vr}
+                               "atol_unit": tol.atol_unit, "vrms": vr, "logit_ulps": tol.logit_ulps,
+                               "max_logit_allowance": float(allow.max()) if allow is not None and allow.numel() else 0.0,
+                               "ref_scale": ref_scale}
             reports[name] = rd
             checks.append((f"{name}:{r.rule}", r.passed, r.message, r.headroom, r.max_ulps_rel_regime))
         if name == "out" and "_same_precision" in expected and tol.three_output_k:
@@ -485,6 +491,22 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
         return Verdict(False, rule, "; ".join(f"{c[0]}: {c[2]}" for c in bad), worst, head, reports)
     binding = min(checks, key=lambda c: c[3])[0]
     return Verdict(True, binding, "", worst, head, reports)
+
+
+def _statistic_allowance(name: str, tol, expected: dict, shape: tuple, vr: float | None):
+    """``(allow, ref_scale)`` for ``numeric.compare`` of output ``name``: the softmax statistics
+    (``[T, H]``: lse, lse_with_sink, max_logits) get the per-row logit term ``tol.logit_ulps * 2**-23
+    * F`` (``row_scale``; None without ``_logit_scale`` or ``logit_ulps``) and are "trivially small"
+    relative to their largest ``F``; ``out`` relative to the case's V RMS. The scale falls back to 1
+    (kernelkit's absolute floor) where the case has none (0: nothing valid, or not carried)."""
+    f = expected.get("_logit_scale")
+    if name == "out":
+        return None, (vr if vr is not None and 0 < vr < math.inf else 1.0)
+    if f is None or tuple(f.shape) != tuple(shape):
+        return None, 1.0
+    fmax = float(f.max()) if f.numel() else 0.0
+    allow = logit_allowance(tol.logit_ulps, f) if tol.logit_ulps else None
+    return allow, (fmax if 0 < fmax < math.inf else 1.0)
 
 
 def v_rms(segments: list, num_tokens: int, d_v: int) -> float:
@@ -577,7 +599,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
-           "_oracle": oracle}
+           "_logit_scale": logit_scale(q, segs, inp["scale"]), "_oracle": oracle}
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         csegs = [Segment(s.rows.to(q.device), s.idx.to(q.device), None if s.length is None else s.length.to(q.device),
                          s.rule) for s in segs]  # the ordered oracle runs where q is (the CPU)

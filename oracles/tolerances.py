@@ -7,7 +7,10 @@ attention.md 7):
   the case's RMS of the referenced V rows -- attention outputs and their rounding errors scale
   exactly with V, so a bound derived at one value scale transfers to another),
   ``rtol = rtol_ulps * 2**-p`` with ``p`` the fraction bits of ``rtol_format`` (bf16:
-  ``rtol_ulps / 128``), ``cos_tol``;
+  ``rtol_ulps / 128``), ``cos_tol``; optionally ``logit_ulps`` (softmax statistics: a per-row error
+  budget ``logit_ulps * 2**-23 * F`` on top of ``atol`` / ``rtol``, ``F`` the row's logit scale of
+  ``row_scale.logit_scale``: the fp32 logit chain's error grows with the row's logit magnitude,
+  not with the statistic's value);
 * metric ``"block_scale"`` (tier C, FP8 output epilogues): element bound
   ``|deq - ref| <= block_mult * 2**(s - 127)`` with ``s`` the block's UE8M0 byte.
 
@@ -193,6 +196,7 @@ class Tol:
     cos_tol: float = 0.0
     block_mult: float = 0.0
     three_output_k: float | None = None
+    logit_ulps: float = 0.0
     derived: str = ""
     measured: dict[str, Any] = field(default_factory=dict)
     margin: float | None = None
@@ -208,7 +212,10 @@ class Tol:
         if self.metric == "block_scale":
             return {"block_mult": self.block_mult}
         akey = "atol" if self.atol_unit == "abs" else f"atol_{self.atol_unit}"
-        return {akey: self.atol, "rtol": self.rtol, "cos_tol": self.cos_tol}
+        lim = {akey: self.atol, "rtol": self.rtol, "cos_tol": self.cos_tol}
+        if self.logit_ulps:
+            lim["logit_ulps"] = self.logit_ulps
+        return lim
 
     def atol_for(self, vrms: float | None) -> float:
         """The absolute tolerance for a case whose referenced V rows have RMS ``vrms``."""
@@ -231,6 +238,8 @@ class Tol:
         d = asdict(self)
         d["scope"] = self.scope.to_dict()
         d.pop("line")
+        if not d.get("logit_ulps"):
+            d.pop("logit_ulps")
         if self.metric == "block_scale":
             for k in ("atol", "atol_unit", "rtol_ulps", "rtol_format", "cos_tol"):
                 d.pop(k)
@@ -268,7 +277,7 @@ def _parse(d: dict[str, Any], line: int, src: str) -> Tol:
     rf = d.get("rtol_format", "bf16")
     if rf not in FORMATS:
         fail(fn, f"{where} rtol_format", f"must be one of {sorted(FORMATS)}", rf)
-    for k in ("atol", "rtol_ulps", "cos_tol", "block_mult"):
+    for k in ("atol", "rtol_ulps", "cos_tol", "block_mult", "logit_ulps"):
         v = d.get(k, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or math.isinf(v):
             fail(fn, f"{where} {k}", "must be a finite number >= 0", v)

@@ -118,7 +118,9 @@ ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All ker
 sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
 comes again replays them as one CUDA graph (``fast_graphs``; ``graph=`` of
 ``fast_sparse_attention``): the host then issues ~15 operations instead of ~100, and the call
-costs about its GPU work.
+costs about its GPU work. On CUDA a call is first padded to its shape bucket (``fast_buckets``:
+invalid padding, the ordered result unchanged bit for bit, the bound that of the padded call), so
+calls of nearby shapes -- matrix cases, fuzz draws -- share one graph.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_graphs
+from . import fast_buckets, fast_graphs
 from .attention import Segment, _check_common, _check_host
 from .errors import check_enum, check_int, fail
 from .policies import IndexRule, NanPolicy
@@ -727,12 +729,15 @@ def _owned(iss: _Issued) -> tuple:
 
 
 def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _Issued, host: list,
-              owned=None) -> FastOracleOut:
+              owned=None, orig=None) -> FastOracleOut:
     """Everything after the host sync: the deferred validation (``_check_common`` raises the
     precise error), the chunks whose rows need the ordered logits (run again with them, steps 4-7
     redone), and the result. ``owned``: ``_owned(iss)`` after a graph replay (its static buffers are
-    overwritten by the next replay), returned instead of them."""
+    overwritten by the next replay), returned instead of them. ``orig``: the caller's ``(q,
+    segments)`` when ``q`` / ``segments`` are their bucketed padding (``fast_buckets``): validated
+    against, and the result sliced to their tokens."""
     T, H, _ = q.shape
+    vq, segments = orig if orig is not None else (q, segments)
     S, spans = len(segments), iss.spans
     lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
     m1 = None
@@ -743,7 +748,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     if sink is not None and rest[-1] != rest[-1]:
         bad = bad or bool(torch.isnan(sink).any())  # NaN, or +inf and -inf together
     if bad:
-        _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
+        _check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
                              "_check_common accepts")  # pragma: no cover - a bug, not an input error
     res, n_valid = owned if owned is not None else (iss.res, iss.n_valid)
@@ -760,7 +765,15 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
         n_ap = float(approx.sum())
     (out, lse, lws, m), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
-    return FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / (T * H)) if T * H else 1.0)
+    Tr = vq.shape[0]  # padded tokens are lonely rows: they count no approximate logits
+    res = FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / (Tr * H)) if Tr * H else 1.0)
+    return res if Tr == T else _first_tokens(res, Tr)
+
+
+def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
+    """``r`` restricted to its first ``T`` tokens (views; a bucketed call's own tokens)."""
+    return FastOracleOut(r.out[:T], r.lse[:T], r.lse_with_sink[:T], r.max_logits[:T], r.n_valid[:T],
+                         {k: v[:T] for k, v in r.bound.items()}, r.exact_logits)
 
 
 def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, flat) -> int:
@@ -777,19 +790,25 @@ def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int,
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
-                          chunk_tokens: int | None = None, graph: bool | None = None) -> FastOracleOut:
+                          chunk_tokens: int | None = None, graph: bool | None = None,
+                          bucket: bool | None = None) -> FastOracleOut:
     """Fast judging oracle (module docstring: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
     (shapes, dtypes, rules, scale, options, device) comes again on a CUDA device and graphs are
     enabled (``fast_graphs.set_enabled``, ``DSV4_FAST_GRAPHS=0``), ``False`` never, ``True`` from
     the first call on CUDA. The results are the same tensors either way (fresh, owned by the
-    caller); a replay skips the host's per-kernel launch cost."""
+    caller); a replay skips the host's per-kernel launch cost. ``bucket``: pad the call to its
+    shape bucket (``fast_buckets``: tokens, columns and rows per segment; invalid padding, so the
+    result is within the padded call's bound of the ordered oracle of this call) so that nearby
+    shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
+    ``True`` always (also on the CPU), ``False`` never."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
-    if graph is not None and not isinstance(graph, bool):
-        fail(fn, "graph", f"must be None, True or False, got {graph!r}")
+    for arg, v in (("graph", graph), ("bucket", bucket)):
+        if v is not None and not isinstance(v, bool):
+            fail(fn, arg, f"must be None, True or False, got {v!r}")
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
@@ -798,6 +817,13 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
                              {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
+    if bucket is None:
+        bucket = dev.type == "cuda" and graph is not False and (graph is True or fast_graphs.CACHE.enabled)
+    orig = None
+    if bucket:
+        orig = (q, segments)
+        q, segments = fast_buckets.pad_call(q, segments)
+        T, K = q.shape[0], sum(s.idx.shape[1] for s in segments)
     itemsize = _table_dtype(segments, q).itemsize
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
@@ -816,6 +842,6 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
             iss = fast_graphs.CACHE.replay(key, flat, nbytes, issue, always=graph is True)
             if iss is not None:
                 owned = _owned(iss)  # issued before the host sync: they overlap the replay
-                return _complete(*args, iss, iss.host.tolist(), owned=owned)
+                return _complete(*args, iss, iss.host.tolist(), owned=owned, orig=orig)
     iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans)
-    return _complete(*args, iss, iss.host.tolist())
+    return _complete(*args, iss, iss.host.tolist(), orig=orig)

@@ -370,6 +370,25 @@ def _lse_base2(case: Case) -> dict:
     return _attn_out(r, r.lse / math.log(2.0))
 
 
+LSE_OFFSET = 2.0**-12  # the constant-offset mutant's shift (~2.4e-4: 25x the tier-A lse atol)
+
+
+def _lse_sink_merged(case: Case) -> dict:
+    """The sink term ``ln(1 + exp(sink - lse))`` folded into the returned sink-free LSE (a sink-merged
+    LSE, FlashInfer SM120's convention, returned where the sink-free one is declared; attention 2.2).
+    Lonely rows and ``+-inf`` sinks keep the sink-free value, so only the tolerance, not the anomaly
+    rule, can catch it."""
+    r = _oracle(case, _segs(case))
+    return _attn_out(r, torch.where(torch.isfinite(r.lse) & torch.isfinite(r.lse_with_sink), r.lse_with_sink, r.lse))
+
+
+def _lse_offset(case: Case) -> dict:
+    """LSE off by a constant ``LSE_OFFSET`` (a stale correction term): the per-row logit allowance
+    (issue 23) must not hide it."""
+    r = _oracle(case, _segs(case))
+    return _attn_out(r, r.lse + LSE_OFFSET)
+
+
 def _lonely_nan(case: Case) -> dict:
     """A query with no valid key gives 0/0 = NaN instead of exact 0 (attention 2.4)."""
     r = _oracle(case, _segs(case))
@@ -831,6 +850,9 @@ MUTANTS: list[MutantEntry] = [
     _m("sink_scaled", "decode", "sink multiplied by the softmax scale (H14)", _sink_scaled),
     _m("lse_base2", "decode", "LSE returned in base 2 (FlashMLA README, H1)", _lse_base2),
     _m("lse_plus_inf_lonely_unconverted", "decode", "FlashMLA's +inf empty-row LSE not converted (H1)", _lse_plus_inf_lonely),
+    _m("lse_sink_merged", "decode", "sink term folded into the sink-free LSE (attention 2.2; issue 23)", _lse_sink_merged),
+    _m("lse_constant_offset", "decode", "LSE off by a constant 2**-12 (issue 23: hidden by no per-row allowance)",
+       _lse_offset),
     _m("lonely_query_nan", "decode", "0/0 for a query with no valid key (attention 2.4)", _lonely_nan),
     _m("rowsum_in_bf16", "decode", "softmax row sum accumulated in bf16 (attention 4.1: L stays fp32)",
        lambda c: _dense(c, sum_bf16=True)),

@@ -1,0 +1,148 @@
+"""Shape buckets of the fast oracle (``reference.fast_buckets``): the padding is invalid by every
+convention, so the ordered oracle of a padded call equals the original call's bit for bit, the
+bucketed fast result stays within its (padded call's) bound of the ordered oracle on every default
+case, validation errors are those of the original arguments, and on CUDA two shapes
+of one bucket share one captured graph (GPU test: skips without CUDA)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from dsv4_numerics.reference import fast_graphs
+from dsv4_numerics.reference.attention import Segment, sparse_attention
+from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_attention
+from dsv4_numerics.reference.cases import default_cases
+from dsv4_numerics.reference.errors import InputError
+from dsv4_numerics.reference.fast_buckets import bucket, pad_call, padded_shapes
+from dsv4_numerics.reference.policies import IndexRule
+
+from .test_attention_fast import _all_cases, _segments, assert_matches_ordered, segments_on
+from .test_fast_graphs import _inputs
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+
+
+def test_bucket_grid():
+    grid = [bucket(n) for n in range(0, 1100)]
+    assert grid[:14] == [0, 1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    assert bucket(640) == 768 and bucket(1152) == 1536 and bucket(128) == 128 and bucket(512) == 512
+    for n in range(1, 1100):
+        b = grid[n]
+        assert n <= b <= 1.5 * n and bucket(b) == b  # at most 1.5x; a bucket is its own bucket
+    assert sorted(set(grid[1:])) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768,
+                                     1024, 1536]  # ~2 log2(n) buckets up to n
+
+
+@functools.lru_cache(maxsize=None)
+def _ordered(i):
+    stage, case = _all_cases()[i]
+    inp = case.inputs
+    return sparse_attention(inp["q"], _segments(case, stage), inp["scale"], inp.get("sink"))
+
+
+N_DEFAULT = len(default_cases("decode")) + len(default_cases("prefill"))  # the held-out cases follow
+
+
+def _bit_equal(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.int64), b.contiguous().view(torch.int64))
+
+
+@pytest.mark.parametrize("i", [0, N_DEFAULT - 1])  # a decode and a prefill case
+def test_ordered_oracle_of_the_padded_call_is_bit_identical(i):
+    # the claim the bucketed bound rests on (fast_buckets docstring)
+    stage, case = _all_cases()[i]
+    inp = case.inputs
+    segs = _segments(case, stage)
+    qp, sp = pad_call(inp["q"], segs)
+    assert qp.shape[0] == bucket(inp["q"].shape[0]) and [s.idx.shape[1] for s in sp] == [
+        bucket(s.idx.shape[1]) for s in segs]
+    o = _ordered(i)
+    p = sparse_attention(qp, sp, inp["scale"], inp.get("sink"))
+    T = inp["q"].shape[0]
+    for name in ("out", "lse", "lse_with_sink", "max_logits"):
+        assert _bit_equal(getattr(p, name)[:T], getattr(o, name)), name
+    assert torch.equal(p.n_valid[:T], o.n_valid) and not bool(p.n_valid[T:].any())  # padded tokens lonely
+
+
+@pytest.mark.parametrize("i", range(N_DEFAULT))
+def test_bucketed_fast_result_within_its_bound_on_every_default_case(i):
+    stage, case = _all_cases()[i]
+    inp = case.inputs
+    segs = _segments(case, stage)
+    o = _ordered(i)
+    f = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"), bucket=True)
+    assert_matches_ordered(f, o)  # shapes, non-finite values, n_valid and |fast - ordered| <= bound
+    u = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"), bucket=False)
+    assert f.exact_logits == u.exact_logits  # padded tokens are lonely: no approximate logits
+    for name in BOUND_OUTPUTS:  # g_K' for K' >= K: the bucketed bound is never the smaller one
+        assert bool((f.bound[name] >= u.bound[name]).all()), name
+
+
+def test_validation_errors_are_the_original_arguments():
+    q, segs, sink = _inputs(3, T=5, K=12, N=40)
+    s = segs[0]
+    assert padded_shapes(5, segs) == (6, [(48, 12)])
+    q, segs, sink = _inputs(3, T=5, K=10, N=40)  # K' = 12: a length of 11 or 12 is still an error
+    s = segs[0]
+    for bad_len in (11, 12):
+        ln = s.length.clone()
+        ln[2] = bad_len
+        bad = [Segment(s.rows, s.idx, ln, s.rule)]
+        with pytest.raises(InputError) as plain:
+            fast_sparse_attention(q, bad, 0.125, sink, bucket=False)
+        with pytest.raises(InputError) as bucketed:
+            fast_sparse_attention(q, bad, 0.125, sink, bucket=True)
+        assert str(bucketed.value) == str(plain.value) and "length" in str(plain.value)
+    # an index >= N inside the prefix: an error under minus1_only, invalid under any_out_of_range
+    # (padded rows 40..47 exist in the padded table: the index must not start reading them)
+    idx = s.idx.clone()
+    idx[:, 0] = 41
+    ln = torch.full_like(s.length, 10)
+    with pytest.raises(InputError) as plain:
+        fast_sparse_attention(q, [Segment(s.rows, idx, ln, IndexRule.MINUS1_ONLY)], 0.125, sink, bucket=False)
+    with pytest.raises(InputError) as bucketed:
+        fast_sparse_attention(q, [Segment(s.rows, idx, ln, IndexRule.MINUS1_ONLY)], 0.125, sink, bucket=True)
+    assert str(bucketed.value) == str(plain.value)
+    oor = [Segment(s.rows, idx, ln, IndexRule.ANY_OUT_OF_RANGE_INVALID)]
+    f = fast_sparse_attention(q, oor, 0.125, sink, bucket=True)
+    assert_matches_ordered(f, sparse_attention(q, oor, 0.125, sink))
+    with pytest.raises(InputError, match="bucket"):
+        fast_sparse_attention(q, segs, 0.125, sink, bucket="yes")
+
+
+@cuda
+def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
+    fast_graphs.CACHE.clear()
+    c0 = fast_graphs.CACHE.stats()
+    dev = "cuda"
+    qa, sa, sink = _inputs(21, T=7, K=11, N=45, dev=dev)  # bucket (8, 12, 48)
+    qb, sb, _ = _inputs(22, T=8, K=12, N=48, dev=dev)  # a new shape, the same bucket
+    for _ in range(2):  # the second call of the bucket captures
+        f = fast_sparse_attention(qa, sa, 0.125, sink)
+    c1 = fast_graphs.CACHE.stats()
+    assert c1["captures"] - c0["captures"] == 1
+    fb = fast_sparse_attention(qb, sb, 0.125, sink)  # first call of this shape: replays the graph
+    c2 = fast_graphs.CACHE.stats()
+    assert c2["captures"] == c1["captures"] and c2["replays"] == c1["replays"] + 1
+    for (q, s, r) in ((qa, sa, f), (qb, sb, fb)):
+        o = sparse_attention(q.cpu(), segments_on(s, "cpu"), 0.125, sink.cpu())
+        assert_matches_ordered(r, o)
+
+
+def test_bench_summary_puts_eager_bucketed_first_and_replayed_side_by_side():
+    from dsv4_numerics.bench_gpu import summarize
+
+    def rec(cfg, eager, first, replayed):
+        return {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
+                "oracle_peak_extra_bytes": 0, "fast_ms": replayed / 10, "fast_ratio": replayed,
+                "fast_graph_replayed": True, "fast_eager_ms": eager / 10, "fast_eager_ratio": eager,
+                "fast_bucketed_first_ms": first / 10, "fast_bucketed_first_ratio": first,
+                "fast_bucketed_first_replayed": True, "oracle_gflops": 1.0, "oracle_stream_gbps": 1.0}
+    s = summarize([rec("h64", 20.2, 14.1, 13.3), rec("h128", 15.2, 13.9, 13.5)])
+    assert s["fast_ratios_at_batch_128"] == {"h64": {"eager": 20.2, "bucketed_first": 14.1, "replayed": 13.3},
+                                             "h128": {"eager": 15.2, "bucketed_first": 13.9, "replayed": 13.5}}
+    assert s["fast_bucketed_first_target_met"] and s["fast_bucketed_first_replayed_at_batch_128"]["h64"]
+    assert not summarize([rec("h64", 20.2, 20.5, 13.3)])["fast_bucketed_first_target_met"]
