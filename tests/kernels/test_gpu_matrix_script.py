@@ -20,7 +20,7 @@ def test_gpu_matrix_script_dry_run(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     out = tmp_path / "out"
     env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", DSV4_STAGED="no-such-staged-dir",
-               CARRY_DIR=str(tmp_path / "carry"))
+               CARRY_DIR=str(tmp_path / "carry"), CARRY_FROM=str(tmp_path))
     r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
@@ -47,7 +47,7 @@ def test_gpu_matrix_carry_procedure_joins_parts(tmp_path):
     data = tar.read_bytes()
     half = len(data) // 2
     env = dict(os.environ, SKIP="tests check bench fixtures kernels env", BUDGET_S="120",
-               DSV4_STAGED="no-such-staged-dir", CARRY_DIR=str(carry))  # only the carry procedure
+               DSV4_STAGED="no-such-staged-dir", CARRY_DIR=str(carry), CARRY_FROM=str(tmp_path))  # only the carry procedure
     (carry).mkdir()
     (carry / "b.tar.part00").write_bytes(data[:half])  # what the first call left behind
     out = tmp_path / "out"
@@ -76,7 +76,7 @@ def test_gpu_matrix_carry_overlay_lands_in_the_staged_folder(tmp_path):
     staged = tmp_path / "staged"
     (staged / "vllm").mkdir(parents=True)
     env = dict(os.environ, SKIP="tests check bench fixtures kernels env", BUDGET_S="120", DSV4_STAGED=str(staged),
-               CARRY_DIR=str(carry))  # only the carry procedure
+               CARRY_DIR=str(carry), CARRY_FROM=str(tmp_path))  # only the carry procedure
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -94,7 +94,7 @@ def test_gpu_matrix_installs_every_carried_wheels_folder(tmp_path):
     staged.mkdir()
     script = Path(__file__).resolve().parents[2] / ".ci" / "gpu-matrix"
     env = dict(os.environ, SKIP="tests check bench fixtures kernels env", BUDGET_S="120", DSV4_STAGED=str(staged),
-               CARRY_DIR=str(carry))
+               CARRY_DIR=str(carry), CARRY_FROM=str(tmp_path))  # not the developer's own carried parts
     r = subprocess.run(["bash", str(script), "", str(tmp_path / "out")], env=env, capture_output=True, text=True,
                        timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
