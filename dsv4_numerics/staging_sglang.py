@@ -70,11 +70,13 @@ EXTRA_COPIES = (
     "sglang/kernels/selector.py",
     "sglang/kernels/kernel_api_logging.py",
     "sglang/kernels/fused_op.py",
+    "sglang/kernels/ops/attention/dsa/tilelang_kernel.py",  # the TileLang decode's shared helpers
 )
 
 # Real __init__ files that would import the engine: replaced by stand-ins, never copied.
 _REPLACED = {"sglang/__init__.py", "sglang/kernels/__init__.py", "sglang/kernels/ops/__init__.py",
-             "sglang/kernels/ops/attention/__init__.py", "sglang/kernels/ops/kvcache/__init__.py"}
+             "sglang/kernels/ops/attention/__init__.py", "sglang/kernels/ops/kvcache/__init__.py",
+             "sglang/kernels/ops/attention/dsa/__init__.py"}
 
 
 def is_copied(rel: str) -> bool:
@@ -106,6 +108,10 @@ STANDINS = {
     ''',
     "sglang/kernels/ops/attention/__init__.py": '''
         """Stand-in for sglang.kernels.ops.attention: a bare namespace (the real one registers every attention backend)."""
+    ''',
+    "sglang/kernels/ops/attention/dsa/__init__.py": '''
+        """Stand-in for sglang.kernels.ops.attention.dsa: a bare namespace (the real one imports the DSA indexer's
+        paged-MQA-logits kernels, DeepGEMM and CuTe-DSL); only tilelang_kernel.py is staged from it."""
     ''',
     "sglang/kernels/ops/kvcache/__init__.py": '''
         """Stand-in for sglang.kernels.ops.kvcache: a bare namespace (the real one registers every KV-cache kernel)."""
