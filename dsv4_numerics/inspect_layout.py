@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsv4_numerics.reference import cache_model1, cache_v41
+from dsv4_numerics.reference.caches import model1 as cache_model1
+
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.constants import (
     AMAX_CLAMP_SCALE_BYTE_RANGE,
     N_TILES,
@@ -37,8 +39,8 @@ from dsv4_numerics.reference.constants import (
     TILE,
 )
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp4 import unpack_e2m1
-from dsv4_numerics.reference.fp8 import decode_fp8
+from dsv4_numerics.reference.formats.fp4 import unpack_e2m1
+from dsv4_numerics.reference.formats.fp8 import decode_fp8
 from dsv4_numerics.reference.policies import V41Layout, V41Record
 
 __all__ = ["CANDIDATES", "LayoutScore", "LayoutVerdict", "detect_layout", "format_verdict"]

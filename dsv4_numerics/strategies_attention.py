@@ -13,7 +13,7 @@ magnitudes far from the simulated ones (caches, q and sinks). Needs hypothesis
     def test_my_decode(case):
         dn.assert_matches_reference(my_decode, "decode", cases=[case])
 
-Cases come from ``reference.cases_attention_sweep`` (the builder of the ``size="full"`` case set),
+Cases come from ``reference.cases.attention_sweep`` (the builder of the ``size="full"`` case set),
 so they are deterministic given the drawn parameters and shrink towards small, plain cases
 (page size 64, top-k 64, magnitude 0, sink on).
 
@@ -37,7 +37,7 @@ except ImportError as _e:  # hypothesis is an optional dependency (the ``test`` 
         'pip install "dsv4-numerics[test]"') from _e
 
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.cases_attention_sweep import SegmentSpec, sweep_decode_case, sweep_prefill_case
+from dsv4_numerics.reference.cases.attention_sweep import SegmentSpec, sweep_decode_case, sweep_prefill_case
 
 from .strategies import ROW_LOG2_RANGE, magnitudes
 

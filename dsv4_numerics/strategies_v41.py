@@ -20,7 +20,7 @@ construction, returned as ``(group, scale_byte)``:
 
 ``v41_mixed_caches`` draws the FlashMLA V4.1 pairing: an MXFP8 main cache (528 B) with an NVFP4
 extra cache (288 B, valid only as ``extra_k_cache`` next to a V4.1 main cache), one byte order.
-``v41_decode_cases`` draws whole ``v41_sparse_decode`` cases (``reference.cases_v41_attention``):
+``v41_decode_cases`` draws whole ``v41_sparse_decode`` cases (``reference.cases.v41_attention``):
 MXFP8 main cache, no / MXFP8 / NVFP4 extra cache (NVFP4 rows half on E2M1 ties), page sizes,
 page tails, the producer (vLLM interleaved or FlashInfer page-footer), lonely tokens, empty
 extra segments and stale valid ids past the lengths.
@@ -39,9 +39,9 @@ except ImportError as _e:  # hypothesis is an optional dependency (the ``test`` 
 import torch
 
 from dsv4_numerics.reference.constants import E2M1_MAX, V41_NVFP4_GROUP
-from dsv4_numerics.reference.cache_v41 import record_bytes
-from dsv4_numerics.reference.fp4 import E2M1_MAGNITUDES
-from dsv4_numerics.reference.fp8 import decode_e4m3fn
+from dsv4_numerics.reference.caches.v41 import record_bytes
+from dsv4_numerics.reference.formats.fp4 import E2M1_MAGNITUDES
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn
 from dsv4_numerics.reference.policies import V41Layout, V41Record
 
 __all__ = [
@@ -139,7 +139,7 @@ def v41_mixed_caches(draw, max_blocks: int = 4) -> dict:
 def v41_decode_cases(draw, max_tokens: int = 4):
     """A ``v41_sparse_decode`` ``Case`` (CPU tensors) built by ``cases_v41_attention.v41_decode_case``
     from drawn geometry and edges (module docstring); ``case.params`` records what was drawn."""
-    from dsv4_numerics.reference.cases_v41_attention import v41_decode_case
+    from dsv4_numerics.reference.cases.v41_attention import v41_decode_case
 
     t = draw(st.integers(1, max_tokens))
     extra_kind = draw(st.sampled_from((None, V41Record.MXFP8, V41Record.NVFP4)))

@@ -1,13 +1,13 @@
 """Typed views of the canonical attention-case inputs that the attention adapters share.
 
-The ``decode`` and ``prefill`` stages' cases (``reference/cases_attention.py``) carry their
+The ``decode`` and ``prefill`` stages' cases (``reference/cases/attention.py``) carry their
 inputs in a dict; this module reads that dict once, validates it (``InputError`` naming the key
 and the rule), and hands adapters a small dataclass, so that every adapter maps the *same*
 canonical meaning onto its kernel (attention.md 5, "Abstract call"):
 
 decode   ``q [T, H, 512]`` bf16; ``scale``; ``sink [H]`` fp32 or None; segment 0 (SWA) and an
          optional segment 1 (compressed), each a 584-byte paged cache (any accepted form,
-         ``reference.cache_model1``) + ``block_size`` + global slot indices ``[T, K]`` (``-1`` =
+         ``reference.caches.model1``) + ``block_size`` + global slot indices ``[T, K]`` (``-1`` =
          empty) + prefix lengths ``[T]`` or None; optional ``positions [T]`` (query positions,
          for epilogues that need them).
 prefill  ``q [T, H, 512]`` bf16; ``kv [S, 512]`` bf16 gathered rows; one combined index table
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.cache_model1 import cache_geometry
+from dsv4_numerics.reference.caches.model1 import cache_geometry
 from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, InputError, check_dtype, fail
 

@@ -99,7 +99,7 @@ COMPRESSOR_ALIGN = {"positions": 64, "slot_mapping": 64, "token_to_req_indices":
 
 
 def _gather_call(case) -> dict[str, torch.Tensor]:
-    """Canonical ``gather`` inputs (``reference.cases_cache``: ``cache``, ``block_table``,
+    """Canonical ``gather`` inputs (``reference.cases.cache``: ``cache``, ``block_table``,
     ``seq_lens``, ``gather_lens`` or None, ``block_size``, optional ``offset``) -> ``{"out":
     bf16 [R, offset + max(g), 512]}``, rows the kernel does not write left at 0 (the reference's
     ``gather`` returns the same zeros plus the valid mask)."""

@@ -60,10 +60,10 @@ import math
 
 import torch
 
-from dsv4_numerics.reference.cache_model1 import cache_geometry, dequantize_all, kernel_view
+from dsv4_numerics.reference.caches.model1 import cache_geometry, dequantize_all, kernel_view
 from dsv4_numerics.reference.constants import HEAD_DIM, OUT_HEADS_PER_GROUP, SWA_WINDOW
 from dsv4_numerics.reference.errors import UnsupportedCase
-from dsv4_numerics.reference.fp8 import decode_e4m3fn, decode_ue8m0, encode_e4m3fn
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn, decode_ue8m0, encode_e4m3fn
 from dsv4_numerics.reference.policies import IndexRule, LseConvention, NanPolicy, Ue8m0Consumer
 
 from . import probe as P

@@ -55,7 +55,7 @@ import functools
 
 import torch
 
-from dsv4_numerics.reference.cache_model1 import kernel_view
+from dsv4_numerics.reference.caches.model1 import kernel_view
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexRule, LseConvention, NanPolicy, Ue8m0Consumer
 

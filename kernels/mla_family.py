@@ -1,7 +1,7 @@
 """Kernel entries of the rest of the MLA family the DSv4 kernels also serve (issue 8):
 DeepSeek-V3.2 sparse decode over the 656-byte cache, and dense paged MLA decode / prefill of
 DeepSeek-R1/V3 and Kimi (stages ``v32_decode``, ``dense_mla_decode``, ``dense_mla_prefill`` of
-``reference.cases_mla``).
+``reference.cases.mla``).
 
 Entries (all production imports are lazy, inside probes and calls):
 
@@ -70,7 +70,7 @@ import math
 
 import torch
 
-from dsv4_numerics.reference.cache_v32 import v32_page_view
+from dsv4_numerics.reference.caches.v32 import v32_page_view
 from dsv4_numerics.reference.constants import (
     FLASHMLA_DENSE_BLOCK_SIZE,
     MLA_D_QK,

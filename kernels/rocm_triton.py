@@ -57,7 +57,7 @@ import torch
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, ROPE_DIM
 from dsv4_numerics.reference.errors import UnsupportedCase, check_dtype, check_int, fail
-from dsv4_numerics.reference.indices_rocm import build_ragged_indices_from_dense as ref_ragged_from_dense
+from dsv4_numerics.reference.indices.rocm import build_ragged_indices_from_dense as ref_ragged_from_dense
 from dsv4_numerics.reference.policies import (
     AttentionMode,
     Fp8Flavour,
@@ -96,7 +96,7 @@ ROCM_LAYER = "vllm.models.deepseek_v4.amd.rocm"
 def trim_ragged(flat: torch.Tensor, indptr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The production ragged builders return a ``T * width`` scratch of which only the first
     ``indptr[-1]`` entries are written (``rocm_aiter_mla_sparse.py:2126-2140``): the canonical
-    output (``reference.indices_rocm``) is that prefix."""
+    output (``reference.indices.rocm``) is that prefix."""
     n = int(indptr[-1]) if indptr.numel() else 0
     return flat[:n], indptr
 
@@ -300,7 +300,7 @@ def _call_decode(ragged: bool, inv_rope: bool, splitk: bool) -> Callable[[Case],
 def _call_builder(module: str, func: str, args: Callable[[dict], dict], names: tuple[str, ...],
                   ragged_first: bool, case_builder: str | None = None) -> Callable[[Case], dict]:
     """Run ``module.func`` on the cases built for ``case_builder`` (default: ``func``), the name
-    ``reference.cases_index`` records in ``case.params["builder"]``."""
+    ``reference.cases.index`` records in ``case.params["builder"]``."""
 
     def call(case: Case) -> dict:
         index_case_builder(case, case_builder or func)

@@ -40,7 +40,7 @@ import functools
 
 import torch
 
-from dsv4_numerics.reference.cache_v41 import cache_geometry
+from dsv4_numerics.reference.caches.v41 import cache_geometry
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexRule, LseConvention, NanPolicy, V41Layout, V41Record
@@ -255,5 +255,5 @@ ENTRIES: list[KernelEntry] = [
         tolerance_scope="vllm_triton.v41_query_quant",
         probe=P.chain(P.needs_arch("sm90", "sm100", "sm103"), P.needs_staged_vllm(QUERY_QUANT),
                       P.needs_import(QUERY_QUANT)),
-        call=v41_query_quant_call, notes="bit-exact on exact-norm rows (reference.query_quant)"),
+        call=v41_query_quant_call, notes="bit-exact on exact-norm rows (reference.pipeline.query_quant)"),
 ]

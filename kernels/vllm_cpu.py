@@ -86,10 +86,10 @@ from typing import Callable
 
 import torch
 
-from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
-from dsv4_numerics.reference.indices_slots import local_to_global_slots
+from dsv4_numerics.reference.indices.slots import local_to_global_slots
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import (
     Fp8Decode,

@@ -44,7 +44,7 @@ arithmetic ``even' = fma(e, cos, -fl32(o*sin))``, ``odd' = fma(e, sin, fl32(o*co
 * a NaN or Inf in one dim of a pair makes the other dim NaN (``Inf * 0 = NaN``).
 
 Entries therefore declare ``rope_arith = fma``: the expected bytes are the reference insert of
-``reference.rope.apply_rope(k, identity table, FMA)``, which reproduces both effects exactly.
+``reference.pipeline.rope.apply_rope(k, identity table, FMA)``, which reproduces both effects exactly.
 Finite rows without ``-0.0`` in the RoPE dims pass through unchanged.
 """
 

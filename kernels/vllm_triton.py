@@ -148,7 +148,7 @@ def bool_flags(fn: str, arg: str, t: torch.Tensor | None) -> torch.Tensor | None
 
 def index_case_builder(case: Case, builder: str) -> None:
     """Raise ``UnsupportedCase`` unless ``case`` was built for the production function
-    ``builder`` (``case.params["builder"]``, reference/cases_index.py)."""
+    ``builder`` (``case.params["builder"]``, reference/cases/index.py)."""
     got = case.params.get("builder")
     if got != builder:
         raise UnsupportedCase(f"case {case.name!r} exercises {got!r}; this entry runs {builder!r}")
@@ -201,7 +201,7 @@ def gather_args(inputs: dict) -> dict:
     ``[nb, bs, 584]`` kernel view), int32 ``seq_lens``/``gather_lens`` (or None)/``block_table``,
     ``block_size`` and ``offset``. Here ``M = offset + max(gather_lens)`` (the reference's width)
     and ``out`` is zero-initialised: rows the kernel does not write stay 0, the convention of
-    ``reference.cache_model1.gather``, so the whole tensor is comparable.
+    ``reference.caches.model1.gather``, so the whole tensor is comparable.
     The cache is read-only for this kernel: the case's bytes are passed as the kernel view
     (``readable_pages``: repacked only if the stride is odd, which would misalign the bf16 loads).
     """

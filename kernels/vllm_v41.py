@@ -41,7 +41,7 @@ Declared quantisation rules, derived from the sources:
   even, saturating at 6); a zero group writes scale 0x01; NaN / Inf ``Nvfp4NonFinite.TRITON``.
   Both writers keep each token's scales after its own data (``V41Layout.INTERLEAVED``); FlashInfer
   0.7.2 writes the page-footer order with ``SCALE_CLAMP`` / ``DIV_RN`` / ``POISON``
-  (``reference.cache_v41.PRODUCERS``), a different producer, never declared here.
+  (``reference.caches.v41.PRODUCERS``), a different producer, never declared here.
 * Gathers: MXFP8 ``fp8 * exp2(b - 127)`` in fp32 (``Ue8m0Consumer.TRITON``: byte 0 -> 0.0 under
   ``ex2.approx.ftz``, 255 -> +Inf), NVFP4 ``e2m1 * float(e4m3 scale)`` in fp32 (exact), one bf16
   rounding; both read the interleaved order.
@@ -63,7 +63,7 @@ from typing import Callable
 
 import torch
 
-from dsv4_numerics.reference import cache_v41
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, ROPE_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail

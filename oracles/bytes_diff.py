@@ -55,11 +55,11 @@ from dsv4_numerics.reference.constants import (
     V32_ROW_BYTES,
     V32_TILE,
 )
-from dsv4_numerics.reference.cache_model1 import cache_geometry, page_bytes, slot_addresses
+from dsv4_numerics.reference.caches.model1 import cache_geometry, page_bytes, slot_addresses
 from dsv4_numerics.reference.errors import check_dtype, check_int, check_tensor, fail
-from dsv4_numerics.reference.fp8 import decode_fp8, decode_ue8m0, encode_fp8, fp8_max, pow2_f64
+from dsv4_numerics.reference.formats.fp8 import decode_fp8, decode_ue8m0, encode_fp8, fp8_max, pow2_f64
 from dsv4_numerics.reference.policies import Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule
-from dsv4_numerics.reference.quant import quantize_tiles
+from dsv4_numerics.reference.formats.quant import quantize_tiles
 
 ROPE_BYTES_OFFSET = NOPE_DIM  # data-row byte of the first RoPE bf16 (datapath 1.1)
 SCALE_OFFSET = DATA_ROW_BYTES  # logical record byte of scale tile 0 (576)
@@ -205,7 +205,7 @@ def _policies(p: dict | None) -> dict[str, Any]:
 
 def model1_flat_bytes(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, int]:
     """``(flat uint8 view of every page byte, page_stride)`` of a 584-byte paged cache in any
-    form ``reference.cache_model1`` accepts (geometry validated there; no copy)."""
+    form ``reference.caches.model1`` accepts (geometry validated there; no copy)."""
     _, _, stride = cache_geometry("model1_flat_bytes", cache, block_size)
     return page_bytes(cache, block_size).reshape(-1), stride
 
@@ -533,7 +533,7 @@ def diff_v32_rows(expected: torch.Tensor, got: torch.Tensor, *, max_items: int =
         fail(fn, "expected", f"must have last dimension {V32_ROW_BYTES}", tuple(expected.shape))
     if got.dtype != torch.uint8 or tuple(got.shape) != tuple(expected.shape):
         return _fail_shape(layout, f"got {got.dtype}{tuple(got.shape)}, expected uint8{tuple(expected.shape)}")
-    from dsv4_numerics.reference.cache_v32 import unpack_v32_rows
+    from dsv4_numerics.reference.caches.v32 import unpack_v32_rows
 
     e = expected.reshape(-1, V32_ROW_BYTES).cpu()
     g = got.reshape(-1, V32_ROW_BYTES).cpu()

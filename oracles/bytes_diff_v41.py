@@ -2,7 +2,7 @@
 1.6, hazard H13), with the byte-order disagreement named.
 
 ``diff_v41`` compares the defined bytes of the written slots (every byte of a V4.1 record is
-defined) as ``reference.cache_v41`` lays them out in ``layout``. When they differ it re-reads the
+defined) as ``reference.caches.v41`` lays them out in ``layout``. When they differ it re-reads the
 got cache in the other ``V41Layout``: if the records then equal the expected ones, the writer and
 the reader disagree on the byte order only, and the report says so with both policy names
 (interleaved: vLLM 0.33.0 / vendored FlashMLA; page_footer: FlashInfer 0.7.2).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_numerics.reference import cache_v41
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.errors import check_dtype, fail
 from dsv4_numerics.reference.policies import V41Layout, V41Record
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.cache_model1 import defined_byte_mask, page_bytes, read_records
+from dsv4_numerics.reference.caches.model1 import defined_byte_mask, page_bytes, read_records
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE
 
 __all__ = ["TierReport", "compressor_error_bound", "judge_compressed_records"]
@@ -40,7 +40,7 @@ def compressor_error_bound(state: torch.Tensor, positions: torch.Tensor, ratio: 
                            eps: float, normed: torch.Tensor) -> torch.Tensor:
     """``A [M, 512]`` float64: the error model above for the boundary ``positions`` of one
     request's dense ``state`` (``normed``: the reference's fp32 normed rows of those positions)."""
-    from dsv4_numerics.reference.compressor import compressor_geometry, state_windows
+    from dsv4_numerics.reference.pipeline.compressor import compressor_geometry, state_windows
 
     _, W = compressor_geometry(ratio)
     kv, score, valid = state_windows(state, positions, ratio)
@@ -83,7 +83,7 @@ class TierReport:
 def judge_compressed_records(got: torch.Tensor, want: torch.Tensor, initial: torch.Tensor, slots: torch.Tensor,
                              block_size: int, A: torch.Tensor) -> TierReport:
     """The tier (module docstring) for the records at ``slots`` (``A`` rows in slot order)."""
-    from dsv4_numerics.reference.fp8 import decode_e4m3fn
+    from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn
 
     got, want, initial = got.detach().cpu(), want.cpu(), initial.cpu()
     slots = slots.to(torch.int64).cpu()

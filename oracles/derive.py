@@ -48,7 +48,7 @@ Compressor ``normed`` (H7, tier A): the model is an fp32 producer of steps 4-5 (
   computation rounded once; ``atol``/``rtol_ulps`` (fp32) / ``cos_tol`` by the same formulas.
 Tier C (FP8 output epilogues): the bound ``16 * 2**(s - 127)`` is analytic (half the E4M3
   quantum of the top binade, ``tolerances.half_e4m3_step_at_top``); the sweep measures the
-  largest ``|deq - x| / 2**e`` of ``reference.quant.quantize_groups_ue8m0`` to confirm it.
+  largest ``|deq - x| / 2**e`` of ``reference.formats.quant.quantize_groups_ue8m0`` to confirm it.
 
 ``M = MARGIN = 2``: a kernel of the same precision class rounds at the same points with the same
 unit roundoff but in a different order/pattern (split-KV partials, SM100 lazy rescale with
@@ -69,7 +69,7 @@ the decode domain with ``scale * 2**9`` (|lse| up to ~100) and the prefill domai
 q), where the fp32 logit chain's error (~ u * scale * sum_i |q_i k_i|) dominates the statistics.
 Reproducibility: every reduction in the sweep has a FIXED order built from elementwise IEEE ops
 (no ``einsum``/``matmul``/``sum``/``mean``/``softmax``, no fp32 ``torch.exp``/``log``/``rsqrt``):
-float64 parts use the oracle's helpers (``reference.attention._logits``/``_seq_sum_last``/
+float64 parts use the oracle's helpers (``reference.attention.ordered._logits``/``_seq_sum_last``/
 ``_seq_pv``, ``detmath.det_exp``/``det_log``/``fixed_sum``); the fp32 kernel models accumulate
 sequentially (an fp32 FMA chain over d for the logits, over k for the row sum and P.V, over d for
 the RMS; ``_softmax_model``, ``compressor_fp32`` document the order and why it models the
@@ -100,14 +100,14 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.attention import Segment, _logits, _seq_pv, _seq_sum_last, segment_validity, sparse_attention
-from dsv4_numerics.reference.cache_model1 import decode_records, encode_records
+from dsv4_numerics.reference.attention.ordered import Segment, _logits, _seq_pv, _seq_sum_last, segment_validity, sparse_attention
+from dsv4_numerics.reference.caches.model1 import decode_records, encode_records
 from dsv4_numerics.reference.constants import E4M3_MAX, HEAD_DIM, OUT_GROUP, TILE
 from dsv4_numerics.reference.detmath import det_exp, det_log, fixed_sum
 from dsv4_numerics.reference.errors import check_int, fail
-from dsv4_numerics.reference.fp8 import decode_fp8, encode_fp8
+from dsv4_numerics.reference.formats.fp8 import decode_fp8, encode_fp8
 from dsv4_numerics.reference.policies import AttentionMode, Fp8Flavour, NonFinite, ScaleRule
-from dsv4_numerics.reference.quant import dequantize_groups_ue8m0, dequantize_tiles, quantize_groups_ue8m0, quantize_tiles
+from dsv4_numerics.reference.formats.quant import dequantize_groups_ue8m0, dequantize_tiles, quantize_groups_ue8m0, quantize_tiles
 
 from .numeric import FORMATS, cos_diff
 from .row_scale import logit_scale
@@ -291,7 +291,7 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     ``abs_values``: use ``|V|`` in the numerator (gives ``A``, the sink-scaled softmax-weighted
     mean of ``|V|``: an element with ``|out| >= A/2`` has at most 2x cancellation).
 
-    ``dtype_logits=float64``: the oracle's arithmetic (``reference.attention`` helpers: logits
+    ``dtype_logits=float64``: the oracle's arithmetic (``reference.attention.ordered`` helpers: logits
     accumulated over d = 0..D-1, row sum and P.V over k = 0..K-1, ``det_exp``/``det_log``).
     ``dtype_logits=float32``: the kernels' fp32 datapath (attention 4.1; FlashMLA / ROCm Triton:
     bf16 MMAs accumulating in fp32): logits = an fp32 accumulation chain over d = 0..D-1 of the
@@ -450,7 +450,7 @@ def compressor_fp32(kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor, 
 
 
 def _compressor_errors(ratio: int, seed: int) -> dict[str, float]:
-    from dsv4_numerics.reference.compressor import build_state, compress_windows, state_windows
+    from dsv4_numerics.reference.pipeline.compressor import build_state, compress_windows, state_windows
 
     g = torch.Generator().manual_seed(500 + seed)
     coff = 2 if ratio == 4 else 1

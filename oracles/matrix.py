@@ -18,7 +18,7 @@ Per case:
    policies) is computed; if it rejects the case (``InputError``) -> ``error`` naming it.
    Oracle mode (``oracle_mode``; None = auto): ``fast`` on a CUDA ``device`` -- the attention
    stages (``stages.FAST_ORACLE_STAGES``) compute their attention on the kernel's device with
-   ``reference.attention_fast`` (unordered float64 GEMMs, a returned a-priori bound on the
+   ``reference.attention.fast`` (unordered float64 GEMMs, a returned a-priori bound on the
    distance to the ordered oracle) -- else ``ordered`` (the fixed-order oracle on the CPU, as the
    fixtures use). Every Result records it in ``details["oracle"]`` (mode, device, bound);
 5. otherwise ``StageSpec.judge`` decides ``pass``/``fail`` (an exception in the judge is an

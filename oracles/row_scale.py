@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from dsv4_numerics.reference.attention import segment_validity
+from dsv4_numerics.reference.attention.ordered import segment_validity
 from dsv4_numerics.reference.errors import check_tensor, fail
 
 __all__ = ["FP32_ULP", "logit_allowance", "logit_scale", "row_norms"]
@@ -53,7 +53,7 @@ def row_norms(x: torch.Tensor) -> torch.Tensor:
 
 def logit_scale(q: torch.Tensor, segments: list, scale: float) -> torch.Tensor:
     """``F`` ``[T, H]`` float64 on the CPU (module docstring): ``q`` ``[T, H, D]``, ``segments``
-    the oracle's (``reference.attention.Segment``), ``scale`` the softmax scale."""
+    the oracle's (``reference.attention.ordered.Segment``), ``scale`` the softmax scale."""
     fn = "logit_scale"
     check_tensor(fn, "q", q)
     if q.dim() != 3:

@@ -40,7 +40,7 @@ v41_write          ``cache``: the V4.1 528/288-byte cache after the write (recor
 v41_gather         ``out``: bf16 ``[R, max(gather_lens), 512]`` from a V4.1 cache (``stages_v41``)
 gather             ``out``: bf16 ``[R, max(gather_lens), 512]`` (rows past a request's gather
                    length are not compared)
-index stages       the production output names of ``reference.cases_index.INDEX_BUILDERS``
+index stages       the production output names of ``reference.cases.index.INDEX_BUILDERS``
                    for the case's ``params["builder"]`` (``case.params["outputs"]``)
 decode, prefill    ``out`` ``[T, H, 512]`` (bf16), optional ``lse`` / ``max_logits`` /
                    ``lse_with_sink`` ``[T, H]`` in the oracle convention (natural, sink-free except
@@ -66,7 +66,11 @@ from typing import Any, Callable
 
 import torch
 
-from dsv4_numerics.reference import cache_model1, cache_plain, cache_v41
+from dsv4_numerics.reference.caches import model1 as cache_model1
+
+from dsv4_numerics.reference.caches import plain as cache_plain
+
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, ROPE_DIM
 from dsv4_numerics.reference.detmath import fixed_sum
@@ -183,7 +187,7 @@ def writer_rows(k: torch.Tensor, policies: dict | None) -> torch.Tensor:
         return identity_rotated_pairs(k, _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
     if mode != "identity":
         return k
-    from dsv4_numerics.reference.rope import apply_rope
+    from dsv4_numerics.reference.pipeline.rope import apply_rope
 
     arith = _pol(policies, "rope_arith", RopeArithmetic.FMA.value)
     pos = torch.zeros(k.shape[0], dtype=torch.int64)
@@ -196,7 +200,7 @@ def identity_rotated_pairs(k: torch.Tensor, arith: RopeArithmetic | str) -> torc
     NoPE pairs load ``(cos, sin) = (1, 0)``, ``V:.../deepseek_v41/common/ops/
     fused_compress_quant_cache.py:446-455``), so signed zeros and non-finite pair partners change
     in every dim, and the fp32 result is quantised without a bf16 rounding."""
-    from dsv4_numerics.reference.rope import rope_pairs
+    from dsv4_numerics.reference.pipeline.rope import rope_pairs
 
     x = k.cpu().to(torch.float64)
     one, zero = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
@@ -367,7 +371,7 @@ def judge_gather_rows(expected: dict, got: dict, alternatives: Callable[[], dict
 
 
 def _expected_index(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.cases_index import run_index_case
+    from dsv4_numerics.reference.cases.index import run_index_case
 
     return dict(run_index_case(case, policies))
 
@@ -512,7 +516,7 @@ def _statistic_allowance(name: str, tol, expected: dict, shape: tuple, vr: float
 def v_rms(segments: list, num_tokens: int, d_v: int) -> float:
     """RMS of the first ``d_v`` dims of every row that some valid slot references (each row once,
     non-finite values excluded): the value scale of a case, the unit of ``atol_unit="vrms"``."""
-    from dsv4_numerics.reference.attention import segment_validity
+    from dsv4_numerics.reference.attention.ordered import segment_validity
 
     valid = segment_validity(segments, num_tokens)
     sq, n = 0.0, 0
@@ -557,7 +561,7 @@ def _index_rule(case: Case, policies: dict) -> str:
 
 # judging oracle modes (policy keys ``oracle`` / ``oracle_device``, set by ``matrix.run_entry``,
 # never by entries):
-# ``ordered`` = reference.attention (fixed order, fixtures), ``fast`` = reference.attention_fast
+# ``ordered`` = reference.attention.ordered (fixed order, fixtures), ``fast`` = reference.attention.fast
 # (unordered float64 GEMMs with a returned bound; the default on a CUDA device)
 ORDERED, FAST = "ordered", "fast"
 FAST_ORACLE_STAGES = ("decode", "prefill", "v41_sparse_decode", "v41_sparse_prefill")
@@ -569,7 +573,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     ``_expected_decode`` dequantises the decode caches there too, the rest of the preparation stays
     on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
     (max per output of ``|fast - ordered|``; 0 for the ordered oracle)."""
-    from dsv4_numerics.reference.attention import Segment, sparse_attention
+    from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 
     inp = case.inputs
     nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
@@ -580,9 +584,9 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     if _flag(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
     if _pol(policies, "oracle", ORDERED) == FAST:
-        from dsv4_numerics.reference.attention_fast import fast_sparse_attention
+        from dsv4_numerics.reference.attention.fast import fast_sparse_attention
 
-        from dsv4_numerics.reference.attention import OracleOut
+        from dsv4_numerics.reference.attention.ordered import OracleOut
 
         dev = torch.device(_pol(policies, "oracle_device", "cpu"))
         dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
@@ -613,7 +617,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
 def _e4m3_values(x: torch.Tensor) -> torch.Tensor:
     """Exact values of per-tensor (scale 1.0) RNE saturating E4M3FN codes of ``x`` (bf16 result;
     NaN stays NaN): the FP8 routes' ``q`` / KV with vLLM's ``q_scale = kv_scale = 1``."""
-    from dsv4_numerics.reference.fp8 import decode_e4m3fn, encode_e4m3fn
+    from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn, encode_e4m3fn
 
     codes = encode_e4m3fn(x, nonfinite=NonFinite.TORCH_SATURATING, clamp=448.0)
     return decode_e4m3fn(codes).to(torch.bfloat16)
@@ -622,7 +626,7 @@ def _e4m3_values(x: torch.Tensor) -> torch.Tensor:
 def _inv_roped(case: Case, policies: dict, out: dict) -> dict:
     """Outputs of a kernel that returns its attention output inverse-roped (ROCm decode epilogue,
     FlashInfer RopeQuant; attention 3.3, H15): rotate the oracle output (fp32, then float64)."""
-    from dsv4_numerics.reference.epilogue import inverse_rope_output
+    from dsv4_numerics.reference.attention.epilogue import inverse_rope_output
 
     inp = case.inputs
     cs = inp.get("cos_sin", inp.get("cos_sin_cache"))
@@ -641,7 +645,7 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
     dequantised 584-byte caches (SWA in the declared ``fp8`` flavour; compressed always OCP).
     ``device``: dequantise there (the reference gives the same bits on every device; a production
     cache dequantised on the GPU takes milliseconds instead of seconds); None: where the case is."""
-    from dsv4_numerics.reference.attention import Segment
+    from dsv4_numerics.reference.attention.ordered import Segment
     from dsv4_numerics.reference.policies import IndexRule
 
     inp = case.inputs
@@ -666,7 +670,7 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
 def prefill_segments(case: Case, policies: dict) -> list:
     """The one combined oracle segment of a ``prefill`` case (bf16 workspace rows); a case without
     ``topk_length`` is read per the ``missing_lengths`` policy (``MissingLengths``)."""
-    from dsv4_numerics.reference.attention import Segment
+    from dsv4_numerics.reference.attention.ordered import Segment
     from dsv4_numerics.reference.policies import IndexRule
 
     inp = case.inputs
@@ -696,7 +700,7 @@ def _judge_attention_stage(case: Case, expected: dict, got: dict, scope: JudgeSc
 
 
 def _expected_rope(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.rope import apply_rope
+    from dsv4_numerics.reference.pipeline.rope import apply_rope
 
     inp = case.inputs
     arith = _pol(policies, "rope_arith", RopeArithmetic.FMA.value)
@@ -725,7 +729,7 @@ def _judge_rope(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ver
 
 
 def _expected_inv_rope_fp8(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.epilogue import inv_rope_fp8_quant
+    from dsv4_numerics.reference.attention.epilogue import inv_rope_fp8_quant
 
     inp = case.inputs
     arith = _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
@@ -782,7 +786,7 @@ def _expected_compressor(case: Case, policies: dict) -> dict:
     ``compressor_args``), the ``cache`` after ``cache_model1.insert`` of the bf16 boundary rows of
     the firing tokens under the declared ``scale_rule`` / ``fp8`` (datapath 2.3: OCP on every
     platform), with the compressor tier's error bound ``_bound`` (``oracles.compressor_tier``)."""
-    from dsv4_numerics.reference.compressor import compressor_boundary
+    from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 
     from .compressor_tier import compressor_error_bound
 
@@ -847,8 +851,8 @@ def _judge_compressor(case: Case, expected: dict, got: dict, scope: JudgeScope) 
 
 
 def _expected_v32(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.attention import Segment, sparse_attention
-    from dsv4_numerics.reference.cache_v32 import dequantize_v32_cache
+    from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+    from dsv4_numerics.reference.caches.v32 import dequantize_v32_cache
     from dsv4_numerics.reference.policies import IndexRule, V32ScaleDecode
 
     inp = case.inputs
@@ -873,7 +877,7 @@ def _expected_v32(case: Case, policies: dict) -> dict:
 
 
 def _expected_dense_decode(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.mla_dense import dense_mla_decode
+    from dsv4_numerics.reference.attention.mla_dense import dense_mla_decode
 
     inp = case.inputs
     qs, ks = float(inp.get("q_scale", 1.0)), float(inp.get("kv_scale", 1.0))
@@ -882,8 +886,8 @@ def _expected_dense_decode(case: Case, policies: dict) -> dict:
     kvf = kv.to(torch.float64) * ks if kv.dtype != torch.bfloat16 else kv
     kw = dict(d_v=512, causal=bool(inp.get("causal", True)))
     ex = dense_mla_decode(q, kvf, inp["block_table"], inp["seq_lens"], inp["block_size"], inp["softmax_scale"], **kw)
-    from dsv4_numerics.reference.attention import Segment
-    from dsv4_numerics.reference.mla_dense import dense_kv_rows, dense_token_indices
+    from dsv4_numerics.reference.attention.ordered import Segment
+    from dsv4_numerics.reference.attention.mla_dense import dense_kv_rows, dense_token_indices
 
     b, s, h, _ = q.shape
     rows = dense_kv_rows(kvf, inp["block_size"])
@@ -898,7 +902,7 @@ def _expected_dense_decode(case: Case, policies: dict) -> dict:
 
 
 def _expected_dense_prefill(case: Case, policies: dict) -> dict:
-    from dsv4_numerics.reference.mla_dense import dense_mha_prefill
+    from dsv4_numerics.reference.attention.mla_dense import dense_mha_prefill
 
     inp = case.inputs
     cq, ck = inp["cu_seqlens_q"], inp["cu_seqlens_kv"]

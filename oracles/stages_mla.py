@@ -2,8 +2,8 @@
 
 The three MLA stage specs themselves (``v32_decode``, ``dense_mla_decode``, ``dense_mla_prefill``)
 are registered in ``oracles/stages.py`` (``_expected_v32``, ``_expected_dense_decode``,
-``_expected_dense_prefill`` + ``judge_attention``); they call ``reference.cache_v32`` and
-``reference.mla_dense``. This module adds what is specific to the MLA family:
+``_expected_dense_prefill`` + ``judge_attention``); they call ``reference.caches.v32`` and
+``reference.attention.mla_dense``. This module adds what is specific to the MLA family:
 
 * ``v32_policy_fit(case, got_out, policies)``: the distance of a kernel's V3.2 output to the
   oracle under every ``V32ScaleDecode`` consumer policy (bf16-kernel emulation), so a failing
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.attention import _logits
+from dsv4_numerics.reference.attention.ordered import _logits
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import check_tensor, fail
-from dsv4_numerics.reference.mla_dense import dense_kv_rows, dense_token_indices
+from dsv4_numerics.reference.attention.mla_dense import dense_kv_rows, dense_token_indices
 from dsv4_numerics.reference.policies import AttentionMode, V32ScaleDecode
 
 __all__ = ["v32_policy_fit", "fp8_logit_magnitude", "mla_tolerance_records", "MLA_TOLERANCES_PATH",

@@ -9,7 +9,7 @@
     ``Ue8m0Consumer``). Judged bit-exact over the gathered rows (``stages.judge_gather_rows``); a
     failure is explained by the other byte order (H13: the same bytes per token, misread) and
     the other UE8M0 consumers.
-    Case inputs (``reference/cases_v41.py``): ``cache`` uint8 ``[num_blocks, page_stride]`` written
+    Case inputs (``reference/cases/v41.py``): ``cache`` uint8 ``[num_blocks, page_stride]`` written
     by ``cache_v41.insert`` (the vLLM producer, interleaved) over stale garbage, ``record``,
     ``block_table`` int32 ``[R, max_blocks]``, ``seq_lens`` / ``gather_lens`` int32 ``[R]`` (or
     None), ``offset``, ``block_size``, ``num_blocks``, ``page_stride``, ``written_slots``.
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_numerics.reference import cache_v41
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import E2m1Zero, Ue8m0Consumer, V41Layout
 

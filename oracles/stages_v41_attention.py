@@ -4,7 +4,7 @@
 =====================  =====================================================================
 v41_sparse_decode      ``out`` ``[T, H, 512]`` bf16, optional ``lse`` / ``max_logits`` /
 v41_sparse_prefill     ``lse_with_sink`` ``[T, H]``: the decode / prefill conventions of
-                       ``oracles.stages`` over the V4.1 caches (``reference.attention_v41``)
+                       ``oracles.stages`` over the V4.1 caches (``reference.attention.v41``)
 v41_query_quant        ``q_codes`` uint8 ``[T, Q]`` (E4M3FN bytes), ``q_scales`` uint8
                        (F8_128x4 buffer), optional ``kv_normed`` bf16 ``[T, KV]``; bit-exact
 =====================  =====================================================================
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.attention import sparse_attention
-from dsv4_numerics.reference.attention_v41 import V41Paged, v41_segments
+from dsv4_numerics.reference.attention.ordered import sparse_attention
+from dsv4_numerics.reference.attention.v41 import V41Paged, v41_segments
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import V41_MXFP8_GROUP
 from dsv4_numerics.reference.policies import IndexRule, NanPolicy, Ue8m0Consumer, V41Layout, V41Record
-from dsv4_numerics.reference.query_quant import f8_128x4_offsets, fused_q_kv_rmsnorm_quant
+from dsv4_numerics.reference.pipeline.query_quant import f8_128x4_offsets, fused_q_kv_rmsnorm_quant
 
 from . import bytes_diff as bd
 from . import stages as st
@@ -202,7 +202,7 @@ _V41_ATTN_DEFAULTS = dict(st._ATTN_DEFAULTS, v41_layout=V41Layout.INTERLEAVED.va
 st.register(st.StageSpec("v41_sparse_decode", "numeric", st._ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
                          _expected_v41_decode, _judge_v41_attention,
                          "DeepSeek-V4.1 sparse decode: one softmax over the MXFP8 SWA + MXFP8/NVFP4 compressed "
-                         "caches, sink (reference.attention_v41; datapath 1.6, H13)"))
+                         "caches, sink (reference.attention.v41; datapath 1.6, H13)"))
 st.register(st.StageSpec("v41_sparse_prefill", "numeric", st._ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
                          _expected_v41_prefill, _judge_v41_attention,
                          "DeepSeek-V4.1 sparse prefill over the workspace gathered from the V4.1 caches "
@@ -210,4 +210,4 @@ st.register(st.StageSpec("v41_sparse_prefill", "numeric", st._ATTN_OUTPUTS, dict
 st.register(st.StageSpec("v41_query_quant", "bytes", ("q_codes", "q_scales", "kv_normed"), {},
                          _expected_query_quant, _judge_query_quant,
                          "DeepSeek-V4.1 query quantiser: RMS-normalised q as MXFP8 (UE8M0 ceil, zero inverse "
-                         "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.query_quant)"))
+                         "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.pipeline.query_quant)"))

@@ -173,7 +173,7 @@ class RopeArithmetic(_StrEnum):
 
     FMA = "fma"
     SEPARATE = "separate"
-    # Appended by the attention work (reference/rope.py documents the exact formulas):
+    # Appended by the attention work (reference/pipeline/rope.py documents the exact formulas):
     # the Triton contraction, where the *first* product written in each expression is fused
     # (compressor forward ``odd*cos + even*sin`` -> ``fma(o, cos, fl32(e*sin))``;
     # fused_inv_rope_fp8_quant ``x*cos +- x'*sin`` -> ``fma(x, cos, +-fl32(x'*sin))``).
@@ -324,7 +324,7 @@ class CombineInvalidTopk(_StrEnum):
 
     SHIFTED_BY_BASE: no check, the entry gets the request's workspace base added, so a ``-1`` of
         request ``r`` becomes ``M*r - 1``, the last row of request ``r-1`` (vLLM 0.33.0's common
-        ``combine_topk_swa_indices``, hazard H10; ``reference.indices_prefill``).
+        ``combine_topk_swa_indices``, hazard H10; ``reference.indices.prefill``).
     KEPT_MINUS1: every negative entry becomes ``-1`` (a hole the prefill attention skips) and is
         still counted by the row length; entries ``>= 0`` get the base added without an upper
         bound check -- SGLang 0.5.23 ``_combine_topk_swa_indices_kernel``
@@ -343,7 +343,7 @@ class CombineInvalidTopk(_StrEnum):
 class E2m1Zero(_StrEnum):
     """How a V4.1 NVFP4 reader decodes E2M1 code ``0x8`` (sign bit set, magnitude 0).
 
-    SIGNED: ``-0.0``, the format's value (``reference.fp4.decode_e2m1``).
+    SIGNED: ``-0.0``, the format's value (``reference.formats.fp4.decode_e2m1``).
     POSITIVE: ``+0.0``: the reader forms ``where(code >= 8, -mag, mag)`` and Triton lowers the
         float negation ``-mag`` to ``0 - mag`` (``triton.language.semantic.minus``), so ``-0.0``
         never appears -- vLLM 0.33.0's ``_dequantize_and_gather_k_nvfp4_kernel``

@@ -20,12 +20,15 @@ import torch
 
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import expected_outputs
-from dsv4_numerics.reference import cache_model1, cache_v41, fp4, query_quant
-from dsv4_numerics.reference.attention import Segment, sparse_attention
+from dsv4_numerics.reference.caches import model1 as cache_model1
+from dsv4_numerics.reference.caches import v41 as cache_v41
+from dsv4_numerics.reference.formats import fp4
+from dsv4_numerics.reference.pipeline import query_quant
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import DATA_ROW_BYTES, E4M3_MAX, NOPE_DIM, RECORD_BYTES, SCALE_FLOOR_F32, TILE
-from dsv4_numerics.reference.fp8 import decode_fp8, decode_ue8m0, encode_fp8, pow2_f64
-from dsv4_numerics.reference.gather_plan import gather_plan
+from dsv4_numerics.reference.formats.fp8 import decode_fp8, decode_ue8m0, encode_fp8, pow2_f64
+from dsv4_numerics.reference.caches.gather_plan import gather_plan
 from dsv4_numerics.reference.policies import Fp8Flavour, IndexRule, RopeArithmetic, ScaleRule
 
 
@@ -42,7 +45,7 @@ class MutantEntry:
     source: str = "tests/mutants.py"
     archs: tuple[str, ...] = ("cpu",)
     dtypes: tuple[str, ...] = ("bfloat16",)
-    dimension: str = ""  # the case-sweep dimension that alone catches it (reference/cases_attention_sweep.py)
+    dimension: str = ""  # the case-sweep dimension that alone catches it (reference/cases/attention_sweep.py)
 
     @property
     def tolerance_scope(self) -> str:
@@ -83,14 +86,14 @@ def reference_entry(stage: str, policies: dict | None = None, bf16_p: bool = Fal
 def fp32_compressor_entry() -> MutantEntry:
     """The fp32 producer model the compressor tolerance was derived from (positive control)."""
     from dsv4_numerics.oracles.derive import compressor_fp32
-    from dsv4_numerics.reference.compressor import state_windows
+    from dsv4_numerics.reference.pipeline.compressor import state_windows
 
     def call(case: Case) -> dict:
         inp = case.inputs
         kv, score, valid = state_windows(inp["state"], inp["positions"], inp["ratio"])
         return {"normed": compressor_fp32(kv, score, valid, inp["norm_weight"], inp["eps"])}
 
-    return MutantEntry("reference.compressor.fp32_model", "compressor", "none (positive control)", call,
+    return MutantEntry("reference.pipeline.compressor.fp32_model", "compressor", "none (positive control)", call,
                        family="reference")
 
 
@@ -191,7 +194,7 @@ def _gather_as(flavour: str):
 
 
 def _index(case: Case, **override: Any) -> dict:
-    from dsv4_numerics.reference.cases_index import INDEX_BUILDERS
+    from dsv4_numerics.reference.cases.index import INDEX_BUILDERS
 
     fn, names = INDEX_BUILDERS[override.pop("_builder", case.params["builder"])]
     res = fn(**{**case.inputs, **override})
@@ -423,7 +426,7 @@ def _dense(case: Case, *, zero_invalid: bool = True, sum_bf16: bool = False) -> 
     ``zero_invalid=False``: invalid slots are masked in the logits but their (clamped) rows are
     not zeroed, so NaN in unreferenced rows leaks through ``0 * NaN`` (attention 2.7; FlashMLA
     zero-fills them for this reason); ``sum_bf16``: the softmax row sum is accumulated in bf16."""
-    from dsv4_numerics.reference.attention import segment_validity
+    from dsv4_numerics.reference.attention.ordered import segment_validity
 
     inp = case.inputs
     segs = _segs(case)
@@ -510,7 +513,7 @@ def _topk_tail_dropped(case: Case) -> dict:
 def _empty_main_row_skipped(case: Case) -> dict:
     """A token whose main segment has no valid entry exits early as a lonely query (out 0, LSE
     -inf), never reading its extra segment (an early return on the main ``topk_length``)."""
-    from dsv4_numerics.reference.attention import segment_validity
+    from dsv4_numerics.reference.attention.ordered import segment_validity
 
     segs = _segs(case)
     if len(segs) == 1:
@@ -546,7 +549,7 @@ def _softmax_without_max(case: Case) -> dict:
 
 def _rope_separate(case: Case) -> dict:
     """Separate fp32 multiplies instead of the FMA-contracted RoPE (datapath 2.1 step 3, H6)."""
-    from dsv4_numerics.reference.rope import apply_rope
+    from dsv4_numerics.reference.pipeline.rope import apply_rope
 
     inp = case.inputs
     return {"out": apply_rope(inp["x"], inp["positions"], inp["cos_sin"], bool(inp.get("inverse", False)),
@@ -554,7 +557,7 @@ def _rope_separate(case: Case) -> dict:
 
 
 def _epilogue(case: Case, skip_inverse_rope: bool = False, token_major: bool = False) -> dict:
-    from dsv4_numerics.reference.epilogue import inv_rope_fp8_quant
+    from dsv4_numerics.reference.attention.epilogue import inv_rope_fp8_quant
 
     inp = case.inputs
     pos = inp["positions"]
@@ -570,7 +573,7 @@ def _epilogue(case: Case, skip_inverse_rope: bool = False, token_major: bool = F
 def _compressor_masked_rows_scored(case: Case) -> dict:
     """Window rows before position 0 kept with score 0 (kv 0) instead of score -inf: they still
     take softmax weight (datapath 5.1 step 3 masks them)."""
-    from dsv4_numerics.reference.compressor import compress_windows, state_windows
+    from dsv4_numerics.reference.pipeline.compressor import compress_windows, state_windows
 
     inp = case.inputs
     kv, score, valid = state_windows(inp["state"], inp["positions"], inp["ratio"])
@@ -582,7 +585,7 @@ def _compressor_masked_rows_scored(case: Case) -> dict:
 def _compressor_bf16_normed(case: Case) -> dict:
     """``normed`` rounded to bf16 before it leaves the compressor (the RoPE lanes must see the
     unrounded fp32 values, H9)."""
-    from dsv4_numerics.reference.compressor import compressor_boundary
+    from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 
     inp = case.inputs
     b = compressor_boundary(inp["state"], inp["positions"], inp["ratio"], inp["norm_weight"], inp["eps"], inp["cos_sin"])
@@ -749,7 +752,7 @@ def _exp0_as_normal(case: Case) -> dict:
 
 def _query_quant(case: Case, *, exponent_rne: bool = False, zero_inverse_kept: bool = False,
                  row_major_scales: bool = False) -> dict:
-    """The V4.1 query quantiser with one wrong step (``reference.query_quant`` otherwise)."""
+    """The V4.1 query quantiser with one wrong step (``reference.pipeline.query_quant`` otherwise)."""
     inp = case.inputs
     ref = query_quant.fused_q_kv_rmsnorm_quant(inp["qr"], inp["kv"], inp["q_weight"], inp["kv_weight"], inp["eps"])
     if row_major_scales:

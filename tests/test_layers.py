@@ -85,7 +85,7 @@ def test_oracles_and_kernels_are_independent_of_each_other():
 
 def test_importing_the_reference_stays_light():
     code = (
-        "import sys, dsv4_numerics.reference.attention, dsv4_numerics.reference.cache_model1\n"
+        "import sys, dsv4_numerics.reference.attention.ordered, dsv4_numerics.reference.caches.model1\n"
         "heavy = sorted(m for m in sys.modules if m.startswith('dsv4_numerics.') and\n"
         "               not m.startswith('dsv4_numerics.reference'))\n"
         "print(','.join(heavy))\n"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dsv4_numerics as dn
-from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference.attention import (
+from dsv4_numerics.reference.attention.ordered import (
     Segment,
     auto_chunk_tokens,
     bf16_p_error_bound,

@@ -1,4 +1,4 @@
-"""The fast judging oracle (``reference.attention_fast``): within its returned bound of the ordered
+"""The fast judging oracle (``reference.attention.fast``): within its returned bound of the ordered
 oracle on every default and held-out case and under hypothesis (extreme magnitudes, +-inf sinks,
 lonely rows, NaN-poisoned unused rows, NaN/Inf in valid rows), and the matrix gives the same
 verdict under both oracle modes (reference entries, mutants, kernel-recorded fixture replays)."""
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.attention_fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite, exact_bits,
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite, exact_bits,
                                                     fast_sparse_attention, norm_factor, peak_bytes_estimate_fast)
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
+from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import IndexRule, NanPolicy
 

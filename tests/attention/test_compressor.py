@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference.cache_model1 import decode_records, empty_cache, read_records
-from dsv4_numerics.reference.compressor import (
+from dsv4_numerics.reference.caches.model1 import decode_records, empty_cache, read_records
+from dsv4_numerics.reference.pipeline.compressor import (
     build_state,
     compress_and_insert,
     compress_windows,
@@ -20,8 +20,8 @@ from dsv4_numerics.reference.compressor import (
 )
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import RopeArithmetic, ScaleRule
-from dsv4_numerics.reference.quant import dequantize_tiles, quantize_tiles
-from dsv4_numerics.reference.rope import apply_rope, cos_sin_cache
+from dsv4_numerics.reference.formats.quant import dequantize_tiles, quantize_tiles
+from dsv4_numerics.reference.pipeline.rope import apply_rope, cos_sin_cache
 
 ONES = torch.ones(512, dtype=torch.bfloat16)
 

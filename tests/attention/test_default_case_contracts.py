@@ -39,7 +39,7 @@ def test_decode_stale_past_len_case():
         rows = s.rows.index_select(0, s.idx[past].to(torch.int64))
         assert bool(torch.isfinite(rows).all())
     # validity = column < length: ignoring the lengths changes the output
-    from dsv4_numerics.reference.attention import Segment, sparse_attention
+    from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 
     ref = sparse_attention(inp["q"], segs, inp["scale"], inp["sink"])
     bad = sparse_attention(inp["q"], [Segment(s.rows, s.idx, None, s.rule) for s in segs], inp["scale"], inp["sink"])
@@ -59,7 +59,7 @@ def test_prefill_stale_past_len_case():
 @pytest.mark.parametrize("name", ["h128-c4a-top512-bs64-permuted", "h128-swa-bs256", "h64-c4a-stale-past-len"])
 def test_decode_cases_carry_rope_table_for_inverse_roped_outputs(name):
     from dsv4_numerics.kernels import rocm_triton as RT
-    from dsv4_numerics.reference.epilogue import inverse_rope_output
+    from dsv4_numerics.reference.attention.epilogue import inverse_rope_output
 
     c = _cases("decode")[name]
     cs, pos = c.inputs["cos_sin"], c.inputs["positions"]
@@ -87,7 +87,7 @@ def test_rope_quant_contract_swa_len_matches_position():
 
 def test_compressor_cases_carry_the_production_contract():
     from dsv4_numerics.kernels.vllm_triton import compressor_args
-    from dsv4_numerics.reference.compressor import state_windows
+    from dsv4_numerics.reference.pipeline.compressor import state_windows
 
     for c in _cases("compressor").values():
         inp = c.inputs
@@ -154,7 +154,7 @@ def test_compressor_tier_is_the_fuzz_tests_tier(monkeypatch):
     import tests.kernels.test_fuzz_writers as fw
     from dsv4_numerics.oracles import compressor_tier as ct
     from dsv4_numerics.oracles.compressor_tier import compressor_error_bound
-    from dsv4_numerics.reference.compressor import compressor_boundary
+    from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
     from tests.kernels.test_fuzz_writers import C4_PROD, compressor_expected
 
     assert fw.compressor_error_bound is ct.compressor_error_bound

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference.epilogue import (
+from dsv4_numerics.reference.attention.epilogue import (
     inv_rope_fp8_quant,
     inverse_rope_output,
     pack_scales_sm90,
@@ -16,7 +16,7 @@ from dsv4_numerics.reference.epilogue import (
 )
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.rope import apply_rope, cos_sin_cache
+from dsv4_numerics.reference.pipeline.rope import apply_rope, cos_sin_cache
 
 IDENT = cos_sin_cache(1)  # row 0: cos = 1, sin = 0 exactly
 
@@ -99,8 +99,8 @@ def test_log2f_exponent_known_divergence():
     # = -10 + 1.72e-7, and fp32 values near -10 are 2^-20 apart, so fl32(log2 r) = -10 and
     # e = -10. Codes of a: log2f: a * 2^10 = 448.00003 -> clamp 448 -> 0x7E;
     # exact: a * 2^9 = 224.000015 -> RNE 224 = 1.75 * 2^7 -> 0b0_1110_110 = 0x76.
-    from dsv4_numerics.reference.epilogue import quantize_groups_log2f
-    from dsv4_numerics.reference.quant import quantize_groups_ue8m0
+    from dsv4_numerics.reference.attention.epilogue import quantize_groups_log2f
+    from dsv4_numerics.reference.formats.quant import quantize_groups_ue8m0
 
     x = torch.zeros(1, 128)
     x[0, 0] = 0.4375 + 2.0**-25

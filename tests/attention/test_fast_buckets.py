@@ -1,4 +1,4 @@
-"""Shape buckets of the fast oracle (``reference.fast_buckets``): the padding is invalid by every
+"""Shape buckets of the fast oracle (``reference.attention.fast_buckets``): the padding is invalid by every
 convention, so the ordered oracle of a padded call equals the original call's bit for bit, the
 bucketed fast result stays within its (padded call's) bound of the ordered oracle on every default
 case, validation errors are those of the original arguments, and on CUDA two shapes
@@ -11,12 +11,12 @@ import functools
 import pytest
 import torch
 
-from dsv4_numerics.reference import fast_graphs
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_attention
+from dsv4_numerics.reference.attention import fast_graphs
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_attention
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fast_buckets import bucket, pad_call, padded_shapes
+from dsv4_numerics.reference.attention.fast_buckets import bucket, pad_call, padded_shapes
 from dsv4_numerics.reference.policies import IndexRule
 
 from .test_attention_fast import _all_cases, _segments, assert_matches_ordered, segments_on

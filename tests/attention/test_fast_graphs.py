@@ -1,4 +1,4 @@
-"""CUDA-graph replay of the fast oracle (``reference.fast_graphs``): a replayed call is within the
+"""CUDA-graph replay of the fast oracle (``reference.attention.fast_graphs``): a replayed call is within the
 bound of the ordered oracle like an eager one, returns tensors that no later call changes,
 raises the same deferred validation errors, and still recomputes the rows that need ordered
 logits; the default captures a signature on its second call only. GPU tests skip on a machine
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from dsv4_numerics.reference import fast_graphs
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.attention_fast import BOUND_OUTPUTS, fast_sparse_attention
+from dsv4_numerics.reference.attention import fast_graphs
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_attention
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import IndexRule
 

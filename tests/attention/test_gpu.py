@@ -1,5 +1,5 @@
 """CPU vs GPU bit-identity of the attention-area reference (the determinism claim of
-``reference/attention.py``, ``detmath.py``, ``rope.py``, ``epilogue.py``). GPU only."""
+``reference/attention/ordered.py``, ``detmath.py``, ``rope.py``, ``epilogue.py``). GPU only."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from dsv4_numerics.reference.attention import Segment, bf16_p_error_bound, sparse_attention
+from dsv4_numerics.reference.attention.ordered import Segment, bf16_p_error_bound, sparse_attention
 from dsv4_numerics.reference.detmath import det_exp, det_log
-from dsv4_numerics.reference.epilogue import inv_rope_fp8_quant
+from dsv4_numerics.reference.attention.epilogue import inv_rope_fp8_quant
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.rope import YarnConfig, apply_rope, cos_sin_cache
+from dsv4_numerics.reference.pipeline.rope import YarnConfig, apply_rope, cos_sin_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -84,8 +84,8 @@ def test_triton_epilogue_exponent_model():
     triton = pytest.importorskip("triton")
     import triton.language as tl
 
-    from dsv4_numerics.reference.epilogue import quantize_groups_log2f
-    from dsv4_numerics.reference.quant import quantize_groups_ue8m0
+    from dsv4_numerics.reference.attention.epilogue import quantize_groups_log2f
+    from dsv4_numerics.reference.formats.quant import quantize_groups_ue8m0
 
     @triton.jit
     def _quant(x_ptr, code_ptr, scale_ptr, G: tl.constexpr):

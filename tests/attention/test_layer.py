@@ -7,11 +7,11 @@ import functools
 import pytest
 import torch
 
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.cache_model1 import decode_records, encode_records
-from dsv4_numerics.reference.epilogue import inv_rope_fp8_quant
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.caches.model1 import decode_records, encode_records
+from dsv4_numerics.reference.attention.epilogue import inv_rope_fp8_quant
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.layer import (
+from dsv4_numerics.reference.pipeline.layer import (
     BatchLayout,
     LayerSpec,
     attend,
@@ -23,7 +23,7 @@ from dsv4_numerics.reference.layer import (
     write_tokens,
 )
 from dsv4_numerics.reference.policies import ScaleRule
-from dsv4_numerics.reference.rope import apply_rope
+from dsv4_numerics.reference.pipeline.rope import apply_rope
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,7 +148,7 @@ def test_layer_validation():
 
 # --------------------------------------------------------------------------- default cases
 def _decode_segments(inp):
-    from dsv4_numerics.reference.cache_model1 import dequantize_all
+    from dsv4_numerics.reference.caches.model1 import dequantize_all
 
     segs = [Segment(dequantize_all(inp["swa_cache"], inp["swa_block_size"]), inp["swa_indices"], inp["swa_lens"],
                     "minus1_only")]

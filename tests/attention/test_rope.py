@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.rope import (
+from dsv4_numerics.reference.pipeline.rope import (
     YarnConfig,
     apply_rope,
     cos_sin_cache,
@@ -341,7 +341,7 @@ def test_triton_contraction_matches():
     _inv[(2 * n // 1024,)](x, c.to(dev), s.to(dev), out, 2 * n, BLOCK=1024)
     out = out.cpu()
     outs.append((out[0::2], out[1::2]))
-    from dsv4_numerics.reference.rope import rope_pairs
+    from dsv4_numerics.reference.pipeline.rope import rope_pairs
 
     d = lambda t: t.double()  # noqa: E731
     for inverse, (ge, go) in zip((False, True), outs):

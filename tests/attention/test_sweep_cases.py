@@ -1,4 +1,4 @@
-"""The sweep cases of ``decode`` / ``prefill`` (``reference/cases_attention_sweep.py``, issue 23):
+"""The sweep cases of ``decode`` / ``prefill`` (``reference/cases/attention_sweep.py``, issue 23):
 their row kinds mean what their params say, magnitudes land on the scale bytes they claim, the
 full set spans every dimension it names (checked on its specs, without building 59 GPU-sized
 cases), and the judge stays right on drawn cases (``dsv4_numerics.strategies_attention``): the
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
-from dsv4_numerics.reference import cache_model1
-from dsv4_numerics.reference import cases_attention_sweep as sw
-from dsv4_numerics.reference.attention import segment_validity
+from dsv4_numerics.reference.caches import model1 as cache_model1
+from dsv4_numerics.reference.cases import attention_sweep as sw
+from dsv4_numerics.reference.attention.ordered import segment_validity
 from dsv4_numerics.reference.cases import CASE_SIZES, default_cases, has_full_cases, stage_cases
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.constants import (

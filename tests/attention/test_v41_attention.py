@@ -1,4 +1,4 @@
-"""The DeepSeek-V4.1 attention oracle (``reference.attention_v41``) and its stages: the decoded rows
+"""The DeepSeek-V4.1 attention oracle (``reference.attention.v41``) and its stages: the decoded rows
 are exact, the fast oracle stays within its proven bound on V4.1 caches, the cross-producer
 byte-order check fails by name, and drawn cases (mixed MXFP8 + NVFP4, E2M1 ties) pass."""
 
@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.stages_v41_attention import v41_decode_segments
-from dsv4_numerics.reference import cache_v41
-from dsv4_numerics.reference.attention import sparse_attention
-from dsv4_numerics.reference.attention_v41 import V41Paged, v41_segments
+from dsv4_numerics.reference.caches import v41 as cache_v41
+from dsv4_numerics.reference.attention.ordered import sparse_attention
+from dsv4_numerics.reference.attention.v41 import V41Paged, v41_segments
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.cases_v41_attention import v41_decode_case
+from dsv4_numerics.reference.cases.v41_attention import v41_decode_case
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp4 import decode_e2m1
-from dsv4_numerics.reference.fp8 import decode_e4m3fn, decode_fp8, decode_ue8m0
+from dsv4_numerics.reference.formats.fp4 import decode_e2m1
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn, decode_fp8, decode_ue8m0
 from dsv4_numerics.reference.policies import Fp8Flavour, V41Record
 from dsv4_numerics.strategies_v41 import v41_decode_cases
 

@@ -9,7 +9,8 @@ import torch
 from dsv4_numerics.cli import main
 from dsv4_numerics.inspect_layout import detect_layout
 from dsv4_numerics.oracles.bytes_diff_v41 import diff_v41
-from dsv4_numerics.reference import cache_model1, cache_v41
+from dsv4_numerics.reference.caches import model1 as cache_model1
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import V41Layout, V41Record
 

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.cache_model1 import dequantize_all, gather
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.caches.model1 import dequantize_all, gather
 from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer
 
 CALLS: list[dict] = []

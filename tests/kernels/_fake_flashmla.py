@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.cache_model1 import dequantize_all
-from dsv4_numerics.reference.cache_v41 import dequantize_all as dequantize_v41
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.caches.model1 import dequantize_all
+from dsv4_numerics.reference.caches.v41 import dequantize_all as dequantize_v41
 from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer, V41Layout, V41Record
 
 CALLS: list[dict] = []

@@ -5,10 +5,10 @@ It enforces the host checks of ``SG:kernels/jit/csrc/deepseek_v4/store.cuh`` (``
 input ``[N, 512]`` bf16, cache 2-D with strides ``(kv_page_bytes, 1)`` exactly, indices ``[N]``;
 a power-of-two page size; the kernel has no slot skip, so a negative index is an error here
 instead of an out-of-bounds write) and re-derives the V4 tile arithmetic from the CUDA source in
-float32 tensor ops, independently of ``reference.quant``: ``fmaxf`` amax, ``fmaxf(1e-4f, amax) /
+float32 tensor ops, independently of ``reference.formats.quant``: ``fmaxf`` amax, ``fmaxf(1e-4f, amax) /
 448``, ``cast_to_ue8m0`` and ``inv_scale_ue8m0`` on the bits, ``fmaxf(fminf(v, 448), -448)``, then
 the E4M3 conversion (torch's cast, which is RNE for the clamped finite values). The V4.1 MXFP8
-exponent is the bit formula of ``kv_layout.cuh:163-168``; NVFP4 codes come from ``reference.fp4``
+exponent is the bit formula of ``kv_layout.cuh:163-168``; NVFP4 codes come from ``reference.formats.fp4``
 (plumbing only). The RoPE op rotates in float32 with the left product fused.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_numerics.reference import fp4
-from dsv4_numerics.reference.rope import fma_f32
+from dsv4_numerics.reference.formats import fp4
+from dsv4_numerics.reference.pipeline.rope import fma_f32
 
 CALLS: list[dict] = []
 PAGE_ALIGN = {"v4": 576, "v41": 512, "v41_fp4": 256, "v41_new": 528, "v41_fp4_new": 288}
@@ -133,7 +133,7 @@ def dpsk_v4_fp8_attention_fwd(q, k_cache, block_table, cache_seqlens, head_dim_v
     pages, top-k a multiple of block_I = 32, no schedule) over FlashMLA's stand-in, with the NoPE
     codes read by exponent arithmetic (every exponent-0 code as a normal)."""
     import tests.kernels._fake_flashmla as FM
-    from dsv4_numerics.reference.cache_model1 import dequantize_all
+    from dsv4_numerics.reference.caches.model1 import dequantize_all
     from dsv4_numerics.reference.policies import Fp8Decode, Ue8m0Consumer
 
     assert tile_scheduler_metadata is None and num_splits is None

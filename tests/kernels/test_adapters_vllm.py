@@ -21,7 +21,7 @@ from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.rope import apply_rope
+from dsv4_numerics.reference.pipeline.rope import apply_rope
 
 P64 = 37440  # round_up(64*584, 576) = 65*576 (datapath 1.2)
 
@@ -492,7 +492,15 @@ def _fake_modules(monkeypatch):
     import sys
     import types
 
-    from dsv4_numerics.reference import cache_model1, indices_flashinfer, indices_prefill, indices_rocm, indices_slots
+    from dsv4_numerics.reference.caches import model1 as cache_model1
+
+    from dsv4_numerics.reference.indices import flashinfer as indices_flashinfer
+
+    from dsv4_numerics.reference.indices import prefill as indices_prefill
+
+    from dsv4_numerics.reference.indices import rocm as indices_rocm
+
+    from dsv4_numerics.reference.indices import slots as indices_slots
 
     cu = types.ModuleType(VT.CACHE_UTILS)
 
@@ -598,8 +606,8 @@ def _fake_compressor(monkeypatch):
     import sys
     import types
 
-    from dsv4_numerics.reference.cache_model1 import insert
-    from dsv4_numerics.reference.compressor import compressor_boundary
+    from dsv4_numerics.reference.caches.model1 import insert
+    from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 
     def compress_norm_rope_store_triton(state_cache, num_actual, token_to_req_indices, positions, slot_mapping,
                                         block_table, block_size, state_width, cos_sin_cache, kv_cache,

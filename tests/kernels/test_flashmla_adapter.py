@@ -15,10 +15,10 @@ import torch
 
 import tests.kernels._fake_flashmla as FAKE
 from dsv4_numerics.kernels import flashmla
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.cache_model1 import dequantize_all
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.caches.model1 import dequantize_all
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.cases_attention import decode_case
+from dsv4_numerics.reference.cases.attention import decode_case
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer
 

@@ -3,7 +3,7 @@
 For each decode / prefill entry of FlashMLA (``flashmla.sparse_decode.sm90``,
 ``flashmla.sparse_prefill.sm90``), of the ROCm Triton kernels (``rocm_triton.sparse_decode*``,
 ``rocm_triton.sparse_prefill*``) and of SGLang's Triton decode (``sglang.triton_sparse_decode``), draw a production-shaped case with the default case builders
-(``reference.cases_attention.decode_case`` / ``prefill_case``): batch up to 128, 64 or 128 heads,
+(``reference.cases.attention.decode_case`` / ``prefill_case``): batch up to 128, 64 or 128 heads,
 SWA window 128 with pages of 64 or 256 entries, C4A top-k 512/1024/2048, C128A on 2- or
 64-entry compressed pages, lonely (padding) rows, stale-valid columns past the lengths, sinks
 +-inf (the builders set heads 1 and 2), and q scaled by a drawn power of two (extreme
@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsv4_numerics.kernels import registry
-from dsv4_numerics.reference.cases_attention import decode_case, prefill_case
+from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
 
 _CI_EXAMPLES = 3  # per entry under the ci profile: each example is a production-size case
 _MAX_ENV = "DSV4_FUZZ_MAX_EXAMPLES"  # caps the examples per entry under any profile

@@ -3,7 +3,7 @@
 
 Each entry (``kernels/vllm_triton.py``, ``kernels/rocm_triton.py``) runs drawn inputs through
 its canonical ``call`` and is judged EXACTLY by the same ``oracles.stages`` judge as the kernel
-matrix (``reference.cases_index.run_index_case`` of the case's builder, ``bytes_diff.diff_index``).
+matrix (``reference.cases.index.run_index_case`` of the case's builder, ``bytes_diff.diff_index``).
 Inputs come from ``dsv4_numerics.strategies_index`` (batches with permuted block tables, top-k rows with
 interior ``-1``) plus other negative values, non-zero ``query_start_loc`` bases and windows other
 than 128.
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.cases_index import INDEX_BUILDERS
+from dsv4_numerics.reference.cases.index import INDEX_BUILDERS
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.strategies_index import batches, topk_rows
 

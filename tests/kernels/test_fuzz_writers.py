@@ -2,7 +2,7 @@
 (issue 6 section 3; datapath 2.0-2.2, 2.8, hazards H1, H3, H5, H16, H17).
 
 Each writer entry (``kernels/vllm_cuda.py``, ``kernels/vllm_triton.py``) is called through its
-canonical ``call`` on drawn inputs and compared BIT-EXACTLY with ``reference.cache_model1.insert``
+canonical ``call`` on drawn inputs and compared BIT-EXACTLY with ``reference.caches.model1.insert``
 under the entry's declared policies (``scale_rule``, ``fp8``, ``nonfinite``, ``slot_skip``,
 ``fp8_clamp``; ``writer_rope = identity`` adds the identity-table RoPE the CUDA op applies, see
 ``kernels/vllm_cuda.py``) -- the expectation of ``oracles.stages`` (``swa_write``), the one the
@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages
 from dsv4_numerics.oracles.compressor_tier import compressor_error_bound, judge_compressed_records
-from dsv4_numerics.reference.cache_model1 import defined_byte_mask, insert, page_bytes, read_records
+from dsv4_numerics.reference.caches.model1 import defined_byte_mask, insert, page_bytes, read_records
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE, TINY_TILE_AMAX
 from dsv4_numerics.reference.errors import UnsupportedCase
@@ -275,9 +275,9 @@ class CompressorSpec:
     padding: tuple[int, ...] = ()
 
     def build(self) -> tuple[dict, list[torch.Tensor]]:
-        from dsv4_numerics.reference.compressor import build_state
+        from dsv4_numerics.reference.pipeline.compressor import build_state
         from dsv4_numerics.reference.constants import production_page_stride
-        from dsv4_numerics.reference.rope import cos_sin_cache
+        from dsv4_numerics.reference.pipeline.rope import cos_sin_cache
 
         g = torch.Generator().manual_seed(self.seed)
         coff = 2 if self.ratio == 4 else 1
@@ -345,7 +345,7 @@ def compressor_expected(spec: CompressorSpec, rope_arith: str = "fma_triton", sc
     compressor's rule, datapath 2.3; the CuTe compressor: ``"separate"``, ``"scale_clamp"``); ``A``
     is the rounding-error model ``oracles.compressor_tier.compressor_error_bound``, in the order of
     the written slots."""
-    from dsv4_numerics.reference.compressor import compressor_boundary
+    from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 
     inp, dense = spec.build()
     pos, slots, cs = inp["positions"], inp["slot_mapping"], inp["compressed_slot_mapping"]

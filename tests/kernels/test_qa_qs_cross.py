@@ -33,9 +33,9 @@ import torch
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles.bytes_diff import diff_model1
-from dsv4_numerics.reference.cache_model1 import insert
+from dsv4_numerics.reference.caches.model1 import insert
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.compressor import compressor_boundary
+from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, RECORD_BYTES, TILE, TINY_TILE_AMAX
 
 from .test_fuzz_writers import CompressorSpec

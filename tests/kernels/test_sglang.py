@@ -26,13 +26,13 @@ from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels import sglang as S
 from dsv4_numerics.oracles import stages
 from dsv4_numerics.oracles.matrix import run_entry
-from dsv4_numerics.reference import cache_model1 as cm
-from dsv4_numerics.reference import cache_v41 as v41
+from dsv4_numerics.reference.caches import model1 as cm
+from dsv4_numerics.reference.caches import v41
 from dsv4_numerics.reference.cases import Case, default_cases
-from dsv4_numerics.reference.cases_index import _combine_c4_inputs, _sglang_combine_inputs
+from dsv4_numerics.reference.cases.index import _combine_c4_inputs, _sglang_combine_inputs
 from dsv4_numerics.reference.constants import production_page_stride
-from dsv4_numerics.reference.indices_prefill import combine_topk_swa_indices
-from dsv4_numerics.reference.indices_sglang import combine_topk_swa_indices_sglang
+from dsv4_numerics.reference.indices.prefill import combine_topk_swa_indices
+from dsv4_numerics.reference.indices.sglang import combine_topk_swa_indices_sglang
 from dsv4_numerics.reference.policies import CombineInvalidTopk, ScaleRule, Ue8m0Consumer, V41Layout, V41Record
 from dsv4_numerics.strategies_index import batches
 
@@ -193,7 +193,7 @@ def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):
 
     def combine(**kw):
         seen.update(kw)
-        from dsv4_numerics.reference.indices_sglang import combine_topk_swa_indices_sglang as ref
+        from dsv4_numerics.reference.indices.sglang import combine_topk_swa_indices_sglang as ref
         return ref(**kw)
 
     entry = _with_production(monkeypatch, "sglang.combine_topk_swa_indices", combine)

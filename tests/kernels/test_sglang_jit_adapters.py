@@ -19,7 +19,7 @@ import tests.kernels._fake_sglang_jit as FAKE
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import registry, sglang_jit
 from dsv4_numerics.oracles import matrix
-from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import UnsupportedCase
 

@@ -17,7 +17,7 @@ from dsv4_numerics.kernels import flashmla, registry
 from dsv4_numerics.kernels import v41_attention as V
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as st
-from dsv4_numerics.reference import cache_v41
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import V41Layout, V41Record

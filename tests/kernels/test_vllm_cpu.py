@@ -19,7 +19,7 @@ from dsv4_numerics.kernels import probe, registry
 from dsv4_numerics.kernels import vllm_cpu as V
 from dsv4_numerics.oracles import bytes_diff as bd
 from dsv4_numerics.oracles.matrix import run_entry
-from dsv4_numerics.reference import cache_model1 as cm
+from dsv4_numerics.reference.caches import model1 as cm
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.constants import NOPE_DIM, N_TILES, TILE
 from dsv4_numerics.strategies_attention import decode_cases
@@ -128,7 +128,7 @@ def test_cpu_decode_reads_exponent_zero_codes_as_normals():
     op's values are the reference's under fp8_decode=exp0_as_normal, bit for bit after the bf16
     output rounding, and differ from the exact decode in exactly the 16 exponent-0 codes."""
     _need_library()
-    from dsv4_numerics.reference.fp8 import decode_fp8
+    from dsv4_numerics.reference.formats.fp8 import decode_fp8
 
     codes = torch.tensor([c for c in range(256) if (c & 0x7F) != 0x7F], dtype=torch.uint8)  # 254 codes
     for scale_byte in (105, 127, 140):

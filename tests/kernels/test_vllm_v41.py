@@ -17,11 +17,12 @@ from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import vllm_v41 as V
 from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.oracles import matrix
-from dsv4_numerics.reference import cache_model1, cache_v41
+from dsv4_numerics.reference.caches import model1 as cache_model1
+from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.rope import rope_pairs
+from dsv4_numerics.reference.pipeline.rope import rope_pairs
 
 from ..mutants import reference_entry, v41_nonfinite_entry, v41_nvfp4_nan_as_zero, v41_nvfp4_poisoned
 

@@ -1,4 +1,4 @@
-"""V3.2 656-byte rows (reference/cache_v32.py): hand-worked byte layouts, the FlashMLA V32
+"""V3.2 656-byte rows (reference/caches/v32.py): hand-worked byte layouts, the FlashMLA V32
 quantiser, paged insert/read, and the consumer scale policies (datapath 1.5, attention.md 6)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference.cache_v32 import (
+from dsv4_numerics.reference.caches.v32 import (
     dequantize_v32,
     dequantize_v32_cache,
     encode_v32_rows,

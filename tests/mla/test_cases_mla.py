@@ -1,4 +1,4 @@
-"""Default MLA-family cases (reference/cases_mla.py): deterministic, inside the production kernels'
+"""Default MLA-family cases (reference/cases/mla.py): deterministic, inside the production kernels'
 contracts, NaN-poisoned exactly where no valid index points."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4_numerics.reference.cache_v32 import dequantize_v32_cache, v32_nan_row, v32_page_view
+from dsv4_numerics.reference.caches.v32 import dequantize_v32_cache, v32_nan_row, v32_page_view
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.mla_dense import dense_token_indices
+from dsv4_numerics.reference.attention.mla_dense import dense_token_indices
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

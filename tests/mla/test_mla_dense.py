@@ -1,4 +1,4 @@
-"""Dense paged MLA oracles (reference/mla_dense.py): hand-worked cases (causality, d_qk != d_v,
+"""Dense paged MLA oracles (reference/attention/mla_dense.py): hand-worked cases (causality, d_qk != d_v,
 scales, NaN isolation, lonely queries) and a cross-check against a naive per-token softmax."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.mla_dense import (
+from dsv4_numerics.reference.attention.mla_dense import (
     dense_kv_rows,
     dense_mha_prefill,
     dense_mla_decode,

@@ -16,7 +16,7 @@ from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.stages_mla import mla_tolerance_records, v32_policy_fit
 from dsv4_numerics.oracles.tolerances import Tolerances
-from dsv4_numerics.reference.cache_v32 import v32_page_view
+from dsv4_numerics.reference.caches.v32 import v32_page_view
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import AttentionMode

@@ -8,7 +8,7 @@ import torch
 
 from dsv4_numerics.oracles import derive
 from dsv4_numerics.oracles.tolerances import Tolerances
-from dsv4_numerics.reference.attention import sparse_attention
+from dsv4_numerics.reference.attention.ordered import sparse_attention
 
 SMALL = derive.Config("tiny", T=2, H=4, K_main=64, K_extra=32, scale=512**-0.55, domain="decode", sink=True)
 
@@ -91,7 +91,7 @@ LARGE = derive.Config("tiny_large", T=2, H=4, K_main=64, K_extra=32, scale=2**9 
 
 def _one_key(qk_parts: tuple[float, float], scale: float, sink: float | None = None):
     """q, K with exactly representable products: one valid key, <q, K> = sum(qk_parts)."""
-    from dsv4_numerics.reference.attention import Segment
+    from dsv4_numerics.reference.attention.ordered import Segment
     from dsv4_numerics.reference.constants import HEAD_DIM
 
     q = torch.zeros(1, 1, HEAD_DIM)
@@ -144,7 +144,7 @@ def test_base2_needs_fp32():
 def test_lse_records_cover_both_arithmetics_at_large_logits():
     # the tier-A lse / max_logits figures are the worse of the natural and base-2 fp32 models,
     # measured on large logits too (|lse| ~ 100: the GPU fuzz's q x 2**6 range)
-    from dsv4_numerics.reference.attention import sparse_attention as sa
+    from dsv4_numerics.reference.attention.ordered import sparse_attention as sa
     from dsv4_numerics.reference.policies import AttentionMode
 
     names = {c.name for c in derive.CONFIGS if c.stats_only}

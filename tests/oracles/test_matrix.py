@@ -10,7 +10,7 @@ import torch
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.tolerances import Tolerances
-from dsv4_numerics.reference import cache_model1
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import UnsupportedCase
 
@@ -78,7 +78,7 @@ def test_missing_output_and_unknown_stage():
 
 
 def test_index_judge_is_exact_and_locates_the_entry():
-    from dsv4_numerics.reference.cases_index import run_index_case
+    from dsv4_numerics.reference.cases.index import run_index_case
 
     case = _case("topk_global")
 

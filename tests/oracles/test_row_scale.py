@@ -21,8 +21,8 @@ from dsv4_numerics.oracles import numeric as nm
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.row_scale import FP32_ULP, logit_allowance, logit_scale, row_norms
 from dsv4_numerics.oracles.tolerances import Tolerances, default_tolerances, shipped_paths
-from dsv4_numerics.reference.attention import Segment, sparse_attention
-from dsv4_numerics.reference.cases_attention_sweep import sweep_prefill_case
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.cases.attention_sweep import sweep_prefill_case
 from dsv4_numerics.reference.errors import InputError
 
 from ..mutants import _sink_negated

@@ -12,7 +12,7 @@ from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int,
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 
 
-# ====================================================================== reference/fp8.py (before)
+# ====================================================================== reference/formats/fp8.py (before)
 
 
 
@@ -342,7 +342,7 @@ def exact_ceil_log2(r: torch.Tensor) -> torch.Tensor:
     sub = -149 + ceil_log2_mant
     return torch.where(efield > 0, normal, sub).to(torch.int32)
 
-# ====================================================================== reference/quant.py (before)
+# ====================================================================== reference/formats/quant.py (before)
 
 
 
@@ -602,7 +602,7 @@ def dequantize_groups_ue8m0(codes: torch.Tensor, exponents: torch.Tensor, group:
     vals = decode_fp8(codes, Fp8Flavour.E4M3FN).to(torch.float64).reshape(*want, group)
     return (vals * pow2_f64(exponents.to(torch.int64)).unsqueeze(-1)).reshape(codes.shape).to(torch.float32)
 
-# ====================================================================== reference/cache_model1.py (before)
+# ====================================================================== reference/caches/model1.py (before)
 
 
 

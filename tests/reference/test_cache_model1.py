@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference.cache_model1 import (
+from dsv4_numerics.reference.caches.model1 import (
     dequantize_all,
     dequantize_slots,
     defined_byte_mask,
@@ -23,7 +23,7 @@ from dsv4_numerics.reference.cache_model1 import (
 )
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip
-from dsv4_numerics.reference.quant import dequantize_tiles, quantize_tiles
+from dsv4_numerics.reference.formats.quant import dequantize_tiles, quantize_tiles
 from dsv4_numerics.strategies import bf16_rows, cache_geometries, slot_mappings
 
 QA, QS = ScaleRule.AMAX_CLAMP, ScaleRule.SCALE_CLAMP

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from dsv4_numerics.reference.cache_plain import (
+from dsv4_numerics.reference.caches.plain import (
     decode_fp8_rows,
     dequantize_fp8_rows,
     empty_plain_cache,

@@ -1,4 +1,4 @@
-"""The V4.1 528-byte MXFP8 and 288-byte NVFP4 paged records in both byte orders (reference/cache_v41.py).
+"""The V4.1 528-byte MXFP8 and 288-byte NVFP4 paged records in both byte orders (reference/caches/v41.py).
 
 MXFP8 bytes are checked against an independent model (numpy fp32 for the scale ratio, exact
 ``ceil(log2)`` from ``math.frexp``, torch's float8_e4m3fn cast for the codes); addresses against
@@ -23,9 +23,9 @@ from dsv4_numerics.strategies_v41 import (
     v41_mixed_caches,
     zero_groups,
 )
-from dsv4_numerics.reference import cache_v41 as c
+from dsv4_numerics.reference.caches import v41 as c
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp8 import decode_e4m3fn
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn
 from dsv4_numerics.reference.policies import NonFinite, Nvfp4NonFinite, ScaleRule, V41Layout, V41Record
 
 MX, NV = V41Record.MXFP8, V41Record.NVFP4
@@ -226,7 +226,7 @@ def test_vllm_reciprocal_multiply_equals_the_amax_clamp_division():
     # vLLM's V4.1 MXFP8 writers form fl32(max(amax, 1e-4) * fl32(1/448)); the reference models them
     # with ScaleRule.AMAX_CLAMP (the division). Every non-negative finite bf16 amax, and 20000
     # random fp32 amax near powers of two times 448 (where a one-ulp difference would show).
-    from dsv4_numerics.reference.quant import tile_exponent
+    from dsv4_numerics.reference.formats.quant import tile_exponent
 
     bf = torch.arange(0, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     g = torch.Generator().manual_seed(11)

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dsv4_numerics.reference import layer as L
-from dsv4_numerics.reference.cache_model1 import insert
-from dsv4_numerics.reference.compressor import build_state, compress_and_insert, compressor_geometry
+from dsv4_numerics.reference.pipeline import layer as L
+from dsv4_numerics.reference.caches.model1 import insert
+from dsv4_numerics.reference.pipeline.compressor import build_state, compress_and_insert, compressor_geometry
 from dsv4_numerics.reference.constants import HEAD_DIM
-from dsv4_numerics.reference.indices_slots import local_to_global_slots
+from dsv4_numerics.reference.indices.slots import local_to_global_slots
 
 SHAPES = [  # (ratio, heads, seq_lens, query_lens, comp_block_size, seed)
     (1, 16, [1, 200, 129, 300], [1, 1, 1, 1], None, 3),

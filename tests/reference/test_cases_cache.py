@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from dsv4_numerics.reference.cache_model1 import gather, insert, page_bytes
-from dsv4_numerics.reference.cache_plain import insert_bf16_rows, insert_fp8_rows
+from dsv4_numerics.reference.caches.model1 import gather, insert, page_bytes
+from dsv4_numerics.reference.caches.plain import insert_bf16_rows, insert_fp8_rows
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.constants import RECORD_BYTES, TINY_TILE_AMAX
 from dsv4_numerics.reference.policies import ScaleRule

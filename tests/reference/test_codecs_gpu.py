@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4_numerics.reference import cache_model1 as cm
+from dsv4_numerics.reference.caches import model1 as cm
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.fp8 import encode_e4m3fn, encode_e4m3fnuz, exact_ceil_log2
+from dsv4_numerics.reference.formats.fp8 import encode_e4m3fn, encode_e4m3fnuz, exact_ceil_log2
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule
-from dsv4_numerics.reference.quant import quantize_groups_ue8m0, quantize_tiles
+from dsv4_numerics.reference.formats.quant import quantize_groups_ue8m0, quantize_tiles
 
 pytestmark = pytest.mark.gpu
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from dsv4_numerics.oracles import bytes_diff as bd
-from dsv4_numerics.reference import quant
-from dsv4_numerics.reference.fp8 import decode_e4m3fn
+from dsv4_numerics.reference.formats import quant
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn
 from dsv4_numerics.reference.policies import Fp8Subnormals, NonFinite
 
 MIN_NORMAL = 2.0**-6
@@ -83,7 +83,7 @@ def test_exp0_as_normal_decode_table():
     import pytest
 
     from dsv4_numerics.reference.errors import InputError
-    from dsv4_numerics.reference.fp8 import decode_fp8
+    from dsv4_numerics.reference.formats.fp8 import decode_fp8
 
     codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
     for flavour, bias in (("e4m3fn", 7), ("e4m3fnuz", 8)):

@@ -1,4 +1,4 @@
-"""E2M1 codes, nibble packing and the V4.1 NVFP4 E4M3 scale rules (reference/fp4.py).
+"""E2M1 codes, nibble packing and the V4.1 NVFP4 E4M3 scale rules (reference/formats/fp4.py).
 
 Expected values come from independent sources: the E2M1 bit-field formula, numpy's IEEE float32
 arithmetic (correctly rounded multiply / divide), torch's float8_e4m3fn cast (RNE), and a
@@ -19,9 +19,9 @@ from dsv4_numerics.strategies_v41 import (
     subnormal_scale_groups,
     zero_groups,
 )
-from dsv4_numerics.reference.cache_v41 import decode_records, encode_records
+from dsv4_numerics.reference.caches.v41 import decode_records, encode_records
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp4 import decode_e2m1, encode_e2m1, nvfp4_scale_bytes, pack_e2m1, unpack_e2m1
+from dsv4_numerics.reference.formats.fp4 import decode_e2m1, encode_e2m1, nvfp4_scale_bytes, pack_e2m1, unpack_e2m1
 from dsv4_numerics.reference.policies import Nvfp4ScaleRule, V41Record
 
 

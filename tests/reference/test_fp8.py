@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp8 import (
+from dsv4_numerics.reference.formats.fp8 import (
     decode_e4m3fn,
     decode_e4m3fnuz,
     decode_fp8,

@@ -8,14 +8,14 @@ import torch
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.index_validate import (
+from dsv4_numerics.reference.indices.validate import (
     Finding,
     find_combine_minus1,
     validate_indices,
     validate_local_topk,
 )
-from dsv4_numerics.reference.indices_prefill import combine_topk_swa_indices, combine_topk_swa_indices_rocm
-from dsv4_numerics.reference.indices_slots import compute_global_topk_indices_and_lens
+from dsv4_numerics.reference.indices.prefill import combine_topk_swa_indices, combine_topk_swa_indices_rocm
+from dsv4_numerics.reference.indices.slots import compute_global_topk_indices_and_lens
 from dsv4_numerics.reference.policies import IndexRule
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dsv4_numerics.reference.cases import default_cases
-from dsv4_numerics.reference.cases_index import INDEX_BUILDERS, run_index_case
+from dsv4_numerics.reference.cases.index import INDEX_BUILDERS, run_index_case
 
 STAGES = ("topk_global", "swa_indices", "c128a_indices", "compressed_slots", "combine_prefill",
           "flashinfer_mixed", "rocm_ragged")

@@ -8,7 +8,7 @@ import torch
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.indices_flashinfer import (
+from dsv4_numerics.reference.indices.flashinfer import (
     build_flashinfer_mixed_sparse_indices,
     remap_flashinfer_index,
 )

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.indices_prefill import (
+from dsv4_numerics.reference.indices.prefill import (
     combine_topk_swa_indices,
     combine_topk_swa_indices_rocm,
     compute_prefill_gather_lens,

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.indices_rocm import (
+from dsv4_numerics.reference.indices.rocm import (
     build_indptr_from_lengths,
     build_prefill_topk_ragged_indices,
     build_ragged_indices_from_dense,
     compute_global_topk_ragged_indices_and_indptr,
 )
-from dsv4_numerics.reference.indices_slots import compute_global_topk_indices_and_lens
+from dsv4_numerics.reference.indices.slots import compute_global_topk_indices_and_lens
 from dsv4_numerics.strategies_index import batches, is_prefix_row, topk_rows
 
 M1 = -1

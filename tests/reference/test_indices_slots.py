@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.indices_slots import (
+from dsv4_numerics.reference.indices.slots import (
     abs_indices2indices_in_kvcache,
     compute_global_topk_indices_and_lens,
     get_compressed_slot_mapping,

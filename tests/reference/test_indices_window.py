@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.indices_slots import slots_to_request_positions
-from dsv4_numerics.reference.indices_window import (
+from dsv4_numerics.reference.indices.slots import slots_to_request_positions
+from dsv4_numerics.reference.indices.window import (
     build_c128a_topk_metadata,
     c128a_topk_width,
     compute_swa_indices_and_lens,

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP, TINY_TILE_AMAX
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp8 import decode_fp8
+from dsv4_numerics.reference.formats.fp8 import decode_fp8
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule
-from dsv4_numerics.reference.quant import (
+from dsv4_numerics.reference.formats.quant import (
     dequantize_groups_ue8m0,
     dequantize_tiles,
     quantize_groups_ue8m0,

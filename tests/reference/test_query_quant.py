@@ -1,4 +1,4 @@
-"""The V4.1 query quantiser reference (``reference.query_quant``): the UE8M0 ceiling rule against an
+"""The V4.1 query quantiser reference (``reference.pipeline.query_quant``): the UE8M0 ceiling rule against an
 independent formulation, the zero inverse, the F8_128x4 offsets, exact-norm rows, input errors."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import struct
 import pytest
 import torch
 
-from dsv4_numerics.reference import query_quant as qq
+from dsv4_numerics.reference.pipeline import query_quant as qq
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.fp8 import decode_e4m3fn
+from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn
 
 
 def _f32(x: float) -> float:

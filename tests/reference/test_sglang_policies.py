@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_numerics.reference import quant
-from dsv4_numerics.reference.fp8 import encode_e4m3fn
+from dsv4_numerics.reference.formats import quant
+from dsv4_numerics.reference.formats.fp8 import encode_e4m3fn
 from dsv4_numerics.reference.policies import NonFinite
 
 NAN, INF = float("nan"), float("inf")

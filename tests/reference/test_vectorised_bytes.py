@@ -1,4 +1,4 @@
-"""The wide-tensor byte-level reference (``reference.cache_model1`` / ``quant`` / ``fp8``) equals a
+"""The wide-tensor byte-level reference (``reference.caches.model1`` / ``quant`` / ``fp8``) equals a
 slow, obviously-correct path bit for bit, and raises exactly where it raises.
 
 The slow path (``tests/reference/bytes_slow.py``) is the byte-level reference as it was before
@@ -15,8 +15,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsv4_numerics.reference import cache_model1 as fast
-from dsv4_numerics.reference import quant
+from dsv4_numerics.reference.caches import model1 as fast
+from dsv4_numerics.reference.formats import quant
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP, HEAD_DIM, N_TILES, TILE
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer

@@ -1,0 +1,849 @@
+"""The fast judging oracle: the mathematics of ``attention.sparse_attention`` with unordered float64
+GEMMs, and an a-priori bound on its distance from the ordered oracle, returned with the result.
+
+``fast_sparse_attention(q, segments, scale, sink=None, d_v=None, nan_policy=..., chunk_tokens=None)
+-> FastOracleOut``: the ``OracleOut`` fields (same conventions 1-5 of ``attention.py``: lonely rows
+exactly 0 / ``-inf``, +-inf sinks, invalid rows zeroed before any arithmetic, NaN per
+``NanPolicy``) plus ``bound``: per output (``out`` ``[T, H, d_v]``; ``lse``, ``lse_with_sink``,
+``max_logits`` ``[T, H]``) an elementwise float64 ``B >= 0`` with ``|fast - ordered| <= B`` wherever
+the output is finite; non-finite outputs are the same values in both modes (``B`` is finite there
+and carries no meaning; 0 on lonely rows and on rows whose ``lse`` is not finite). Not
+bit-identical across devices (cuBLAS/BLAS choose the reduction order); the ordered oracle stays
+the fixture path. Only ``AttentionMode.EXACT`` is provided.
+
+Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, valid slots only):
+
+1. Logits ``s~ = fl(bmm(q, K^T) * scale)``. Each q*k product of a bf16 q and a K value that is an
+   FP8 code times a power of two (NoPE) or bf16 (RoPE, prefill rows) has <= 16 significant bits.
+   If every product is a multiple of ``2**(lq + lk)`` (``lq``, ``lk``: the least-significant-bit
+   exponents, minimum over the row's dims, of q[t,h] and K_k) and ``sum_d |q_d k_d| < 2**(53 + lq
+   + lk)``, every product and partial sum is an exact float64 integer multiple of that unit, so
+   the dot product is EXACT in any order (FMA or not): ``s~_k`` equals the ordered oracle's logit
+   bit for bit. With ``sum |q_d k_d| <= A = ||q||_2 ||K_k||_2`` (Cauchy-Schwarz) the test is per
+   row: ``alpha[t,h] + max_k beta[t,k] < exact_bits(D)`` (53 less the norms' upper-bound factor
+   ``norm_factor(D)`` in bits, less a margin for evaluating the test in float32) with ``alpha =
+   log2 n_q - lq``, ``beta = log2 n_k - lk`` (``n``: the computed norm, ``||x|| <= norm_factor(D)
+   n``; norms and lsb exponents of q and of the table rows are computed once per call, float32
+   for a bfloat16 table, then gathered, ``_row_stats``: every use of a norm below only needs an
+   upper bound, and ``A <= _x_factor(D) x`` for the computed product ``x = fl(n_q max_k n_k)``).
+   Elsewhere both the
+   GEMM and the ordered d-loop are within ``g_D A`` of the exact dot product, and the two scale
+   multiplications add ``u`` each: ``e_k = scale A (2 g_D + 4u)``, bounded per row by
+   ``scale ||q|| max_k ||K_k|| (2 g_D + 4u)``. Logits whose ``A`` may be
+   non-finite or above ``2**1000`` (NaN/Inf in q or a valid row, a bfloat16 value of magnitude
+   ``>= 2**64`` whose float32 square overflows, overflow risk) make their whole (t, h) row
+   recomputed by the ordered d-loop itself (bit-identical, so non-finite logits match), ``e_s =
+   0`` there.
+   ``e_s = max_k e_k``; ``max_logits``: ``|m~ - m| <= e_s`` (max is 1-Lipschitz), 0 if all exact.
+   A (t, h) row whose ``delta`` (step 2) would exceed ``2**-30`` (logits so large that ``g_D A``
+   is not small against 1: extreme magnitudes) takes the ordered logits too (``e_s = 0``), so
+   ``r`` below never exceeds ~``2**-30`` and every bound stays meaningful.
+2. ``p~_k = torch.exp(s~_k - m~)`` (one elementwise pass; the ordered oracle uses ``det_exp``).
+   The fast path uses torch's own float64 ``exp``/``log``/``logaddexp`` everywhere (steps 2, 4, 6,
+   7): CUDA's libdevice ``exp``/``log``/``log1p`` are documented within 1-2 ulps, CPU's (SLEEF
+   1.0-ulp variants or libm) within 1 ulp; ``det_exp``/``det_log`` are within a few ulps
+   (``detmath``). One ulp is at most ``2u = 2**-52`` relative, so ``eps_e = eps_l = 2**-48`` (16
+   ulps) covers either side with margin. Both exps are within ``eps_e`` relative of ``exp``, plus
+   ``eta = 2**-1022`` absolute in the subnormal range. The arguments agree to ``delta = 2 e_s (1 +
+   2u) + 2u (max|d~| + 2 e_s)`` (0 where ``e_s = 0``: the same logits give the same difference),
+   with ``max|d~| <= 2 scale ||q|| max_k ||K_k|| (1 + 2**-40)`` (Cauchy-Schwarz again; no pass
+   over the logits). So ``|p~_k - p_k| <= r p_k + eta`` with
+   ``r = e^delta (1 + eps_e)/(1 - eps_e) - 1 + 2 eps_e/(1 - eps_e)``.
+3. ``L = sum p`` (ordered: sequential; fast: ``torch.sum``): both within ``g_K`` of their exact
+   sums ``S~``, ``S``; ``S <= (S~ + K eta)/(1 - r)``, ``S~ <= L~/(1 - g_K)``:
+   ``|L~ - L| <= rho L~``, ``rho = [g_K + (g_K + r)/(1 - r)]/(1 - g_K) + K eta (1 + (g_K+r)/(1-r))``
+   (``L~ >= 1``: the arg-max slot contributes ``exp(0) = 1`` exactly).
+4. ``lse = m + log(L)`` (ordered: ``det_log``; fast: ``torch.log``): ``e_lse = e_s + rho/(1 - rho)
+   + 2 eps_l (|ln L~| + 1) + 2u (|lse~| + e_s + 1)`` with ``eps_l = 2**-48`` (a few ulps, step 2).
+5. ``O = bmm(p, V) / L`` (fast: ``N = bmm(p, V)``, divided once in step 6): with ``V_j = max |v_kj|``
+   over the token's valid slots k and all dims
+   (finite values only: a non-finite value reaches only outputs that are non-finite in both
+   modes) the same argument as 3 bounds ``|N~ - N| <= rho L~ V_j`` and ``|O| <= V_j (1 + 3 g_K)``,
+   so ``e_O = V_j (2 rho + 2u) (1 + 3 g_K)``.
+6. Sink factor ``f = 1/(1 + exp(sink - lse))`` (``det_exp`` / ``torch.exp``): ``|df/dlse| <=
+   1/4``; each side's rounding is
+   ``<= eps_f f``, ``eps_f = eps_e + u (|sink - lse~| + e_lse) + 3u``: ``e_f = e_lse / 4 + 2
+   eps_f`` (0 for +-inf sinks: ``f`` is exactly 0 or 1 on both sides). ``out = O f``:
+   ``e_out = e_O + V_j (1 + 3 g_K) (e_f + 2u)``. The fast side computes ``out = N / (L + L e)``
+   (``e = exp(sink - lse)``; no sink: ``N / L``): three roundings after ``e`` (product, sum, or
+   one fused, and the division) against the four of ``fl(fl(N/L) fl(1/fl(1 + e)))`` that the
+   terms above allow it, so the same bound holds.
+7. ``lse_with_sink = logaddexp(lse, sink)`` (ordered: ``hi + det_log1p_exp_neg(lo - hi)``; fast:
+   ``torch.logaddexp``, the same ``max + log1p(exp(-|d|))`` form) is 1-Lipschitz in ``lse``; each
+   side rounds ``<= eps_l (1 + |lws|) + 2u |lws|`` (the rounding ``u |d|`` of ``d`` moves
+   ``log1p(exp(-|d|))`` by ``<= u |d| e^-|d| <= u/e``): ``e_lws = e_lse + 2 eps_l (1 + |lws~|) + 4u (|lws~| + e_lse)``
+   (= ``e_lse`` without a sink, 0 with a ``+inf`` sink).
+Every bound is multiplied by ``1 + 2**-20`` (second-order terms, and the few float64 roundings of
+evaluating the bound itself). Magnitude at DSv4 shapes
+(K = 640..1152, D = 512, random FP8 caches): ``e_out <= 2e-10 V`` and ``e_lse <= 1.1e-10`` on rows
+whose logits are not proven exact, ``~1e-13 V`` and ``~1e-13`` on rows that are (the default
+cases: ``<= 3e-11``), against bf16 output tolerances ~4e-3 relative and LSE tolerances ~1e-5
+absolute: at least 1e5 times smaller.
+
+Evaluation (``bound_coefficients``): steps 2-7 are evaluated as one affine function per output of
+the per-row features ``x`` (``||q|| max_k ||K_k||`` on rows whose logits are approximate, else 0:
+``e_s = ck x``, ``delta = cd x``), ``ln L``, ``|lse|`` and ``|sink|``, whose non-negative
+coefficients upper-bound the formulas above on every row the fast logits serve (``delta <=
+2**-30``): ``e^delta - 1 <= delta (1 + 2**-30)``, ``1/(1 - r)`` and ``1/(1 - rho)`` at most their
+values at ``delta = 2**-30``, ``|sink - lse| <= |sink| + |lse|`` and ``|lse_with_sink| <= max(|lse|,
+|sink|) + ln 2``. A ``+-inf`` sink enters as 0: the sink factor is then exactly 1 or 0 in both
+modes (and ``lse_with_sink`` is ``lse`` or ``+inf``), so any non-negative bound holds there. The
+combination is three float64 ``addcmul`` (``ln L``, ``|lse|``, ``x``) and one add (``|sink|``) of
+non-negative terms (relative rounding ``g_5``, inside the ``1 + 2**-20``; an ``addmm`` cost the
+host ~50 us).
+
+Assumes float32 arithmetic per IEEE for the row statistics of a bfloat16 table (any summation
+order or accumulator width; ``log2`` within 1 ulp, as CUDA documents for ``log2f`` and SLEEF for
+its 1-ulp variants).
+
+Assumes IEEE float64 GEMMs (every product and sum correctly rounded or fused; no reduced-precision
+float64 emulation) and denormals not flushed.
+
+Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAST_BUDGET_BYTES``
+(1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
+Results do not depend on the chunk size beyond the bound.
+
+Speed (the GPU call is launch-bound: the host spends ~10-20 us per kernel launch on the H200's
+hosts, against ~0.9 ms of GPU work at production decode h64/top-512, batch 128): ~80 kernels per
+call. The validation rules that need device values (lengths, -1-only indices, a NaN sink) are
+evaluated on the device and read with the call's one host sync (``_layout``; ``_check_common``
+then raises the precise error). Every segment's rows, a zero row and q's rows form one table
+(``_table``), whose row statistics are one float32 norm and one bits lookup (``_row_stats``,
+written into one ``[3, N]`` tensor) and whose slot rows are one ``index_select`` per chunk
+(gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
+(``_finish``: the bounds are three ``addcmul`` on a base that holds the sink term); the host
+values travel as one float64 vector. No ``where`` takes a Python scalar (a cached 0-dim tensor
+instead: half the host cost). The one host sync at the end also finds the rare chunks that need
+ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All kernels up to that
+sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
+comes again replays them as one CUDA graph (``fast_graphs``; ``graph=`` of
+``fast_sparse_attention``): the host then issues ~15 operations instead of ~100, and the call
+costs about its GPU work. On CUDA a call is first padded to its shape bucket (``fast_buckets``:
+invalid padding, the ordered result unchanged bit for bit, the bound that of the padded call), so
+calls of nearby shapes -- matrix cases, fuzz draws -- share one graph.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import fast_buckets
+
+from . import fast_graphs
+from .ordered import Segment, _check_common, _check_host
+from ..errors import check_enum, check_int, fail
+from ..policies import IndexRule, NanPolicy
+
+__all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast", "FAST_BUDGET_BYTES",
+           "BOUND_OUTPUTS", "bound_coefficients"]
+
+FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
+_CPU_LOGIT_BYTES = 8 * 2**20
+_U = 2.0**-53
+_U32 = 2.0**-24  # float32 unit roundoff (row statistics of a bfloat16 table)
+_EPS_E = 2.0**-48  # exp relative accuracy allowance (det_exp, torch.exp: a few ulps)
+_EPS_L = 2.0**-48  # log accuracy allowance (relative to |ln x| + 1; det_log, torch.log/logaddexp)
+_ETA = 2.0**-1022  # subnormal rounding of one exp value
+_SAFE = 1.0 + 2.0**-20
+_BIG = 2.0**1000
+_DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
+_EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``_row_stats``)
+_NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
+_NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
+_STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
+_STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
+_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
+BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
+# rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
+_B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
+_F_X, _F_LNL, _F_LSE, _F_SINK = range(4)
+
+
+def _gamma(n: int) -> float:
+    return n * _U / (1.0 - n * _U)
+
+
+def norm_factor(D: int) -> float:
+    """``c_D`` with ``||x||_2 <= c_D n`` for the norm ``n`` that ``_row_stats`` computes of a row of
+    ``D`` values (module docstring, step 1; ``_row_stats``): ``1 / ((1 - u32)**3 sqrt(1 - g32_D))``
+    (a float32 sum of exact squares in any order, its rounding to float32 if accumulated wider,
+    the square root, the underflow floor's addition), which also covers the float64 table's ``1 +
+    2**-30``. ``D <= 2**20``."""
+    g32 = D * _U32 / (1.0 - D * _U32)
+    return 1.0 / ((1.0 - _U32) ** 3 * math.sqrt(1.0 - g32)) * (1.0 + 2.0**-40)
+
+
+def _x_factor(D: int) -> float:
+    """Upper bound of ``A / x``: ``x = fl(n_q n_k)`` (float32 or float64, relative ``u32`` at most)
+    and each norm within ``c_D``: ``c_D**2 / (1 - u32)``."""
+    return norm_factor(D) ** 2 / (1.0 - _U32) * (1.0 + 2.0**-40)
+
+
+def exact_bits(D: int) -> float:
+    """The exactness test's threshold (step 1): ``alpha + beta`` below it proves ``sum |q_d k_d| <
+    2**(53 + lq + lk)``: ``53 - 2 log2(c_D)`` (the norms are upper bounds within ``c_D``) less
+    ``_EXACT_MARGIN`` (the float32 evaluation of ``log2(n) - lsb`` and of the sum, ``< 2**-12``)."""
+    return 53.0 - 2.0 * math.log2(norm_factor(D)) - _EXACT_MARGIN
+
+
+@dataclass(frozen=True)
+class FastOracleOut:
+    """``OracleOut`` fields (float64, on the device of ``q``) plus ``bound`` (dict of float64
+    tensors shaped like ``out``/``lse``/``lse_with_sink``/``max_logits``: ``|fast - ordered|``
+    bound, 0 where both are exact or lonely; meaningless at non-finite outputs) and
+    ``exact_logits``: the fraction of the ``T * H`` (token, head) rows whose logits are proven
+    exact (equal to the ordered oracle's bits; a lonely row, which has none, counts as exact)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    lse_with_sink: torch.Tensor
+    max_logits: torch.Tensor
+    n_valid: torch.Tensor
+    bound: dict
+    exact_logits: float
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {"out": self.out, "lse": self.lse, "lse_with_sink": self.lse_with_sink,
+                "max_logits": self.max_logits, "n_valid": self.n_valid}
+
+
+def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int, head_dim: int = 512,
+                             d_v: int = 512, rows_itemsize: int = 2) -> int:
+    """Upper estimate (bytes) of the fast oracle's live tensors for one chunk of ``c`` tokens:
+    ``c * (K*D*(b + 8) + 2*H*K*8 + 2*H*(D + d_v)*8 + 64*K + 64*H)``: the gathered rows in the
+    table's dtype (``b`` bytes) and as float64, the ``[H, K]`` logits (exponentiated in place) and
+    one spare logit-sized allowance (index/redo temporaries, masks), q in float64 and the chunk's
+    ``N``, and per-slot / per-row scalars (indices, gathered statistics). Once per call come the
+    table (rows of every segment, a zero row and q's ``T*H`` rows: ``(N + 1 + T*H) * D * b``), its
+    statistics (``<= 24`` bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
+    outputs and bounds of all ``T`` tokens (``T * (2 * H * d_v + 12 * H) * 8`` bytes), held until
+    the call returns. Production decode (H=128, K=1152, D=d_v=512): 9.95 MiB per token, so the
+    default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk)."""
+    for name, v in (("chunk_tokens", chunk_tokens), ("num_heads", num_heads), ("head_dim", head_dim),
+                    ("d_v", d_v), ("rows_itemsize", rows_itemsize)):
+        check_int("peak_bytes_estimate_fast", name, v, minimum=1)
+    check_int("peak_bytes_estimate_fast", "total_topk", total_topk, minimum=0)
+    c, H, K, D = chunk_tokens, num_heads, total_topk, head_dim
+    return c * (K * D * (rows_itemsize + 8) + 2 * H * K * 8 + 2 * H * (D + d_v) * 8 + 64 * K + 64 * H)
+
+
+# ----------------------------------------------------------------------------- bound constants
+
+def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.Tensor:
+    """float64 ``[4, 5]``: per output row (``lse``, ``lse_with_sink``, ``max_logits``, ``out``
+    divided by ``V_j``) the coefficients of the features ``(x, ln L, |lse|, |sink|, 1)`` whose
+    combination upper-bounds the module docstring's steps 1-7 (section "Evaluation"), ``_SAFE``,
+    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_x_factor(D)`` (``x`` is the computed product of the
+    computed norms; ``A`` is at most ``_x_factor(D)`` times it) included. ``K``: total slots,
+    ``D``: head dim."""
+    u, gK = _U, _gamma(K)
+    ck = scale * (2.0 * _gamma(D) + 4.0 * u)  # e_s = ck x
+    cd = 2.0 * ck * (1 + 2 * u) + 4.0 * u * scale * (1.0 + 2.0**-40) + 4.0 * u * ck  # delta = cd x
+    dmax = _DELTA_MAX * (1.0 + 2.0**-40)
+    r1 = (1.0 + dmax) * (1 + _EPS_E) / (1 - _EPS_E)  # r <= r1 delta + r0 (e^d - 1 <= d (1 + dmax))
+    r0 = 4.0 * _EPS_E / (1 - _EPS_E)
+    w = 1.0 / (1.0 - (r1 * dmax + r0))  # 1/(1 - r)
+    c1 = 1.0 / (1 - gK) + K * _ETA
+    rho1 = r1 * w * c1  # rho <= rho1 delta + rho0
+    rho0 = (r0 + gK) * w * c1 + gK / (1 - gK) + K * _ETA
+    w2 = 1.0 / (1.0 - (rho1 * dmax + rho0))  # 1/(1 - rho)
+    # e_lse = e_s (1 + 2u) + rho/(1 - rho) + 2 eps_l (ln L + 1) + 2u (|lse| + e_s + 1)
+    e_lse = [ck * (1 + 4 * u) + rho1 * cd * w2, 2 * _EPS_L, 2 * u, 0.0, rho0 * w2 + 2 * _EPS_L + 2 * u]
+    e_o = [2 * rho1 * cd, 0.0, 0.0, 0.0, 2 * rho0 + 2 * u]  # 2 rho + 2u
+    if with_sink:
+        # e_f = e_lse (1/4 + 2u) + 2u |d| + 2 eps_e + 6u, |d| <= |sink| + |lse|; out: e_o + e_f + 2u
+        a = 0.25 + 2 * u
+        e_out = [e_o[0] + a * e_lse[0], a * e_lse[1], a * e_lse[2] + 2 * u, 2 * u,
+                 e_o[4] + a * e_lse[4] + 2 * _EPS_E + 8 * u]
+        # e_lws = e_lse (1 + 4u) + (2 eps_l + 4u) |lws| + 2 eps_l, |lws| <= |lse| + |sink| + ln 2
+        b = 2 * _EPS_L + 4 * u
+        e_lws = [e_lse[0] * (1 + 4 * u), e_lse[1] * (1 + 4 * u), e_lse[2] * (1 + 4 * u) + b, b,
+                 e_lse[4] * (1 + 4 * u) + b * math.log(2.0) * (1 + 2.0**-40) + 2 * _EPS_L]
+    else:
+        e_out, e_lws = e_o, e_lse
+    e_max = [ck, 0.0, 0.0, 0.0, 0.0]
+    coef = torch.tensor([e_lse, e_lws, e_max, e_out], dtype=torch.float64) * _SAFE
+    coef[_B_OUT] *= 1 + 3 * gK
+    coef[:, _F_X] *= _x_factor(D)  # x is the computed product of the computed norms, not A
+    return coef
+
+
+def _delta_coefficient(D: int, scale: float) -> float:
+    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_x_factor`` included)."""
+    ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
+    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _x_factor(D)
+
+
+# ----------------------------------------------------------------------------- row statistics
+
+_BF16_LUT: dict = {}
+
+
+def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
+    """int64 exponent of the least significant set bit of each float64 ``x`` (``_NO_LSB`` for
+    zeros; NaN/Inf give garbage and are excluded by the caller's finiteness test)."""
+    bits = x.view(torch.int64) & 0x7FFFFFFFFFFFFFFF
+    ef = bits >> 52
+    man = bits & 0x000FFFFFFFFFFFFF
+    sig = torch.where(ef > 0, man | (1 << 52), man)
+    low = (sig & (-sig)).to(torch.float64)  # a power of two (exact)
+    _, e = torch.frexp(low)
+    lsb = (e.to(torch.int64) - 1) + torch.where(ef > 0, ef - 1075, torch.full_like(ef, -1074))
+    return torch.where(sig == 0, torch.full_like(lsb, _NO_LSB), lsb)
+
+
+def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
+    """int32 lsb exponent of each bfloat16 ``x`` read from its 16 bits: a finite bf16 is
+    ``sig * 2**(ef - 134)`` (normal: ``sig = 0x80 | man``, ``ef >= 1``) or ``man * 2**-133``
+    (subnormal); ``_NO_LSB_BF16`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
+    b = x.view(torch.int16).to(torch.int32) & 0x7FFF
+    ef = b >> 7
+    sig = torch.where(ef > 0, (b & 0x7F) | 0x80, b)
+    _, e = torch.frexp((sig & (-sig)).to(torch.float32))  # a power of two <= 2**7 (exact)
+    lsb = e - 1 + torch.clamp(ef, min=1) - 134
+    return torch.where(sig == 0, _NO_LSB_BF16, lsb)
+
+
+def _bf16_lut(dev: torch.device) -> torch.Tensor:
+    """int16 ``[2**16]``: ``-lsb`` of each bfloat16 bit pattern (as uint16; ``_lsb_exp_bf16_bits``,
+    ``-_NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
+    lut = _BF16_LUT.get(dev)
+    if lut is None:
+        pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+        lut = _BF16_LUT[dev] = (-_lsb_exp_bf16_bits(pat)).to(torch.int16).to(dev)
+    return lut
+
+
+def _vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``[N]`` ``max |x_j|`` over the finite values of the first ``d_v`` dims of each table row
+    (``_chunk_ordered``'s ``V_j``), in pieces of ``_STAT_BYTES`` of temporaries."""
+    step = max(1, _STAT_BYTES // (max(1, d_v) * rows.element_size()))
+    pieces = [torch.linalg.vector_norm(rows[r0:r0 + step, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0),
+                                       ord=math.inf, dim=1) for r0 in range(0, rows.shape[0], step)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``[3, N]`` per row of a 2-D table (read as it is: the caller scrubs NaN where the policy
+    says so), float32 for a bfloat16 table, else float64: a norm ``n`` with ``||x||_2 <= c_D n``
+    (``norm_factor``), ``log2(n) - lsb`` (``lsb``: the least-significant-bit exponent, min over the
+    dims; a zero row gives a very negative value) and ``max_j |x_j|`` over the first ``d_v`` dims
+    (NaN/Inf on a row with a non-finite value, whose norm is non-finite too: every
+    token that reads the row takes the ordered path, ``_chunk_ordered``, which takes ``max |v|``
+    over the finite values of its gathered rows). Pieces of ``_STAT_BYTES`` of temporaries.
+
+    bfloat16 table (one float32 norm, one lookup): ``n = fl32(||x||_fl32 + 2**(ceil(log2 sqrt D)
+    - 75))``. A bfloat16 value squares exactly in float32 (16 significant bits) unless the square
+    is below ``2**-126`` (absolute rounding ``<= 2**-150`` each: the power-of-two floor covers
+    ``sqrt(D) 2**-75``) or overflows (``|x| >= 2**64``: ``n = inf``, the caller takes the ordered
+    path, as for NaN/Inf). Any summation order (float32 or wider, then rounded to float32) is
+    within ``g32_D`` relative, the square root and the floor's addition round once each:
+    ``norm_factor``. The lsb: one lookup of the 16 bits (as uint16) in ``_bf16_lut`` (``-lsb``;
+    the row's ``max`` is ``-min lsb``).
+
+    Other tables (float64 arithmetic): ``torch.linalg.vector_norm(dtype=float64)``, plus ``sqrt(D)
+    2**-537`` (float64 squares can underflow), within ``1 + 2**-30 <= c_D``; the lsb from the
+    float64 bits. NaN/Inf give a non-finite ``n``: the caller then takes the ordered path. Both
+    ``log2(n) - lsb`` evaluations are within ``2**-12`` of their exact values (float32: ``log2`` 1
+    ulp, two roundings), inside ``exact_bits``' margin."""
+    N, D = rows.shape
+    bf16 = rows.dtype == torch.bfloat16
+    step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
+    st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
+    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # bf16: a power of two, exact in float32
+    for r0 in range(0, N, step):
+        x = rows if step >= N else rows[r0:r0 + step]
+        n, beta, vmax = st.unbind(0) if step >= N else st[:, r0:r0 + step].unbind(0)
+        if bf16:
+            torch.linalg.vector_norm(x, dim=1, dtype=torch.float32, out=n).add_(floor)
+            bits = x.view(torch.uint16).to(torch.int32).view(-1)
+            neg_lsb = _bf16_lut(x.device).index_select(0, bits).view(x.shape).amax(dim=1)  # -(min lsb)
+            torch.log2(n, out=beta).add_(neg_lsb)
+        else:
+            x = x.to(torch.float64)
+            torch.linalg.vector_norm(x, dim=1, out=n).add_(math.sqrt(D) * 2.0**-537)
+            torch.log2(n, out=beta).sub_(_lsb_exp(x).amin(dim=1))
+        torch.linalg.vector_norm(x if d_v == D else x[:, :d_v], ord=math.inf, dim=1, dtype=st.dtype, out=vmax)
+    return st
+
+
+# ----------------------------------------------------------------------------- layout
+
+_COLUMNS: dict = {}
+_COLUMNS_MAX = 32
+_COEF: dict = {}  # ``_constants``: per (K, D, scale, sink?, statistics dtype, device)
+_ZERO_ROWS: dict = {}  # one zero row per (D, dtype, device)
+
+
+def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> tuple:
+    """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
+    segment, its segment's ``N - 1``, the segment's first table row, the -1-only flag, the segment
+    index, the zero row's index ``sum N``; then 0-dim int64 ``0`` and ``-1``. Built on the host,
+    copied once, kept for the next call with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
+    key = (Ks, Ns, rules, str(dev))
+    hit = _COLUMNS.get(key)
+    if hit is not None:
+        return hit
+    cols, off = [], 0
+    for i, (k, N, r) in enumerate(zip(Ks, Ns, rules)):
+        cols.append(torch.stack([torch.arange(k), torch.full((k,), N - 1), torch.full((k,), off),
+                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i),
+                                 torch.full((k,), sum(Ns))]))
+        off += N
+    ci = torch.cat(cols + [torch.tensor([[0], [-1], [0], [0], [0], [0]])], dim=1).to(dev)
+    *c, tail = ci[:, :sum(Ks)].unbind(0) + (ci[:2, -1],)
+    hit = (*c, *tail.unbind(0))
+    if len(_COLUMNS) >= _COLUMNS_MAX:
+        _COLUMNS.pop(next(iter(_COLUMNS)))
+    _COLUMNS[key] = hit
+    return hit
+
+
+def _layout(segments, rules, T: int, dev: torch.device):
+    """``(valid, gidx, n_valid, flags, cols)``: validity ``[T, K]`` (bool), table row of every slot
+    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32) and
+    ``flags``, float64 1-D tensors whose values show whether a rule ``_check_common`` enforces is
+    broken: the lengths' ``[S]`` min and max per segment (in ``[0, K_s]``) and, with a -1-only segment,
+    the count ``[1]`` of its in-prefix slots that are neither -1 nor valid (must be 0). No host sync: the caller
+    reads ``flags`` with its one sync after the heavy kernels and then lets ``_check_common`` raise
+    the precise error. Out-of-range slots never reach a gather (they point at the zero row), so a
+    bad input cannot fault the device first."""
+    Ks = tuple(s.idx.shape[1] for s in segments)
+    Ns = tuple(s.rows.shape[0] for s in segments)
+    cols = _column_constants(Ks, Ns, tuple(rules), dev)
+    pos, nmax, offcol, m1, seg_of_col, zrow, zero, minus1 = cols
+    idx = segments[0].idx if len(segments) == 1 else torch.cat([s.idx for s in segments], dim=1)
+    lens = [s.length if s.length is not None else torch.full((T,), k, dtype=torch.int64, device=dev)
+            for s, k in zip(segments, Ks)]
+    if len(segments) == 1:
+        lts = lens[0].unsqueeze(1)  # [T, 1]
+        lcol = lts
+    else:
+        lts = torch.stack(lens, dim=1)  # [T, S]
+        lcol = lts.index_select(1, seg_of_col)  # [T, K]
+    in_prefix = pos < lcol
+    valid = in_prefix & (idx == idx.clamp(zero, nmax))  # in the prefix and in [0, N_s)
+    flags = list(torch.aminmax(lts.to(torch.float64), dim=0))
+    if any(r == IndexRule.MINUS1_ONLY for r in rules):
+        # an in-prefix slot that is not -1 must be valid (valid slots are in-prefix and not -1):
+        # the count of (in prefix and not -1) XOR valid over -1-only columns must be 0
+        bad = (in_prefix & (idx != minus1)).ne_(valid)
+        if not all(r == IndexRule.MINUS1_ONLY for r in rules):
+            bad &= m1.bool()
+        flags.append(bad.sum(dtype=torch.float64).view(1))
+    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
+    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), flags, cols
+
+
+def _table_dtype(segments, q: torch.Tensor) -> torch.dtype:
+    """The table's dtype: the one dtype of q and every segment's rows, else float64 (every accepted
+    dtype converts to float64 exactly)."""
+    dts = {s.rows.dtype for s in segments} | {q.dtype}
+    return dts.pop() if len(dts) == 1 else torch.float64
+
+
+def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
+    """One table ``[Nrows + 1 + T*H, D]``: every segment's rows (NaN scrubbed under ``SCRUB``),
+    one zero row (what an invalid slot reads, ``attention._gather``) and q's ``T*H`` rows (never
+    scrubbed; their statistics come from the same pass). One dtype: the common one, else float64
+    (every accepted dtype converts to float64 exactly)."""
+    T, H, D = q.shape
+    dt = _table_dtype(segments, q)
+    Nrows = sum(s.rows.shape[0] for s in segments)
+    zkey = (D, dt, str(q.device))
+    zero = _ZERO_ROWS.get(zkey)
+    if zero is None:
+        zero = _ZERO_ROWS[zkey] = torch.zeros(1, D, dtype=dt, device=q.device)
+    parts = [s.rows for s in segments] + [zero, q.reshape(T * H, D)]
+    table = torch.cat(parts)  # promotes mixed dtypes (exactly)
+    if table.dtype != dt:
+        table = table.to(dt)
+    if nan_policy == NanPolicy.SCRUB:
+        r = table[:Nrows]
+        r.masked_fill_(torch.isnan(r), 0.0)
+    return table, Nrows
+
+
+# ----------------------------------------------------------------------------- chunks
+
+def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float) -> torch.Tensor:
+    """The ordered oracle's logits (d = 0..D-1, multiply then add from +0) for the listed
+    ``(t, h, k)`` positions ``where`` ``[n, 3]``: bit-identical to ``attention._logits``."""
+    t, h, k = where.unbind(1)
+    a, b = qc[t, h], g[t, k]  # [n, D]
+    acc = torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
+    for d in range(a.shape[1]):
+        acc.add_(a[:, d] * b[:, d])
+    return acc.mul_(scale)
+
+
+def _gather(table, gflat, c):
+    """The chunk's slot rows ``[c, K, D]`` as float64 (gathered in the table's dtype by the flat
+    ``[c*K]`` table rows ``gflat``, then converted: exact)."""
+    return table.index_select(0, gflat).view(c, -1, table.shape[1]).to(torch.float64)
+
+
+def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero):
+    """Steps 1-3 and ``N = bmm(p, V)`` for one chunk of ``c`` tokens with the fast logits:
+    ``gflat`` ``[c*K]`` table rows of the slots, ``negmask`` ``[c, 1, K]`` float64 ``0`` (valid) /
+    ``-inf`` (invalid), ``lonely`` ``[c, 1, 1]`` (no valid slot), ``qc`` the chunk's q ``[c, H,
+    D]``. Returns ``(N [c, H, d_v], m, L)`` (``m``, ``L``: ``[c, H, 1]``; no host sync). Only the
+    GEMMs and the softmax passes: issued first, so the GPU runs them while the host issues the
+    statistics and bounds (``_row_tests``) that decide whether these logits stand."""
+    g = _gather(table, gflat, qc.shape[0])
+    s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
+    # scale and mask in one pass: -inf + fl(scale s) = -inf, 0 + fl(scale s) = fl(scale s) (fused or
+    # not; a -0 turns +0, which neither the max nor exp sees). It needs every logit finite: true when
+    # no row needs the ordered logits (q and every valid row finite, invalid slots read the zero
+    # row); a chunk with such a row is discarded and run by ``_chunk_ordered``.
+    # It also turns a -0 logit +0 (+0 + -0 = +0), as the ordered oracle's accumulation from +0 does,
+    # so the max below needs no canonicalisation.
+    torch.add(negmask, s, alpha=scale, out=s)
+    return _softmax_tail(s, g, d_v, lonely, zero, canonical=True)
+
+
+def _softmax_tail(s, g, d_v, lonely, zero, canonical=False):
+    """Steps 2-3 and ``N = bmm(p, V)`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed);
+    ``canonical``: no logit is -0 (else the max is made +0, as the ordered oracle's). A lonely row
+    (every logit ``-inf``) keeps ``m = -inf`` and is shifted by 0 instead: ``p = 0``, ``L = 0``,
+    ``N = 0`` (``_finish`` relies on it). ``zero``: a 0-dim float64 0 on the device."""
+    m = s.amax(dim=2, keepdim=True)
+    if not canonical:
+        m.add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
+    p = s.sub_(torch.where(lonely, zero, m)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
+    L = p.sum(dim=2, keepdim=True)
+    N = torch.bmm(p, g if d_v == g.shape[2] else g[:, :, :d_v])
+    return N, m, L
+
+
+def _row_tests(stats, gflat, qrows, c, lims):
+    """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
+    (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
+    the chunk's q rows of the table: ``(x, vmax, approx, fast)``, ``[c, H, 1]`` each but ``vmax``
+    ``[c, 1, 1]``. ``x = fl(n_q max_k n_k)`` on rows whose logits are approximate (bounded), else
+    0; ``approx``: those rows (the others are proven exact or redone); ``fast``: the row keeps the
+    fast logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its
+    ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max |v|`` over the token's slots. ``lims``:
+    ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
+    0-dim tensors of the statistics' dtype (the limits rounded down)."""
+    ebits, lim_exact, lim_approx, zero = lims
+    nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
+    nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
+    nqb = nq * nk  # NaN/inf where a norm is
+    exact = (aq + bk) < ebits
+    fast = nqb < torch.where(exact, lim_exact, lim_approx)  # NaN: False
+    approx = fast > exact  # fast and not exact
+    return torch.where(approx, nqb, zero), vk, approx, fast
+
+
+def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero):
+    """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
+    recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
+    and invalid slots masked to ``-inf`` whatever their logit. ``tests``: the chunk's
+    ``_row_tests``. Returns ``_softmax_pv``'s triple and ``_row_tests``' first three, with ``vmax``
+    over the finite values only (``vfin``: ``_vmax_finite`` of the table)."""
+    c, K = gidx.shape
+    gflat = gidx.reshape(-1)
+    g = _gather(table, gflat, c)
+    qc = qc.to(torch.float64)
+    s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
+    x, vk, approx, fast = tests
+    vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
+    w = (~fast & valid.unsqueeze(1)).nonzero()
+    s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
+    s.masked_fill_(~valid.unsqueeze(1), -math.inf)
+    return (*_softmax_tail(s, g, d_v, lonely, zero), x, vmax, approx)
+
+
+def _finish(N, m, L, x, vmax, lonely, sink, coef, one):
+    """Steps 4-7 and the bounds for all tokens at once (a fixed number of kernel launches per
+    call), with the ordered oracle's lonely-row conventions. ``N``, ``m``, ``L``: ``_softmax_tail``'s
+    (``[T, H, d_v]``, ``[T, H, 1]``; ``N`` is divided in place), ``x`` ``[T, H, 1]``, ``vmax``
+    ``[T, 1, 1]``, ``lonely`` ``[T, 1, 1]``, ``coef``: ``bound_coefficients``' columns ``(x, ln L,
+    |lse|, |sink|, 1)`` on the device (``[4, 1, 1, 1]`` each), ``one``: a 0-dim float64 1. ``out =
+    N / L`` (no sink) or ``N / (L + L e)``, ``e = exp(sink - lse)``: one division by ``L (1 + e)``
+    rounded twice (or once, fused), no more roundings than the ordered ``(N / L) f`` with ``f = 1 /
+    (1 + e)`` (steps 5-6; where ``L (1 + e)`` overflows, ``f < 2**-1000`` and ``out`` is 0, within
+    the bound's absolute ``V_j 2u`` term); lonely rows divide by 1 (``N = 0``). A row with a finite
+    output has finite features (``x <= 2**1000``, ``ln L`` in ``[0, ln K]``, finite ``lse`` and
+    sink), so its bounds are finite; a lonely row has ``lse = -inf``, so every bound of it comes out
+    non-finite and is set to 0, as are the bounds of rows whose ``lse`` is NaN/Inf. Bounds at other
+    non-finite outputs (NaN/Inf values, a ``+inf`` sink's ``lse_with_sink``: the same values in both
+    modes) are finite and carry no meaning. Returns ``(out, lse, lws, m)`` (``[T, H, d_v]``, then
+    ``[T, H]``) and the bounds ``(b_lse, b_lws, b_max)`` ``[T, H]`` and ``b_out`` ``[T, H, 1]``
+    (``V_j B[t, h]``: the ``out`` bound is its broadcast to ``[T, H, d_v]``)."""
+    T, H, _ = m.shape
+    cx, cl, ce, cs, cb = coef
+    lnL = torch.log(L)  # -inf on lonely rows (L = 0)
+    lse = m + lnL  # -inf + -inf on lonely rows
+    if sink is None:
+        den, lws, base = torch.where(lonely, one, L), lse, cb
+    else:
+        sk = sink.view(1, H, 1)
+        den = torch.where(lonely, one, torch.addcmul(L, L, torch.exp(sk - lse)))
+        lws = torch.logaddexp(lse, sk)
+        # +-inf sinks enter as 0 ("Evaluation"); a NaN sink is rejected by the caller's validation
+        base = torch.addcmul(cb, cs, sk.abs().nan_to_num_(posinf=0.0))  # [4, 1, H, 1]
+    out = N.div_(den)
+    # B = cb + cs |sink| + cl ln L + ce |lse| + cx x, [4, T, H, 1]; ln L >= 0 but on lonely rows
+    # (-inf there: their B is reset below)
+    B = torch.addcmul(base, cl, lnL).addcmul_(ce, lse.abs()).addcmul_(cx, x).nan_to_num_(nan=0.0, posinf=0.0)
+    b_lse, b_lws, b_max, _ = B.view(4, T, H).unbind(0)
+    return (out, lse.view(T, H), lws.view(T, H), m.view(T, H)), (b_lse, b_lws, b_max, B[3].mul_(vmax))
+
+
+def _finish_parts(parts, lonely, sink, coef, one):
+    """``_finish`` over the chunks' ``(N, m, L, x, vmax, approx)`` (one chunk: its own tensors, ``N``
+    divided in place; several: concatenated), and ``approx`` ``[T, H, 1]`` of all chunks."""
+    cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*parts)]
+    N, m, L, x, vmax, approx = cols
+    return _finish(N, m, L, x, vmax, lonely, sink, coef, one), approx
+
+
+def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
+    """Per ``(K, D, scale, sink?, statistics dtype, device)``, kept: ``bound_coefficients``' columns
+    as ``_finish`` takes them (``[4, 1, 1, 1]`` each), ``_row_tests``' ``lims`` (the x limits
+    rounded down to the statistics' dtype, and its 0) and the float64 ``(0, -inf, 1)`` of the logit
+    mask and the lonely rows (0-dim tensors on the device)."""
+    key = (K, D, scale, with_sink, sdt, str(dev))
+    hit = _COEF.get(key)
+    if hit is None:
+        if len(_COEF) >= _COLUMNS_MAX:
+            _COEF.pop(next(iter(_COEF)))
+        coef = bound_coefficients(K, D, scale, with_sink)
+        lim = torch.tensor([_DELTA_MAX / _delta_coefficient(D, scale), _BIG / _x_factor(D)], dtype=torch.float64)
+        low = lim.to(sdt)
+        low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
+        mask = torch.tensor([0.0, -math.inf, 1.0], dtype=torch.float64)
+        both = torch.cat([coef[:, _F_X], coef[:, _F_LNL], coef[:, _F_LSE], coef[:, _F_SINK], coef[:, -1],
+                          low.double(), mask]).to(dev)
+        coefs = tuple(both[:20].view(5, 4, 1, 1, 1).unbind(0))  # cx, cl, ce, cs, cb
+        la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
+        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero), both[22:].unbind(0))
+    return hit
+
+
+@dataclass
+class _Issued:
+    """What ``_issue`` leaves for ``_complete``: device tensors only (in a CUDA graph: its static
+    buffers). ``host``: the float64 vector the one host sync reads; ``keep``: the cached constants
+    the work reads (a captured graph must keep them alive); ``packed`` (``pack=True``, for a graph): the
+    ``[T, H]`` outputs and bounds stacked ``[7, T, H]`` (``lse``, ``lse_with_sink``, ``max_logits``,
+    their bounds, ``out``'s bound), so a replay returns them with one copy."""
+
+    spans: list
+    valid: torch.Tensor
+    gidx: torch.Tensor
+    n_valid: torch.Tensor
+    lonely: torch.Tensor
+    table: torch.Tensor
+    tests: list
+    parts: list
+    res: tuple
+    host: torch.Tensor
+    keep: tuple
+    packed: torch.Tensor | None = None
+
+
+def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
+           chunk_tokens: int | None) -> list:
+    """The chunks ``[(t0, t1)]``: ``chunk_tokens`` per chunk, by default what fits
+    ``FAST_BUDGET_BYTES`` (and, on the CPU, an ~8 MiB logit tensor)."""
+    if chunk_tokens is None:
+        per = peak_bytes_estimate_fast(1, H, K, D, d_v, itemsize)
+        chunk_tokens = max(1, FAST_BUDGET_BYTES // per)
+        if dev.type == "cpu":
+            chunk_tokens = min(chunk_tokens, max(1, _CPU_LOGIT_BYTES // max(1, 8 * H * K)))
+    return [(t0, min(T, t0 + chunk_tokens)) for t0 in range(0, T, chunk_tokens)]
+
+
+def _part(x: torch.Tensor, t0: int, t1: int, one_chunk: bool) -> torch.Tensor:
+    """Tokens ``[t0, t1)`` of a per-token tensor (the tensor itself when the call has one chunk:
+    no slicing view to issue)."""
+    return x if one_chunk else x[t0:t1]
+
+
+def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False) -> _Issued:
+    """Every kernel of a call up to its one host sync, issued without reading a device value
+    (so a CUDA graph can capture it): layout and deferred validation flags, the table, per chunk
+    the GEMMs and softmax passes (issued first: the GPU runs them while the host issues the rest),
+    the row statistics and exactness tests, steps 4-7 and the bounds, and the host vector."""
+    T, H, D = q.shape
+    dev = q.device
+    K = sum(s.idx.shape[1] for s in segments)
+    valid, gidx, n_valid, checks, cols = _layout(segments, rules, T, dev)
+    lonely = n_valid.view(T, 1, 1) == 0
+    table, Nrows = _table(segments, q, nan_policy)
+    q0 = Nrows + 1
+    sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
+    consts = _constants(K, D, sc, sink is not None, sdt, dev)
+    coef, lims, (zero, ninf, one) = consts
+    one_chunk = len(spans) == 1
+    gflat = gidx.view(-1)
+
+    def part(x, t0, t1):
+        return _part(x, t0, t1, one_chunk)
+
+    def flat(t0, t1):
+        return gflat if one_chunk else gflat[t0 * K:t1 * K]
+
+    if K == 0:  # every row lonely (m = -inf, as ``_finish`` expects of a lonely row)
+        z = torch.zeros(T, H, 1, dtype=torch.float64, device=dev)
+        heavy = [(torch.zeros(T, H, d_v, dtype=torch.float64, device=dev), torch.full_like(z, -math.inf), z)]
+        spans = [(0, T)]
+    else:
+        negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
+        heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
+                             sc, d_v, zero) for t0, t1 in spans]
+    stats = _row_stats(table, d_v)
+    if K == 0:
+        z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
+        tests = [(z2, z2[:, :1], torch.zeros(T, H, 1, dtype=torch.bool, device=dev),
+                  torch.ones(T, H, 1, dtype=torch.bool, device=dev))]
+    else:
+        tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
+                 for t0, t1 in spans]
+    parts = [(*h, *t[:3]) for h, t in zip(heavy, tests)]
+    res, approx = _finish_parts(parts, lonely, sink, coef, one)
+    # the host vector (float64): lengths' min and max per segment, [the -1-only count], the rows
+    # with approximate logits, each chunk's count of rows that keep the fast logits, [the sum of
+    # the sink values: NaN if one is (or if both infinities are: then checked exactly)]
+    vals = checks + [approx.sum(dim=(0, 1), dtype=torch.float64)] + \
+        [t[3].sum(dim=(0, 1), dtype=torch.float64) for t in tests]  # [c, H, 1] -> [1]
+    if sink is not None:
+        vals.append(sink.sum(0, keepdim=True, dtype=torch.float64))
+    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, str(dev))), _BF16_LUT.get(dev))
+    packed = None
+    if pack:
+        (_, lse, lws, m), (b_lse, b_lws, b_max, b_out) = res
+        packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
+    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed)
+
+
+def _owned(iss: _Issued) -> tuple:
+    """Fresh copies of a replayed graph's outputs (``_issue(pack=True)``), issued before the host
+    sync so that the host's cost of issuing them overlaps the GPU work: ``(res, n_valid)`` as
+    ``_Issued.res`` and ``.n_valid`` hold them."""
+    lse, lws, m, b_lse, b_lws, b_max, b_out = iss.packed.clone().unbind(0)
+    return ((iss.res[0][0].clone(), lse, lws, m), (b_lse, b_lws, b_max, b_out.unsqueeze(2))), iss.n_valid.clone()
+
+
+def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _Issued, host: list,
+              owned=None, orig=None) -> FastOracleOut:
+    """Everything after the host sync: the deferred validation (``_check_common`` raises the
+    precise error), the chunks whose rows need the ordered logits (run again with them, steps 4-7
+    redone), and the result. ``owned``: ``_owned(iss)`` after a graph replay (its static buffers are
+    overwritten by the next replay), returned instead of them. ``orig``: the caller's ``(q,
+    segments)`` when ``q`` / ``segments`` are their bucketed padding (``fast_buckets``): validated
+    against, and the result sliced to their tokens."""
+    T, H, _ = q.shape
+    vq, segments = orig if orig is not None else (q, segments)
+    S, spans = len(segments), iss.spans
+    lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
+    m1 = None
+    if any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only count
+        m1, rest = rest[0], rest[1:]
+    n_ap, kept = rest[0], rest[1:1 + len(spans)]
+    bad = any(v < 0 for v in lmin) or any(v > s.idx.shape[1] for v, s in zip(lmax, segments)) or bool(m1)
+    if sink is not None and rest[-1] != rest[-1]:
+        bad = bad or bool(torch.isnan(sink).any())  # NaN, or +inf and -inf together
+    if bad:
+        _check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
+        raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
+                             "_check_common accepts")  # pragma: no cover - a bug, not an input error
+    res, n_valid = owned if owned is not None else (iss.res, iss.n_valid)
+    redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
+    if any(redo):
+        coef, _, (zero, _, one) = iss.keep[0]
+        vfin = _vmax_finite(iss.table, d_v)
+        single = len(spans) == 1
+        parts = [_chunk_ordered(iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
+                                _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i],
+                                zero)
+                 if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, iss.parts))]
+        res, approx = _finish_parts(parts, iss.lonely, sink, coef, one)
+        n_ap = float(approx.sum())
+    (out, lse, lws, m), (b_lse, b_lws, b_max, b_out) = res
+    bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
+    Tr = vq.shape[0]  # padded tokens are lonely rows: they count no approximate logits
+    res = FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / (Tr * H)) if Tr * H else 1.0)
+    return res if Tr == T else _first_tokens(res, Tr)
+
+
+def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
+    """``r`` restricted to its first ``T`` tokens (views; a bucketed call's own tokens)."""
+    return FastOracleOut(r.out[:T], r.lse[:T], r.lse_with_sink[:T], r.max_logits[:T], r.n_valid[:T],
+                         {k: v[:T] for k, v in r.bound.items()}, r.exact_logits)
+
+
+def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, flat) -> int:
+    """Estimated device bytes a captured call holds (``fast_graphs``): its static inputs, the
+    largest chunk's ``peak_bytes_estimate_fast``, and the per-call terms that estimate's docstring
+    lists (table, statistics and their temporaries, outputs and bounds)."""
+    c = max(t1 - t0 for t0, t1 in spans)
+    rows = n_rows + 1 + T * H
+    inputs = sum(t.numel() * t.element_size() for t in flat if t is not None)
+    stats = 24 * rows + min(_STAT_BYTES, rows * D * (_STAT_PER_ELEM_BF16 if itemsize == 2 else _STAT_PER_ELEM))
+    return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize) + rows * D * itemsize + stats
+            + T * (2 * H * d_v + 12 * H) * 8)
+
+
+def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
+                          d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
+                          chunk_tokens: int | None = None, graph: bool | None = None,
+                          bucket: bool | None = None) -> FastOracleOut:
+    """Fast judging oracle (module docstring: derivation of ``bound``). Arguments, validation
+    and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
+    device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
+    (shapes, dtypes, rules, scale, options, device) comes again on a CUDA device and graphs are
+    enabled (``fast_graphs.set_enabled``, ``DSV4_FAST_GRAPHS=0``), ``False`` never, ``True`` from
+    the first call on CUDA. The results are the same tensors either way (fresh, owned by the
+    caller); a replay skips the host's per-kernel launch cost. ``bucket``: pad the call to its
+    shape bucket (``fast_buckets``: tokens, columns and rows per segment; invalid padding, so the
+    result is within the padded call's bound of the ordered oracle of this call) so that nearby
+    shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
+    ``True`` always (also on the CPU), ``False`` never."""
+    fn = "fast_sparse_attention"
+    T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
+    nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
+    for arg, v in (("graph", graph), ("bucket", bucket)):
+        if v is not None and not isinstance(v, bool):
+            fail(fn, arg, f"must be None, True or False, got {v!r}")
+    dev = q.device
+    K = sum(s.idx.shape[1] for s in segments)
+    if T == 0:
+        _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
+        e2 = torch.empty(0, H, dtype=torch.float64, device=dev)
+        e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
+        return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
+                             {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
+    if bucket is None:
+        bucket = dev.type == "cuda" and graph is not False and (graph is True or fast_graphs.CACHE.enabled)
+    orig = None
+    if bucket:
+        orig = (q, segments)
+        q, segments = fast_buckets.pad_call(q, segments)
+        T, K = q.shape[0], sum(s.idx.shape[1] for s in segments)
+    itemsize = _table_dtype(segments, q).itemsize
+    spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens)
+    args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
+    if dev.type == "cuda" and graph is not False:
+        flat = [q, sink] + [t for s in segments for t in (s.rows, s.idx, s.length)]
+        key = (str(dev), fast_graphs.signature(flat), tuple(rules), sc, d_v, nan_policy, tuple(spans))
+        def nbytes():
+            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(s.rows.shape[0] for s in segments), flat)
+
+        def issue(st):
+            qs, ss = st[0], st[1]
+            segs = [Segment(*st[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
+            return _issue(qs, segs, rules, ss, sc, d_v, nan_policy, spans, pack=True)
+
+        with fast_graphs.LOCK:
+            iss = fast_graphs.CACHE.replay(key, flat, nbytes, issue, always=graph is True)
+            if iss is not None:
+                owned = _owned(iss)  # issued before the host sync: they overlap the replay
+                return _complete(*args, iss, iss.host.tolist(), owned=owned, orig=orig)
+    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans)
+    return _complete(*args, iss, iss.host.tolist(), orig=orig)
