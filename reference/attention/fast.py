@@ -739,6 +739,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     segments)`` when ``q`` / ``segments`` are their bucketed padding (``fast_buckets``): validated
     against, and the result sliced to their tokens."""
     T, H, _ = q.shape
+    issued = segments  # what the device work ran on (the bucketed padding, if any): its host values
     vq, segments = orig if orig is not None else (q, segments)
     S, spans = len(segments), iss.spans
     lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
@@ -746,7 +747,10 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     if any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only count
         m1, rest = rest[0], rest[1:]
     n_ap, kept = rest[0], rest[1:1 + len(spans)]
-    bad = any(v < 0 for v in lmin) or any(v > s.idx.shape[1] for v, s in zip(lmax, segments)) or bool(m1)
+    # a given length may not pass the caller's K (padded columns must not admit it); with no lengths the
+    # issued call's implied length is its own (padded) K
+    limits = [s.idx.shape[1] if s.length is not None else p.idx.shape[1] for s, p in zip(segments, issued)]
+    bad = any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits)) or bool(m1)
     if sink is not None and rest[-1] != rest[-1]:
         bad = bad or bool(torch.isnan(sink).any())  # NaN, or +inf and -inf together
     if bad:

@@ -94,16 +94,16 @@ def combine_topk_swa_indices_sglang(
         fail(fn, "query_pos", "must be >= 0 (absolute positions)")
     width = combined_topk_width(k, w)
     starts = qsl - qsl[0]
-    tok = torch.arange(t, dtype=torch.int64)
+    tok = torch.arange(t, dtype=torch.int64, device=tk.device)
     req = (torch.searchsorted(starts[:nr].contiguous(), tok, right=True) - 1).clamp(0, nr - 1)
     owned = tok < starts[nr]
     topk_len = torch.where(owned, torch.minimum((pos + 1) // ratio, torch.full_like(pos, k)), 0)
     swa_len = torch.where(owned, torch.minimum(pos + 1, torch.full_like(pos, w)), 0)
     gather_start = sl[req] - gl[req]
-    col = torch.arange(width, dtype=torch.int64)[None, :]
+    col = torch.arange(width, dtype=torch.int64, device=tk.device)[None, :]
     in_topk = col < topk_len[:, None]
     in_swa = (col < (topk_len + swa_len)[:, None]) & ~in_topk
-    tk_cols = torch.full((t, width), -1, dtype=torch.int64)
+    tk_cols = torch.full((t, width), -1, dtype=torch.int64, device=tk.device)
     n = min(width, tk.shape[1])
     tk_cols[:, :n] = tk[:, :n]
     shifted = tk_cols + cb[req][:, None]
@@ -142,18 +142,18 @@ def build_swa_token_ids(
         fail(fn, "seq_lens", "seq_lens and extend_seq_lens must be >= 0")
     g = torch.minimum(sl, ext + (w - 1))
     first = sl - g
-    offsets = torch.zeros(nr + 1, dtype=torch.int64)
+    offsets = torch.zeros(nr + 1, dtype=torch.int64, device=sl.device)
     offsets[1:] = torch.cumsum(g, 0)
     total = int(offsets[-1])
     if total == 0:
-        return (torch.empty(0, dtype=torch.int32), first.to(torch.int32), g.to(torch.int32),
+        return (torch.empty(0, dtype=torch.int32, device=sl.device), first.to(torch.int32), g.to(torch.int32),
                 offsets.to(torch.int32))
     if bool(((pool < 0) | (pool >= r2t.shape[0])).any()):
         fail(fn, "req_pool_indices", f"must index rows of req_to_token [0, {r2t.shape[0]})")
     if int(sl.max()) > r2t.shape[1]:
         fail(fn, "req_to_token", f"must have at least max(seq_lens) = {int(sl.max())} columns", tuple(r2t.shape))
-    req = torch.repeat_interleave(torch.arange(nr), g)
-    i = torch.arange(total) - offsets[:-1][req]
+    req = torch.repeat_interleave(torch.arange(nr, device=sl.device), g)
+    i = torch.arange(total, device=sl.device) - offsets[:-1][req]
     full = r2t[pool[req], first[req] + i]
     if bool(((full < 0) | (full >= f2s.shape[0])).any()):
         fail(fn, "req_to_token", f"gathered full ids must index full_to_swa [0, {f2s.shape[0]})")
@@ -203,7 +203,7 @@ def v4_paged_decode_indices(
         n = min(p + 1, w)
         if n <= 0:
             continue
-        i = torch.arange(n, dtype=torch.int64)
+        i = torch.arange(n, dtype=torch.int64, device=pos.device)
         vals = int(slots[int(bid[t])]) * rs + torch.remainder(p - n + 1 + i, rs)
         _fits_int32(fn, "state_slot_per_seq * ring_stride", vals)
         for name, ptr, buf in zip(("swa", "csa", "hca"), ptrs, bufs):

@@ -113,6 +113,19 @@ def test_validation_errors_are_the_original_arguments():
         fast_sparse_attention(q, segs, 0.125, sink, bucket="yes")
 
 
+def test_no_lengths_pads_to_the_issued_width():
+    """Without lengths every column is in the prefix: the padded call's implied length is its own
+    padded K, which the deferred check must accept (seen on the H200: the FlashMLA sweep fuzz and
+    the graph test without lengths raised the internal 'deferred validation' assertion)."""
+    q, segs, sink = _inputs(17, T=6, H=4, N=30, K=10)
+    s = segs[0]
+    for rule in (IndexRule.MINUS1_ONLY, IndexRule.ANY_OUT_OF_RANGE_INVALID):
+        none = [Segment(s.rows, s.idx.clamp(min=0), None, rule)]
+        assert padded_shapes(6, none)[1][0][1] > 10  # the columns really are padded
+        f = fast_sparse_attention(q, none, 0.125, sink, bucket=True)
+        assert_matches_ordered(f, sparse_attention(q, none, 0.125, sink))
+
+
 @cuda
 def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
     fast_graphs.CACHE.clear()
