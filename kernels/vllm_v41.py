@@ -253,7 +253,8 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
     differs from the V4 one the ``flashinfer_mixed`` reference models in four named ways:
 
     * ``replay_start`` (int32 ``[num_reqs]``, keyword-only, required) lower-bounds every prefill
-      window; zeros (passed here) leave the V4 window unchanged (``max(swa_start, 0)``);
+      window: the case's ``replay_start`` (modelled by the reference's argument of that name), zeros
+      when the case has none (the V4 window unchanged, ``max(swa_start, 0)``);
     * a decode row wider than ``window_size`` is copied verbatim (V4 reorders DSpark's
       non-causal block rows): such cases raise ``UnsupportedCase``;
     * no vision columns, no ``num_rows`` (outputs sized by the tokens): cases using them raise
@@ -267,10 +268,11 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
     if swa.dim() == 2 and swa.shape[1] > inputs["window_size"]:
         raise UnsupportedCase("decode rows wider than the window: V4 reorders DSpark's non-causal block, the "
                               "V4.1 builder copies the row verbatim (a different contract)")
-    a = flashinfer_mixed_args({k: v for k, v in inputs.items() if k not in _V4_ONLY_MIXED_ARGS})
+    a = flashinfer_mixed_args({k: v for k, v in inputs.items() if k not in _V4_ONLY_MIXED_ARGS + ("replay_start",)})
     if a.get("seq_lens") is None:
         fail(fn, "seq_lens", "is required (replay_start has one entry per request)")
-    a["replay_start"] = torch.zeros_like(a["seq_lens"])
+    rs = inputs.get("replay_start")
+    a["replay_start"] = torch.zeros_like(a["seq_lens"]) if rs is None else int32(fn, "replay_start", rs)
     return a
 
 
@@ -425,7 +427,7 @@ ENTRIES: list[KernelEntry] = [
         probe=_probe_cache_utils,
         call=_call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_v41_args,
                          ("sparse_indices", "sparse_topk_lens"), module=V41_CACHE_UTILS),
-        notes="replay_start = 0 (the V4 window); DSpark non-causal decode rows, vision and num_rows cases "
-              "are skipped (a different contract, flashinfer_mixed_v41_args).",
+        notes="replay_start from the case (zeros where it has none: the V4 window); DSpark non-causal decode "
+              "rows, vision and num_rows cases are skipped (a different contract, flashinfer_mixed_v41_args).",
     ),
 ]

@@ -284,6 +284,13 @@ def _v41_combine_with(**policies: str) -> Callable[[Case], dict]:
     return call
 
 
+def _mixed_replay_start_dropped(case: Case) -> dict:
+    """vLLM's V4.1 mixed-table builder with ``replay_start`` dropped: every prefill window starts at
+    ``max(p - (W-1), 0)`` as in V4, reading window KV below the request's replay start."""
+    return _index(Case(case.name, case.stage, {k: v for k, v in case.inputs.items() if k != "replay_start"},
+                       case.params))
+
+
 def _v41_nvfp4_gather_positive_zero(case: Case) -> dict:
     """A V4.1 NVFP4 gather reading E2M1 code 0x8 as +0 (Triton's ``0 - mag`` negation) under an
     entry that declares the format's -0 (``E2m1Zero``)."""
@@ -841,6 +848,9 @@ MUTANTS: list[MutantEntry] = [
     _m("v41_combine_window_before_gather", "combine_prefill", "V4.1 combine window not clamped to gather_start "
        "(CombineWindowStart.GATHERED, bounded replay)", _v41_combine_with(window_start="sequence"),
        invalid_topk="bounded_minus1", window_start="gathered"),
+    _m("v41_mixed_replay_start_dropped", "flashinfer_mixed", "V4.1 mixed table built without the SWA bounded "
+       "replay (cache_utils.py:1519-1520 'no window KV exists below the request's replay start')",
+       _mixed_replay_start_dropped),
     _m("v41_nvfp4_zero_sign", "v41_gather", "NVFP4 code 0x8 read as +0 where the entry declares -0 (E2m1Zero)",
        _v41_nvfp4_gather_positive_zero),
     _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "
