@@ -23,6 +23,8 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 rocm_ragged       ROCm ragged streams + indptr
   numeric       rope              RoPE forward/inverse on dims 448..511
                 compressor        state rows -> compressed fp32 rows
+                v41_compress_insert DeepSeek-V4.1 fused compressor: kv/score rows + ring state -> bf16
+                                  latent, updated ring, compressed records (MXFP8 / NVFP4 / 584 B / plain)
                 decode            sparse attention, decode form (main + extra segments)
                 prefill           sparse attention, prefill form (one combined segment)
                 v32_decode        DeepSeek V3.2 sparse decode (656-byte cache)
@@ -85,7 +87,7 @@ def _load_builders() -> None:
     import importlib
 
     for mod in ("cache", "index", "attention", "attention_sweep", "mla", "v41",
-                "v41_attention"):
+                "v41_attention", "v41_compress"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet
