@@ -22,6 +22,9 @@ vllm_v41.fused_save_compress_norm.mxfp8            v41_compress_insert ``fused_c
 vllm_v41.fused_save_compress_norm.nvfp4            v41_compress_insert same, 288-byte cache (sm100+: PTX e2m1x2)
 vllm_v41.fused_save_compress_norm.fp8_584          v41_compress_insert same, 584-byte V4 record
 vllm_v41.fused_save_compress_norm.plain            v41_compress_insert same, plain bf16 / per-tensor FP8 rows
+vllm_v41.indexer_k_norm_rope_store.fp8             v41_indexer_k_store ``indexer_k_store.indexer_k_norm_rope_store``
+                                                                     (FP8 + fp32 scale; not where MX scales are on)
+vllm_v41.indexer_k_norm_rope_store.mxfp4           v41_indexer_k_store same, MXFP4 (sm100+: PTX e2m1x2)
 vllm_v41.dequantize_and_gather_k_cache.mxfp8       v41_gather        ``cache_utils.dequantize_and_gather_k_cache_triton``
 vllm_v41.dequantize_and_gather_k_cache.nvfp4       v41_gather        same, 288-byte cache
 vllm_v41.dequantize_and_gather_k_cache.two_pass    gather            same, 584-byte cache (CUDA: per-block kernel)
@@ -60,9 +63,11 @@ zeros and NaN partners that rotation produces (``oracles.stages.identity_rotated
 stage's) is judged with the ``rope_quant_insert`` call that publishes its latent, on its own stage
 ``v41_compress_insert`` (``oracles.stages_v41_compress``; ``prev_rows`` / PCP not exercised).
 
-Not covered here: ``indexer_k_norm_rope_store`` (the indexer cache), the
-``use_fnuz=True`` MXFP8 flavours (gfx942 only), and the FlashMLA / query-quantiser V4.1 attention
-side (``stages_v41_attention``).
+``indexer_k_norm_rope_store`` is judged on ``v41_indexer_k_store`` (``oracles.stages_v41_indexer``):
+bit-exact on exact-norm rows, fp32 scales only (``IndexerKScale``), row-major pages (CUDA).
+
+Not covered here: the ``use_fnuz=True`` MXFP8 flavours (gfx942 only), the indexer's ROCm tiled
+value order, and the FlashMLA / query-quantiser V4.1 attention side (``stages_v41_attention``).
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, ROPE_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import (
     Fp8Flavour,
+    IndexerKScale,
     NonFinite,
     Nvfp4ScaleRule,
     RopeArithmetic,
@@ -106,6 +112,7 @@ __all__ = [
 
 V41_CACHE_UTILS = "vllm.models.deepseek_v41.common.ops.cache_utils"
 V41_COMPRESS = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
+V41_INDEXER = "vllm.models.deepseek_v41.common.ops.indexer_k_store"
 
 # ``cvt.rn.satfinite.e2m1x2.f32`` (the inline PTX of ``_fp32x2_to_fp4x2``,
 # ``V:models/deepseek_v4/common/ops/fused_indexer_q.py:39-54``) exists only on the
@@ -251,6 +258,51 @@ def _call_compress_insert(records: tuple[str, ...]) -> Callable[[Case], dict]:
     return call
 
 
+def indexer_store_args(fn: str, inputs: dict) -> dict:
+    """Canonical ``v41_indexer_k_store`` inputs -> ``indexer_k_norm_rope_store`` arguments: contiguous
+    bf16 ``k_pre``, int64 ``positions`` / ``kv_slot_mapping``, fp32 ``cos_sin_cache``, a COPY of the
+    uint8 ``[num_blocks, block_size, row_bytes]`` cache (written in place), ``use_fp4_cache`` from
+    the case's record."""
+    record = inputs["record"]
+    if record not in ("fp8", "mxfp4"):
+        fail(fn, "record", "must be fp8 or mxfp4", record)
+    cache = inputs["cache"]
+    check_dtype(fn, "cache", cache, (torch.uint8,))
+    check_rank(fn, "cache", cache, 3)
+    return dict(k_pre=inputs["k_pre"].to(torch.bfloat16).contiguous(),
+                positions=inputs["positions"].to(torch.int64).contiguous(),
+                cos_sin_cache=inputs["cos_sin"].to(torch.float32).contiguous(),
+                rms_norm_weight=inputs["weight"].to(torch.bfloat16).contiguous(), rms_norm_eps=float(inputs["eps"]),
+                k_cache=cache.clone().contiguous(), kv_slot_mapping=inputs["slots"].to(torch.int64).contiguous(),
+                compress_ratio=check_int(fn, "compress_ratio", inputs["compress_ratio"], minimum=1),
+                use_fp4_cache=record == "mxfp4")
+
+
+def _call_indexer_store(record: str) -> Callable[[Case], dict]:
+    def call(case: Case) -> dict:
+        if case.inputs["record"] != record:
+            raise UnsupportedCase(f"case {case.name!r} holds {case.inputs['record']!r} records; this entry "
+                                  f"writes {record!r}")
+        a = indexer_store_args("indexer_store_args", case.inputs)
+        _fn(V41_INDEXER, "indexer_k_norm_rope_store")(**a)
+        return {"cache": a["k_cache"]}
+
+    return call
+
+
+def _no_mx_scales() -> str | None:
+    """The FP8 indexer writer stores ``pack_ue8m0_x4`` scales where ``mqa_logits_use_mx_scales()``
+    (DeepGEMM, SM100) holds; the reference models the fp32 scale only (``IndexerKScale.FP32``)."""
+    try:
+        use_mx = bool(_fn("vllm.utils.deep_gemm", "mqa_logits_use_mx_scales")())
+    except Exception as e:  # noqa: BLE001 - the reason is the result
+        return f"vllm.utils.deep_gemm.mqa_logits_use_mx_scales unavailable: {type(e).__name__}: {e}"
+    if use_mx:
+        return ("mqa_logits_use_mx_scales() is True here: the writer stores pack_ue8m0_x4 scales "
+                "(indexer_k_scale=ue8m0_x4), which the reference does not model")
+    return None
+
+
 def v41_gather_args(fn: str, inputs: dict, record: V41Record) -> dict:
     """Canonical ``v41_gather`` inputs -> ``dequantize_and_gather_k_cache_triton`` arguments: a zeroed
     bf16 workspace ``out [R, offset + max(g), 512]`` (the reference's width; unwritten rows stay 0),
@@ -354,6 +406,7 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
 _TRITON_ARCHS = ("any-cuda",)
 _probe_cache_utils = staged_triton_probe(V41_CACHE_UTILS)
 _probe_compress = staged_triton_probe(V41_COMPRESS)
+_probe_indexer = staged_triton_probe(V41_INDEXER)
 _WRITER = {"v41_layout": V41Layout.INTERLEAVED.value, "scale_rule": ScaleRule.AMAX_CLAMP.value,
            "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value, "nonfinite": NonFinite.TRITON.value,
            "fp8": Fp8Flavour.E4M3FN.value}
@@ -459,6 +512,33 @@ ENTRIES: list[KernelEntry] = [
         call=_call_compress_insert(("plain_bf16", "plain_fp8")),
         notes="Plain [448 NoPE | 64 RoPE] rows read by FlashInfer: bf16, or FP8 scaled by 1/fp8_scale "
               "(a power of two in the cases: Triton's 1.0 / x is div.full).",
+    ),
+    KernelEntry(
+        name="vllm_v41.indexer_k_norm_rope_store.fp8",
+        stage="v41_indexer_k_store",
+        family="Triton",
+        source=f"{V41_INDEXER}.indexer_k_norm_rope_store(use_fp4_cache=False)",
+        archs=_TRITON_ARCHS,
+        dtypes=("bfloat16", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_k_scale": IndexerKScale.FP32.value},
+        tolerance_scope="vllm_v41.indexer_k_norm_rope_store.fp8",
+        probe=chain(_probe_indexer, _no_mx_scales),
+        call=_call_indexer_store("fp8"),
+        notes="Indexer K: k_norm, RoPE at the group start, FP8 + fp32 scale; unavailable where DeepGEMM's MX "
+              "scales are on (SM100: pack_ue8m0_x4, not modelled).",
+    ),
+    KernelEntry(
+        name="vllm_v41.indexer_k_norm_rope_store.mxfp4",
+        stage="v41_indexer_k_store",
+        family="Triton",
+        source=f"{V41_INDEXER}.indexer_k_norm_rope_store(use_fp4_cache=True)",
+        archs=NVFP4_WRITER_ARCHS,
+        dtypes=("bfloat16", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_k_scale": IndexerKScale.FP32.value},
+        tolerance_scope="vllm_v41.indexer_k_norm_rope_store.mxfp4",
+        probe=chain(_probe_indexer, needs_arch(*NVFP4_WRITER_ARCHS)),
+        call=_call_indexer_store("mxfp4"),
+        notes="MXFP4 indexer K (UE8M0 per 32 dims): cvt.rn.satfinite.e2m1x2.f32 exists only on Blackwell.",
     ),
     KernelEntry(
         name="vllm_v41.dequantize_and_gather_k_cache.mxfp8",

@@ -338,6 +338,27 @@ def _v41_compress(case: Case, ring_head: bool = False, first_without_ring: bool 
     return out
 
 
+def _v41_indexer(case: Case, rope_at_last: bool = False, nibbles_swapped: bool = False) -> dict:
+    """vLLM V4.1's indexer K store (``caches.indexer_v41``) with one rule broken: RoPE at the
+    group's last position instead of its first; MXFP4 nibbles swapped (even element high)."""
+    from dsv4_numerics.reference.caches.indexer_v41 import insert_indexer_k
+    from dsv4_numerics.reference.pipeline.rope import cos_sin_cache
+
+    i = dict(case.inputs)
+    if rope_at_last:
+        i["cos_sin"] = cos_sin_cache(i["cos_sin"].shape[0] + 1)[1:]
+    out = insert_indexer_k(i["cache"], i["k_pre"], i["positions"], i["cos_sin"], i["weight"], i["eps"], i["slots"],
+                           i["compress_ratio"], i["record"])
+    if nibbles_swapped and i["record"] == "mxfp4":
+        nb, bs, rb = out.shape
+        vw = rb - 4
+        pages = out.reshape(nb, bs * rb)
+        new = pages[:, :bs * vw] != i["cache"].reshape(nb, bs * rb)[:, :bs * vw]  # bytes the store changed
+        vals = pages[:, :bs * vw]
+        pages[:, :bs * vw] = torch.where(new, (vals >> 4) | (vals << 4), vals)
+    return {"cache": out}
+
+
 def _v41_nvfp4_gather_positive_zero(case: Case) -> dict:
     """A V4.1 NVFP4 gather reading E2M1 code 0x8 as +0 (Triton's ``0 - mag`` negation) under an
     entry that declares the format's -0 (``E2m1Zero``)."""
@@ -907,6 +928,11 @@ MUTANTS: list[MutantEntry] = [
     _m("v41_compress_rope_at_group_end", "v41_compress_insert", "compressed entry rotated at the group's last "
        "position p instead of p // ratio * ratio (fused_compress_quant_cache.py:453)",
        lambda c: _v41_compress(c, rope_at_last=True)),
+    _m("v41_indexer_rope_at_group_end", "v41_indexer_k_store", "indexer key rotated at the group's last position "
+       "instead of (p // ratio) * ratio (indexer_k_store.py:197-199 'group j takes position j * compress_ratio')",
+       lambda c: _v41_indexer(c, rope_at_last=True)),
+    _m("v41_indexer_mxfp4_nibbles_swapped", "v41_indexer_k_store", "MXFP4 key with the even element in the high "
+       "nibble (_fp32x2_to_fp4x2 operand order)", lambda c: _v41_indexer(c, nibbles_swapped=True)),
     _m("v41_nvfp4_zero_sign", "v41_gather", "NVFP4 code 0x8 read as +0 where the entry declares -0 (E2m1Zero)",
        _v41_nvfp4_gather_positive_zero),
     _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "

@@ -84,3 +84,42 @@ def test_584_view_is_the_model1_kernel_view():
     view = a["insert"]["kv_cache"]
     assert view.shape == cache_model1.kernel_view(case.inputs["cache"], case.inputs["block_size"]).shape
     assert a["save"]["state_cache"] is None and a["save"]["query_start_loc"] is None
+
+
+# --------------------------------------------------------------------------- indexer K store
+
+def _fake_indexer() -> types.ModuleType:
+    from dsv4_numerics.reference.caches.indexer_v41 import insert_indexer_k
+
+    m = types.ModuleType(V.V41_INDEXER)
+
+    def indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                                  kv_slot_mapping, compress_ratio, use_fp4_cache):
+        assert k_pre.dtype == torch.bfloat16 and k_cache.dtype == torch.uint8 and k_cache.dim() == 3
+        rec = "mxfp4" if use_fp4_cache else "fp8"
+        k_cache.copy_(insert_indexer_k(k_cache, k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                                       kv_slot_mapping, compress_ratio, rec))
+
+    m.indexer_k_norm_rope_store = indexer_k_norm_rope_store
+    return m
+
+
+@pytest.mark.parametrize("name", ["vllm_v41.indexer_k_norm_rope_store.fp8", "vllm_v41.indexer_k_norm_rope_store.mxfp4"])
+def test_indexer_call_paths_through_a_stand_in(name, monkeypatch):
+    monkeypatch.setitem(sys.modules, V.V41_INDEXER, _fake_indexer())
+    entry = dataclasses.replace(next(e for e in V.ENTRIES if e.name == name), probe=lambda: None)
+    cases = default_cases("v41_indexer_k_store")
+    before = [c.inputs["cache"].clone() for c in cases]
+    results = matrix.run_entry(entry, cases=cases)
+    assert [r.verdict for r in results].count("pass") == 2 and [r.verdict for r in results].count("skip") == 2, results
+    assert all(torch.equal(c.inputs["cache"], b) for c, b in zip(cases, before))
+
+
+def test_fp8_indexer_is_unavailable_where_mx_scales_are_on(monkeypatch):
+    dg = types.ModuleType("vllm.utils.deep_gemm")
+    dg.mqa_logits_use_mx_scales = lambda: True
+    monkeypatch.setitem(sys.modules, "vllm.utils.deep_gemm", dg)
+    reason = V._no_mx_scales()
+    assert reason and "ue8m0_x4" in reason
+    dg.mqa_logits_use_mx_scales = lambda: False
+    assert V._no_mx_scales() is None
