@@ -275,7 +275,13 @@ def flashinfer_mixed_args(inputs: dict) -> dict:
     asserts it, ``cache_utils.py:1131-1170``), ``decode_is_valid_token`` bool, ints as given."""
     fn = "flashinfer_mixed_args"
     out: dict[str, Any] = {}
+    rs = inputs.get("replay_start")
+    if rs is not None and bool((torch.as_tensor(rs) != 0).any()):
+        raise UnsupportedCase("the V4 build_flashinfer_mixed_sparse_indices has no replay_start (DeepSeek-V4.1 "
+                              "SWA bounded replay)")
     for k, v in inputs.items():
+        if k == "replay_start":
+            continue
         if k in _FI_INT32:
             out[k] = int32(fn, k, v)
         elif k == "decode_is_valid_token":

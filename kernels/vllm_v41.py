@@ -17,6 +17,14 @@ vllm_v41.quantize_and_insert_k_cache.mxfp8         v41_write         ``cache_uti
                                                                      (``bytes_per_token=528``)
 vllm_v41.rope_quant_insert.mxfp8                   v41_write         ``fused_compress_quant_cache.rope_quant_insert``
 vllm_v41.rope_quant_insert.nvfp4                   v41_write         same, 288-byte cache (sm100+: PTX e2m1x2)
+vllm_v41.fused_save_compress_norm.mxfp8            v41_compress_insert ``fused_compress_quant_cache.fused_save_compress_norm``
+                                                                     + ``rope_quant_insert`` (528-byte cache)
+vllm_v41.fused_save_compress_norm.nvfp4            v41_compress_insert same, 288-byte cache (sm100+: PTX e2m1x2)
+vllm_v41.fused_save_compress_norm.fp8_584          v41_compress_insert same, 584-byte V4 record
+vllm_v41.fused_save_compress_norm.plain            v41_compress_insert same, plain bf16 / per-tensor FP8 rows
+vllm_v41.indexer_k_norm_rope_store.fp8             v41_indexer_k_store ``indexer_k_store.indexer_k_norm_rope_store``
+                                                                     (FP8 + fp32 scale; not where MX scales are on)
+vllm_v41.indexer_k_norm_rope_store.mxfp4           v41_indexer_k_store same, MXFP4 (sm100+: PTX e2m1x2)
 vllm_v41.dequantize_and_gather_k_cache.mxfp8       v41_gather        ``cache_utils.dequantize_and_gather_k_cache_triton``
 vllm_v41.dequantize_and_gather_k_cache.nvfp4       v41_gather        same, 288-byte cache
 vllm_v41.dequantize_and_gather_k_cache.two_pass    gather            same, 584-byte cache (CUDA: per-block kernel)
@@ -51,10 +59,15 @@ Declared quantisation rules, derived from the sources:
 NoPE pairs load ``(1, 0)`` too), so the stage's ``writer_rope = identity_all`` models the signed
 zeros and NaN partners that rotation produces (``oracles.stages.identity_rotated_pairs``).
 
-Not covered here: ``fused_save_compress_norm`` (the ring-buffer compressor: its state layout is not
-the ``compressor`` stage's), ``indexer_k_norm_rope_store`` (the indexer cache), the
-``use_fnuz=True`` MXFP8 flavours (gfx942 only), and the FlashMLA / query-quantiser V4.1 attention
-side (``stages_v41_attention``).
+``fused_save_compress_norm`` (the ring-buffer compressor: its state is not the ``compressor``
+stage's) is judged with the ``rope_quant_insert`` call that publishes its latent, on its own stage
+``v41_compress_insert`` (``oracles.stages_v41_compress``; ``prev_rows`` / PCP not exercised).
+
+``indexer_k_norm_rope_store`` is judged on ``v41_indexer_k_store`` (``oracles.stages_v41_indexer``):
+bit-exact on exact-norm rows, fp32 scales only (``IndexerKScale``), row-major pages (CUDA).
+
+Not covered here: the ``use_fnuz=True`` MXFP8 flavours (gfx942 only), the indexer's ROCm tiled
+value order, and the FlashMLA / query-quantiser V4.1 attention side (``stages_v41_attention``).
 """
 
 from __future__ import annotations
@@ -69,6 +82,7 @@ from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, ROPE_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import (
     Fp8Flavour,
+    IndexerKScale,
     NonFinite,
     Nvfp4ScaleRule,
     RopeArithmetic,
@@ -98,6 +112,7 @@ __all__ = [
 
 V41_CACHE_UTILS = "vllm.models.deepseek_v41.common.ops.cache_utils"
 V41_COMPRESS = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
+V41_INDEXER = "vllm.models.deepseek_v41.common.ops.indexer_k_store"
 
 # ``cvt.rn.satfinite.e2m1x2.f32`` (the inline PTX of ``_fp32x2_to_fp4x2``,
 # ``V:models/deepseek_v4/common/ops/fused_indexer_q.py:39-54``) exists only on the
@@ -180,6 +195,114 @@ def _call_rope_insert(record: V41Record) -> Callable[[Case], dict]:
     return call
 
 
+def compress_insert_args(fn: str, inputs: dict) -> dict:
+    """Canonical ``v41_compress_insert`` inputs -> ``fused_save_compress_norm`` and
+    ``rope_quant_insert`` arguments as the V4.1 attention layer passes them: contiguous fp32
+    ``kv_score``, int64 ``positions`` / slot mappings, a COPY of the fp32 ring (ratio 2; written in
+    place), int32 ``query_start_loc`` / ``token_to_req_indices``, a zeroed bf16 ``latent_out``
+    ``[T, 512]``, fp32 ``cos_sin``, and a copy of the cache in the kernel's form: the
+    ``[num_blocks, block_size, R]`` view (R = 528 / 288 / 584 picks the record), a bf16 or
+    float8_e4m3fn ``[num_blocks, block_size, 512]`` plain cache, with its fp32 ``fp8_scale``."""
+    from dsv4_numerics.reference.caches import model1 as cache_model1
+
+    ratio = check_int(fn, "compress_ratio", inputs["compress_ratio"], minimum=1)
+    kv = inputs["kv_score"]
+    check_dtype(fn, "kv_score", kv, (torch.float32,))
+    dev = kv.device
+    state = inputs.get("state_cache")
+    a = dict(kv_score=kv.contiguous(), positions=inputs["positions"].to(torch.int64).contiguous(),
+             state_cache=None if state is None else state.clone().contiguous(),
+             slot_mapping=inputs["state_slots"].to(torch.int64).contiguous(),
+             query_start_loc=int32(fn, "query_start_loc", inputs.get("query_start_loc")),
+             token_to_req_indices=int32(fn, "token_to_req_indices", inputs.get("token_to_req_indices")),
+             rms_norm_weight=inputs["norm_weight"].to(torch.bfloat16).contiguous(), rms_norm_eps=float(inputs["eps"]),
+             compress_ratio=ratio,
+             latent_out=torch.zeros((kv.shape[0], HEAD_DIM), dtype=torch.bfloat16, device=dev))
+    record, bs, cache = inputs["record"], check_int(fn, "block_size", inputs["block_size"], minimum=1), inputs["cache"]
+    fp8_scale = None
+    if record in (V41Record.MXFP8.value, V41Record.NVFP4.value):
+        owner, view = v41_cache_view(fn, cache, bs, V41Record(record), copy=True)
+    elif record == "model1_584":
+        owner = clone_storage(cache)
+        view = cache_model1.kernel_view(owner, bs)
+    elif record == "plain_bf16":
+        owner = view = cache.clone()
+    elif record == "plain_fp8":
+        owner = cache.clone()
+        view = owner.view(torch.float8_e4m3fn)
+        fp8_scale = torch.tensor([float(inputs["fp8_scale"])], dtype=torch.float32, device=dev)
+    else:
+        fail(fn, "record", "must be mxfp8_528, nvfp4_288, model1_584, plain_bf16 or plain_fp8", record)
+    insert = dict(positions=a["positions"], cos_sin_cache=inputs["cos_sin"].to(torch.float32).contiguous(),
+                  kv_cache=view, slot_mapping=inputs["cache_slots"].to(torch.int64).contiguous(),
+                  compress_ratio=ratio, fp8_scale=fp8_scale)
+    return dict(save=a, insert=insert, owner=owner)
+
+
+def _call_compress_insert(records: tuple[str, ...]) -> Callable[[Case], dict]:
+    """``fused_save_compress_norm`` then ``rope_quant_insert`` of its latent (the two ops the V4.1
+    layer schedules for a compressed layer) for cases of ``records``; other cases are skipped."""
+
+    def call(case: Case) -> dict:
+        if case.inputs["record"] not in records:
+            raise UnsupportedCase(f"case {case.name!r} holds {case.inputs['record']!r} records; this entry "
+                                  f"writes {list(records)}")
+        a = compress_insert_args("compress_insert_args", case.inputs)
+        _fn(V41_COMPRESS, "fused_save_compress_norm")(**a["save"])
+        _fn(V41_COMPRESS, "rope_quant_insert")(a["save"]["latent_out"], **a["insert"])
+        out = {"latent": a["save"]["latent_out"], "cache": a["owner"]}
+        if a["save"]["state_cache"] is not None:
+            out["state"] = a["save"]["state_cache"]
+        return out
+
+    return call
+
+
+def indexer_store_args(fn: str, inputs: dict) -> dict:
+    """Canonical ``v41_indexer_k_store`` inputs -> ``indexer_k_norm_rope_store`` arguments: contiguous
+    bf16 ``k_pre``, int64 ``positions`` / ``kv_slot_mapping``, fp32 ``cos_sin_cache``, a COPY of the
+    uint8 ``[num_blocks, block_size, row_bytes]`` cache (written in place), ``use_fp4_cache`` from
+    the case's record."""
+    record = inputs["record"]
+    if record not in ("fp8", "mxfp4"):
+        fail(fn, "record", "must be fp8 or mxfp4", record)
+    cache = inputs["cache"]
+    check_dtype(fn, "cache", cache, (torch.uint8,))
+    check_rank(fn, "cache", cache, 3)
+    return dict(k_pre=inputs["k_pre"].to(torch.bfloat16).contiguous(),
+                positions=inputs["positions"].to(torch.int64).contiguous(),
+                cos_sin_cache=inputs["cos_sin"].to(torch.float32).contiguous(),
+                rms_norm_weight=inputs["weight"].to(torch.bfloat16).contiguous(), rms_norm_eps=float(inputs["eps"]),
+                k_cache=cache.clone().contiguous(), kv_slot_mapping=inputs["slots"].to(torch.int64).contiguous(),
+                compress_ratio=check_int(fn, "compress_ratio", inputs["compress_ratio"], minimum=1),
+                use_fp4_cache=record == "mxfp4")
+
+
+def _call_indexer_store(record: str) -> Callable[[Case], dict]:
+    def call(case: Case) -> dict:
+        if case.inputs["record"] != record:
+            raise UnsupportedCase(f"case {case.name!r} holds {case.inputs['record']!r} records; this entry "
+                                  f"writes {record!r}")
+        a = indexer_store_args("indexer_store_args", case.inputs)
+        _fn(V41_INDEXER, "indexer_k_norm_rope_store")(**a)
+        return {"cache": a["k_cache"]}
+
+    return call
+
+
+def _no_mx_scales() -> str | None:
+    """The FP8 indexer writer stores ``pack_ue8m0_x4`` scales where ``mqa_logits_use_mx_scales()``
+    (DeepGEMM, SM100) holds; the reference models the fp32 scale only (``IndexerKScale.FP32``)."""
+    try:
+        use_mx = bool(_fn("vllm.utils.deep_gemm", "mqa_logits_use_mx_scales")())
+    except Exception as e:  # noqa: BLE001 - the reason is the result
+        return f"vllm.utils.deep_gemm.mqa_logits_use_mx_scales unavailable: {type(e).__name__}: {e}"
+    if use_mx:
+        return ("mqa_logits_use_mx_scales() is True here: the writer stores pack_ue8m0_x4 scales "
+                "(indexer_k_scale=ue8m0_x4), which the reference does not model")
+    return None
+
+
 def v41_gather_args(fn: str, inputs: dict, record: V41Record) -> dict:
     """Canonical ``v41_gather`` inputs -> ``dequantize_and_gather_k_cache_triton`` arguments: a zeroed
     bf16 workspace ``out [R, offset + max(g), 512]`` (the reference's width; unwritten rows stay 0),
@@ -253,7 +376,8 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
     differs from the V4 one the ``flashinfer_mixed`` reference models in four named ways:
 
     * ``replay_start`` (int32 ``[num_reqs]``, keyword-only, required) lower-bounds every prefill
-      window; zeros (passed here) leave the V4 window unchanged (``max(swa_start, 0)``);
+      window: the case's ``replay_start`` (modelled by the reference's argument of that name), zeros
+      when the case has none (the V4 window unchanged, ``max(swa_start, 0)``);
     * a decode row wider than ``window_size`` is copied verbatim (V4 reorders DSpark's
       non-causal block rows): such cases raise ``UnsupportedCase``;
     * no vision columns, no ``num_rows`` (outputs sized by the tokens): cases using them raise
@@ -267,10 +391,11 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
     if swa.dim() == 2 and swa.shape[1] > inputs["window_size"]:
         raise UnsupportedCase("decode rows wider than the window: V4 reorders DSpark's non-causal block, the "
                               "V4.1 builder copies the row verbatim (a different contract)")
-    a = flashinfer_mixed_args({k: v for k, v in inputs.items() if k not in _V4_ONLY_MIXED_ARGS})
+    a = flashinfer_mixed_args({k: v for k, v in inputs.items() if k not in _V4_ONLY_MIXED_ARGS + ("replay_start",)})
     if a.get("seq_lens") is None:
         fail(fn, "seq_lens", "is required (replay_start has one entry per request)")
-    a["replay_start"] = torch.zeros_like(a["seq_lens"])
+    rs = inputs.get("replay_start")
+    a["replay_start"] = torch.zeros_like(a["seq_lens"]) if rs is None else int32(fn, "replay_start", rs)
     return a
 
 
@@ -281,11 +406,14 @@ def flashinfer_mixed_v41_args(inputs: dict) -> dict:
 _TRITON_ARCHS = ("any-cuda",)
 _probe_cache_utils = staged_triton_probe(V41_CACHE_UTILS)
 _probe_compress = staged_triton_probe(V41_COMPRESS)
+_probe_indexer = staged_triton_probe(V41_INDEXER)
 _WRITER = {"v41_layout": V41Layout.INTERLEAVED.value, "scale_rule": ScaleRule.AMAX_CLAMP.value,
            "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value, "nonfinite": NonFinite.TRITON.value,
            "fp8": Fp8Flavour.E4M3FN.value}
 _ROPE_WRITER = {**_WRITER, "slot_skip": SlotSkip.ALL_NEGATIVE.value, "writer_rope": "identity_all",
                 "rope_arith": RopeArithmetic.FMA_TRITON.value}
+_COMPRESS = {"scale_rule": ScaleRule.AMAX_CLAMP.value, "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value,
+             "v41_layout": V41Layout.INTERLEAVED.value, "rope_arith": RopeArithmetic.FMA_TRITON.value}
 _GATHER_584 = {"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value}
 
 ENTRIES: list[KernelEntry] = [
@@ -330,6 +458,87 @@ ENTRIES: list[KernelEntry] = [
         call=_call_rope_insert(V41Record.NVFP4),
         notes="NVFP4 publisher: RECIP_MUL scale, div_rn, cvt.rn.satfinite.e2m1x2.f32 -- inline PTX that "
               "only the arch-specific Blackwell targets accept, so unavailable on sm90 (H100/H200).",
+    ),
+    KernelEntry(
+        name="vllm_v41.fused_save_compress_norm.mxfp8",
+        stage="v41_compress_insert",
+        family="Triton",
+        source=f"{V41_COMPRESS}.fused_save_compress_norm + rope_quant_insert (528-byte cache)",
+        archs=_TRITON_ARCHS,
+        dtypes=("float32", "bfloat16"),
+        policies=dict(_COMPRESS),
+        tolerance_scope="vllm_v41.fused_save_compress_norm.mxfp8",
+        probe=_probe_compress,
+        call=_call_compress_insert((V41Record.MXFP8.value,)),
+        notes="V4.1 fused compressor (ratio 1 / 2 ring) publishing MXFP8 528 B records; latent by the "
+              "compressor tier, ring and records bit-exact.",
+    ),
+    KernelEntry(
+        name="vllm_v41.fused_save_compress_norm.nvfp4",
+        stage="v41_compress_insert",
+        family="Triton",
+        source=f"{V41_COMPRESS}.fused_save_compress_norm + rope_quant_insert (288-byte cache)",
+        archs=NVFP4_WRITER_ARCHS,
+        dtypes=("float32", "bfloat16"),
+        policies=dict(_COMPRESS),
+        tolerance_scope="vllm_v41.fused_save_compress_norm.nvfp4",
+        probe=chain(_probe_compress, needs_arch(*NVFP4_WRITER_ARCHS)),
+        call=_call_compress_insert((V41Record.NVFP4.value,)),
+        notes="NVFP4 publisher: cvt.rn.satfinite.e2m1x2.f32 exists only on Blackwell, unavailable on sm90.",
+    ),
+    KernelEntry(
+        name="vllm_v41.fused_save_compress_norm.fp8_584",
+        stage="v41_compress_insert",
+        family="Triton",
+        source=f"{V41_COMPRESS}.fused_save_compress_norm + rope_quant_insert (584-byte cache)",
+        archs=_TRITON_ARCHS,
+        dtypes=("float32", "bfloat16"),
+        policies=dict(_COMPRESS),
+        tolerance_scope="vllm_v41.fused_save_compress_norm.fp8_584",
+        probe=_probe_compress,
+        call=_call_compress_insert(("model1_584",)),
+        notes="V4.1 fused compressor publishing the V4 584-byte FP8 record (64-wide Q_A tiles, bf16 RoPE).",
+    ),
+    KernelEntry(
+        name="vllm_v41.fused_save_compress_norm.plain",
+        stage="v41_compress_insert",
+        family="Triton",
+        source=f"{V41_COMPRESS}.fused_save_compress_norm + rope_quant_insert (bf16 / per-tensor FP8 rows)",
+        archs=_TRITON_ARCHS,
+        dtypes=("float32", "bfloat16", "float8_e4m3fn"),
+        policies=dict(_COMPRESS),
+        tolerance_scope="vllm_v41.fused_save_compress_norm.plain",
+        probe=_probe_compress,
+        call=_call_compress_insert(("plain_bf16", "plain_fp8")),
+        notes="Plain [448 NoPE | 64 RoPE] rows read by FlashInfer: bf16, or FP8 scaled by 1/fp8_scale "
+              "(a power of two in the cases: Triton's 1.0 / x is div.full).",
+    ),
+    KernelEntry(
+        name="vllm_v41.indexer_k_norm_rope_store.fp8",
+        stage="v41_indexer_k_store",
+        family="Triton",
+        source=f"{V41_INDEXER}.indexer_k_norm_rope_store(use_fp4_cache=False)",
+        archs=_TRITON_ARCHS,
+        dtypes=("bfloat16", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_k_scale": IndexerKScale.FP32.value},
+        tolerance_scope="vllm_v41.indexer_k_norm_rope_store.fp8",
+        probe=chain(_probe_indexer, _no_mx_scales),
+        call=_call_indexer_store("fp8"),
+        notes="Indexer K: k_norm, RoPE at the group start, FP8 + fp32 scale; unavailable where DeepGEMM's MX "
+              "scales are on (SM100: pack_ue8m0_x4, not modelled).",
+    ),
+    KernelEntry(
+        name="vllm_v41.indexer_k_norm_rope_store.mxfp4",
+        stage="v41_indexer_k_store",
+        family="Triton",
+        source=f"{V41_INDEXER}.indexer_k_norm_rope_store(use_fp4_cache=True)",
+        archs=NVFP4_WRITER_ARCHS,
+        dtypes=("bfloat16", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_k_scale": IndexerKScale.FP32.value},
+        tolerance_scope="vllm_v41.indexer_k_norm_rope_store.mxfp4",
+        probe=chain(_probe_indexer, needs_arch(*NVFP4_WRITER_ARCHS)),
+        call=_call_indexer_store("mxfp4"),
+        notes="MXFP4 indexer K (UE8M0 per 32 dims): cvt.rn.satfinite.e2m1x2.f32 exists only on Blackwell.",
     ),
     KernelEntry(
         name="vllm_v41.dequantize_and_gather_k_cache.mxfp8",
@@ -425,7 +634,7 @@ ENTRIES: list[KernelEntry] = [
         probe=_probe_cache_utils,
         call=_call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_v41_args,
                          ("sparse_indices", "sparse_topk_lens"), module=V41_CACHE_UTILS),
-        notes="replay_start = 0 (the V4 window); DSpark non-causal decode rows, vision and num_rows cases "
-              "are skipped (a different contract, flashinfer_mixed_v41_args).",
+        notes="replay_start from the case (zeros where it has none: the V4 window); DSpark non-causal decode "
+              "rows, vision and num_rows cases are skipped (a different contract, flashinfer_mixed_v41_args).",
     ),
 ]

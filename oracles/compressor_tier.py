@@ -33,17 +33,26 @@ import torch
 from dsv4_numerics.reference.caches.model1 import defined_byte_mask, page_bytes, read_records
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE
 
-__all__ = ["TierReport", "compressor_error_bound", "judge_compressed_records"]
+__all__ = ["TierReport", "compressor_error_bound", "judge_compressed_records", "ulp_bf16", "window_error_bound"]
 
 
 def compressor_error_bound(state: torch.Tensor, positions: torch.Tensor, ratio: int, norm_weight: torch.Tensor,
                            eps: float, normed: torch.Tensor) -> torch.Tensor:
     """``A [M, 512]`` float64: the error model above for the boundary ``positions`` of one
     request's dense ``state`` (``normed``: the reference's fp32 normed rows of those positions)."""
-    from dsv4_numerics.reference.pipeline.compressor import compressor_geometry, state_windows
+    from dsv4_numerics.reference.pipeline.compressor import state_windows
 
-    _, W = compressor_geometry(ratio)
     kv, score, valid = state_windows(state, positions, ratio)
+    return window_error_bound(kv, score, valid, norm_weight, eps, normed)
+
+
+def window_error_bound(kv: torch.Tensor, score: torch.Tensor, valid: torch.Tensor, norm_weight: torch.Tensor,
+                       eps: float, normed: torch.Tensor) -> torch.Tensor:
+    """``A [M, 512]`` float64: the error model above for windows of ``W = kv.shape[1]`` rows
+    (``kv`` / ``score`` fp32 ``[M, W, 512]``, ``valid`` bool ``[M, W]``; ``normed``: the
+    reference's fp32 rows). Shared by the V4 compressor and the DeepSeek-V4.1 fused compressor
+    (``W`` = its ratio, 1 or 2)."""
+    W = kv.shape[1]
     p = torch.softmax(torch.where(valid[..., None], score.to(torch.float64),
                                   torch.tensor(float("-inf"), dtype=torch.float64)), dim=1)
     kv64 = kv.to(torch.float64)
@@ -60,7 +69,7 @@ def _bf16_values(b: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32).to(torch.float64)
 
 
-def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+def ulp_bf16(x: torch.Tensor) -> torch.Tensor:
     e = torch.floor(torch.log2(torch.where(x > 0, x, torch.ones_like(x))))
     return torch.pow(2.0, torch.maximum(e, torch.full_like(e, -126.0)) - 7)
 
@@ -109,7 +118,7 @@ def judge_compressed_records(got: torch.Tensor, want: torch.Tensor, initial: tor
     Ar = A[:, NOPE_DIM:]
     pair = (Ar[:, 0::2] + Ar[:, 1::2]).repeat_interleave(2, dim=1)
     mag = (rw[:, 0::2].abs() + rw[:, 1::2].abs()).repeat_interleave(2, dim=1)
-    rbound = pair + 2.0**-22 * mag + _ulp_bf16(torch.maximum(rg.abs(), rw.abs()))
+    rbound = pair + 2.0**-22 * mag + ulp_bf16(torch.maximum(rg.abs(), rw.abs()))
     rerr = (rg - rw).abs()
     rerr = torch.where(torch.isnan(rg) & torch.isnan(rw), torch.zeros_like(rerr), rerr)
     ratio_r = torch.nan_to_num(rerr / rbound, nan=math.inf)
@@ -135,7 +144,7 @@ def judge_compressed_records(got: torch.Tensor, want: torch.Tensor, initial: tor
     m = torch.maximum(xg.abs(), xw.abs())
     ex = torch.where(m > 0, torch.floor(torch.log2(torch.where(m > 0, m, torch.ones_like(m)))), smax - 6)
     step = torch.pow(2.0, torch.maximum(ex, smax - 6) - 3)
-    nbound = step + _ulp_bf16(m) + A[:, :NOPE_DIM].reshape(-1, N_TILES, TILE)
+    nbound = step + ulp_bf16(m) + A[:, :NOPE_DIM].reshape(-1, N_TILES, TILE)
     nerr = (xg - xw).abs()
     ratio_n = torch.nan_to_num(nerr / nbound, nan=math.inf)
     worst_n = float(ratio_n.max())

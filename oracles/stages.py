@@ -995,3 +995,5 @@ __all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "Sta
 # Stage families kept in their own modules register on import (they import this one).
 from . import stages_v41  # noqa: E402,F401  (v41_gather)
 from . import stages_v41_attention  # noqa: E402,F401  (v41_sparse_decode / prefill, v41_query_quant)
+from . import stages_v41_compress  # noqa: E402,F401  (v41_compress_insert)
+from . import stages_v41_indexer  # noqa: E402,F401  (v41_indexer_k_store)

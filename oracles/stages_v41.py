@@ -27,8 +27,8 @@ vLLM 0.33.0 function (``deepseek_v41/...``)  stage             contract differen
 ``compute_global_topk_indices_and_lens``    ``topk_global``   none
 ``combine_topk_swa_indices``                ``combine_prefill`` no vision columns (cases with image
                                                               spans are not this builder's)
-``build_flashinfer_mixed_sparse_indices``   ``flashinfer_mixed`` ``replay_start`` (required; zeros
-                                                              = the V4 contract), no DSpark non-causal
+``build_flashinfer_mixed_sparse_indices``   ``flashinfer_mixed`` ``replay_start`` (required; the case's,
+                                                              modelled by the reference; zeros = V4), no DSpark non-causal
                                                               decode rows, no vision, no ``num_rows``
 ==========================================  ================  ====================================
 """

@@ -129,3 +129,12 @@ F8_128X4_ROWS = 128  # rows per scale tile (the token count is padded to a multi
 F8_128X4_GROUPS = 4  # scale groups per tile (the group count is padded to a multiple of it)
 F8_128X4_SUBROWS = 32  # rows per interleaved sub-block: byte (r % 32) * 16 + (r % 128 // 32) * 4 + g % 4
 F8_128X4_TILE_BYTES = F8_128X4_ROWS * F8_128X4_GROUPS  # 512
+
+# DeepSeek-V4.1 indexer K cache (vLLM 0.33.0 deepseek_v41/common/ops/indexer_k_store.py): 128-dim keys,
+# the last 64 dims RoPE (GPT-J pairs), per token either 128 E4M3 codes + one fp32 scale (4 bytes) or
+# 64 bytes of E2M1 pairs + 4 UE8M0 scales (MXFP4, one per 32 dims); values of a page first, then scales.
+INDEXER_HEAD_DIM = 128
+INDEXER_ROPE_DIM = 64
+INDEXER_MXFP4_GROUP = 32
+INDEXER_FP8_ROW_BYTES = INDEXER_HEAD_DIM + 4  # codes + fp32 scale
+INDEXER_MXFP4_ROW_BYTES = INDEXER_HEAD_DIM // 2 + INDEXER_HEAD_DIM // INDEXER_MXFP4_GROUP  # 64 + 4

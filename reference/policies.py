@@ -368,3 +368,15 @@ class CombineWindowStart(_StrEnum):
 
     SEQUENCE = "sequence"
     GATHERED = "gathered"
+
+
+class IndexerKScale(_StrEnum):
+    """The scale a DeepSeek-V4.1 FP8 indexer-K writer stores per token (vLLM 0.33.0
+    ``deepseek_v41/common/ops/indexer_k_store.py:266-273``).
+
+    FP32: the power of two ``2**e`` as a little-endian fp32 (``mqa_logits_use_mx_scales()`` False).
+    UE8M0_X4: ``pack_ue8m0_x4(2**e)`` (DeepGEMM MX-scale logits); not modelled by the reference.
+    """
+
+    FP32 = "fp32"
+    UE8M0_X4 = "ue8m0_x4"

@@ -284,6 +284,81 @@ def _v41_combine_with(**policies: str) -> Callable[[Case], dict]:
     return call
 
 
+def _mixed_replay_start_dropped(case: Case) -> dict:
+    """vLLM's V4.1 mixed-table builder with ``replay_start`` dropped: every prefill window starts at
+    ``max(p - (W-1), 0)`` as in V4, reading window KV below the request's replay start."""
+    return _index(Case(case.name, case.stage, {k: v for k, v in case.inputs.items() if k != "replay_start"},
+                       case.params))
+
+
+def _v41_compress(case: Case, ring_head: bool = False, first_without_ring: bool = False,
+                  rope_at_last: bool = False) -> dict:
+    """vLLM V4.1's fused compressor (``compressor_v41``) with one rule broken: ``ring_head`` stores
+    the chunk's FIRST ``capacity`` rows to the ring instead of its last; ``first_without_ring``
+    pools a chunk's first group from its current row only (the ring predecessor dropped);
+    ``rope_at_last`` rotates at the group's last position ``p`` instead of ``p // r * r``."""
+    from dsv4_numerics.oracles import stages_v41_compress as sc
+    from dsv4_numerics.reference.pipeline.compressor import compress_windows
+    from dsv4_numerics.reference.pipeline.rope import cos_sin_cache
+
+    spec = st.get("v41_compress_insert")
+    pol = spec.policies({})
+    e = spec.expected(case, pol)
+    inp = case.inputs
+    out = {"latent": e["latent"].clone(), "cache": e["cache"]}
+    if "state" in e:
+        out["state"] = e["state"]
+    if ring_head and inp["compress_ratio"] == 2:
+        state, cap = inp["state_cache"].clone(), inp["state_cache"].shape[1]
+        qsl, slots = inp["query_start_loc"].tolist(), inp["state_slots"].tolist()
+        for r in range(len(qsl) - 1):
+            a, b = qsl[r], qsl[r + 1]
+            if a < b and slots[a] >= 0:
+                for u in range(a, a + min(b - a, cap)):
+                    if slots[u] >= 0:
+                        state[slots[u] // cap, slots[u] % cap] = inp["kv_score"][u]
+        out["state"] = state
+    if first_without_ring and inp["compress_ratio"] == 2:
+        tok = e["_tokens"]
+        first = torch.tensor([int(t) == int(inp["query_start_loc"][int(inp["token_to_req_indices"][t])])
+                              for t in tok.tolist()], dtype=torch.bool)
+        if bool(first.any()):
+            cur = inp["kv_score"][tok[first]]
+            kv = torch.stack((torch.zeros_like(cur[:, :512]), cur[:, :512]), dim=1)  # row 0 masked below
+            sc_ = torch.stack((torch.zeros_like(cur[:, 512:]), cur[:, 512:]), dim=1)
+            valid = torch.tensor([[False, True]]).expand(kv.shape[0], 2)
+            normed = compress_windows(kv.contiguous(), sc_.contiguous(), valid.contiguous(), inp["norm_weight"],
+                                      inp["eps"])
+            out["latent"][tok[first]] = normed.to(torch.bfloat16)
+            out["cache"] = sc.v41_compress_expected_cache(case, out["latent"], pol)
+    if rope_at_last:
+        shifted = Case(case.name, case.stage, dict(inp, cos_sin=cos_sin_cache(inp["cos_sin"].shape[0] + 1)[1:]),
+                       case.params)
+        out["cache"] = sc.v41_compress_expected_cache(shifted, out["latent"], pol)
+    return out
+
+
+def _v41_indexer(case: Case, rope_at_last: bool = False, nibbles_swapped: bool = False) -> dict:
+    """vLLM V4.1's indexer K store (``caches.indexer_v41``) with one rule broken: RoPE at the
+    group's last position instead of its first; MXFP4 nibbles swapped (even element high)."""
+    from dsv4_numerics.reference.caches.indexer_v41 import insert_indexer_k
+    from dsv4_numerics.reference.pipeline.rope import cos_sin_cache
+
+    i = dict(case.inputs)
+    if rope_at_last:
+        i["cos_sin"] = cos_sin_cache(i["cos_sin"].shape[0] + 1)[1:]
+    out = insert_indexer_k(i["cache"], i["k_pre"], i["positions"], i["cos_sin"], i["weight"], i["eps"], i["slots"],
+                           i["compress_ratio"], i["record"])
+    if nibbles_swapped and i["record"] == "mxfp4":
+        nb, bs, rb = out.shape
+        vw = rb - 4
+        pages = out.reshape(nb, bs * rb)
+        new = pages[:, :bs * vw] != i["cache"].reshape(nb, bs * rb)[:, :bs * vw]  # bytes the store changed
+        vals = pages[:, :bs * vw]
+        pages[:, :bs * vw] = torch.where(new, (vals >> 4) | (vals << 4), vals)
+    return {"cache": out}
+
+
 def _v41_nvfp4_gather_positive_zero(case: Case) -> dict:
     """A V4.1 NVFP4 gather reading E2M1 code 0x8 as +0 (Triton's ``0 - mag`` negation) under an
     entry that declares the format's -0 (``E2m1Zero``)."""
@@ -841,6 +916,23 @@ MUTANTS: list[MutantEntry] = [
     _m("v41_combine_window_before_gather", "combine_prefill", "V4.1 combine window not clamped to gather_start "
        "(CombineWindowStart.GATHERED, bounded replay)", _v41_combine_with(window_start="sequence"),
        invalid_topk="bounded_minus1", window_start="gathered"),
+    _m("v41_mixed_replay_start_dropped", "flashinfer_mixed", "V4.1 mixed table built without the SWA bounded "
+       "replay (cache_utils.py:1519-1520 'no window KV exists below the request's replay start')",
+       _mixed_replay_start_dropped),
+    _m("v41_compress_ring_head_stored", "v41_compress_insert", "ring keeps the chunk's first capacity rows instead "
+       "of its last (fused_compress_quant_cache.py:230-244 'stores the chunk's last capacity rows to the ring')",
+       lambda c: _v41_compress(c, ring_head=True)),
+    _m("v41_compress_ring_predecessor_dropped", "v41_compress_insert", "a chunk's first group pooled without the "
+       "open row its predecessor left in the ring (fused_compress_quant_cache.py:186-190)",
+       lambda c: _v41_compress(c, first_without_ring=True)),
+    _m("v41_compress_rope_at_group_end", "v41_compress_insert", "compressed entry rotated at the group's last "
+       "position p instead of p // ratio * ratio (fused_compress_quant_cache.py:453)",
+       lambda c: _v41_compress(c, rope_at_last=True)),
+    _m("v41_indexer_rope_at_group_end", "v41_indexer_k_store", "indexer key rotated at the group's last position "
+       "instead of (p // ratio) * ratio (indexer_k_store.py:197-199 'group j takes position j * compress_ratio')",
+       lambda c: _v41_indexer(c, rope_at_last=True)),
+    _m("v41_indexer_mxfp4_nibbles_swapped", "v41_indexer_k_store", "MXFP4 key with the even element in the high "
+       "nibble (_fp32x2_to_fp4x2 operand order)", lambda c: _v41_indexer(c, nibbles_swapped=True)),
     _m("v41_nvfp4_zero_sign", "v41_gather", "NVFP4 code 0x8 read as +0 where the entry declares -0 (E2m1Zero)",
        _v41_nvfp4_gather_positive_zero),
     _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "

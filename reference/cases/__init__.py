@@ -23,6 +23,8 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 rocm_ragged       ROCm ragged streams + indptr
   numeric       rope              RoPE forward/inverse on dims 448..511
                 compressor        state rows -> compressed fp32 rows
+                v41_compress_insert DeepSeek-V4.1 fused compressor: kv/score rows + ring state -> bf16
+                                  latent, updated ring, compressed records (MXFP8 / NVFP4 / 584 B / plain)
                 decode            sparse attention, decode form (main + extra segments)
                 prefill           sparse attention, prefill form (one combined segment)
                 v32_decode        DeepSeek V3.2 sparse decode (656-byte cache)
@@ -30,6 +32,7 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 dense_mla_prefill dense ragged causal MHA prefill (R1 per-head dims 192/128; TokenSpeed)
                 v41_sparse_decode DeepSeek-V4.1 sparse decode (MXFP8 528 B SWA + MXFP8/NVFP4 compressed)
                 v41_sparse_prefill DeepSeek-V4.1 prefill over the workspace gathered from the V4.1 caches
+  bytes         v41_indexer_k_store DeepSeek-V4.1 indexer K: bf16 k_pre -> norm, RoPE, FP8 / MXFP4 paged records
   bytes         v41_query_quant   DeepSeek-V4.1 query quantiser (MXFP8 q, F8_128x4 scales, normed kv)
 """
 
@@ -85,7 +88,7 @@ def _load_builders() -> None:
     import importlib
 
     for mod in ("cache", "index", "attention", "attention_sweep", "mla", "v41",
-                "v41_attention"):
+                "v41_attention", "v41_compress", "v41_indexer"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet

@@ -584,7 +584,38 @@ def flashinfer_mixed_cases() -> list[Case]:
             compress_ratio=1,
             topk=0,
         ), ["dspark-noncausal", "padding-token"], window_size=4),
+        _case("v41-replay-start-c4", "flashinfer_mixed", b, _fi_replay_inputs(),
+              ["replay-start", "replay-at-first-query-token", "replay-below-window", "permuted-block-table"],
+              window_size=8),
     ]
+
+
+def _fi_replay_inputs() -> dict:
+    """DeepSeek-V4.1 SWA bounded replay (``replay_start`` per request) on a decode-first batch.
+    Requests: 0 decode (seq 30); 1 prefill positions 16..19, replay from 14 (inside the window of
+    every token: windows cut to 14..p); 2 prefill positions 3..5, replay from 3 (= the first query
+    position: that token's window is itself only); 3 prefill positions 38..39, replay from 5 (below
+    the window: no effect, the V4 rows)."""
+    return dict(
+        decode_swa_indices=_i32([[40, 41, 42, 43, 44, 45, 46, 47]]),
+        decode_compressed_indices=_i32([[9, 3, 12, -1, -1, -1]]),
+        decode_compressed_topk_lens=_i32([3]),
+        prefill_topk_indices=_i32([[0, 3, -1, 1, 2, -1], [4, 0, 2, 1, 3, -1], [1, 0, 2, 3, 4, -1],
+                                   [0, 2, 1, 3, 4, -1], [0, -1, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1],
+                                   [0, 1, -1, -1, -1, -1], [9, 0, 5, 7, 3, 8], [9, 8, 7, 6, 5, 4]]),
+        query_start_loc=_i32([0, 1, 5, 8, 10]),
+        seq_lens=_i32([30, 20, 6, 40]),
+        token_to_req_indices=_i32([0, 1, 1, 1, 1, 2, 2, 2, 3, 3]),
+        swa_block_table=_i32([[3, 8, 1, 0, 0, 0, 0, 0, 0, 0], [6, 2, 9, 4, 11, 0, 0, 0, 0, 0],
+                              [7, 5, 0, 0, 0, 0, 0, 0, 0, 0], [12, 13, 14, 15, 16, 17, 18, 19, 10, 20]]),
+        swa_block_size=4,
+        compressed_block_table=_i32([[2, 5], [1, 0], [3, 4], [6, 7]]),
+        compressed_block_size=8,
+        window_size=8,
+        compress_ratio=C4_RATIO,
+        topk=6,
+        replay_start=_i32([0, 14, 3, 5]),
+    )
 
 
 # --------------------------------------------------------------------------- rocm_ragged

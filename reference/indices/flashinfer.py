@@ -55,6 +55,7 @@ def build_flashinfer_mixed_sparse_indices(
     prefill_right_visible: torch.Tensor | None = None,
     max_image_tokens: int = 0,
     num_rows: int | None = None,
+    replay_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The FlashInfer DSv4 mixed table for a decode-first batch (datapath 4.6).
 
@@ -87,7 +88,11 @@ def build_flashinfer_mixed_sparse_indices(
     Prefill rows (position ``p`` from ``query_start_loc`` / ``seq_lens``):
       SWA column ``j < SW``: slot of position ``swa_start + j`` through ``swa_block_table[req]`` if
       ``j < swa_len`` else ``-1``, with ``swa_start = max(p - (W-1) - max(left - (W-1), 0), 0)``,
-      ``swa_len = p + right - swa_start + 1``;
+      ``swa_len = p + right - swa_start + 1``; with ``replay_start`` (int ``[num_reqs]``, >= 0; the
+      DeepSeek-V4.1 builder's SWA bounded replay, vLLM 0.33.0 ``deepseek_v41/common/ops/
+      cache_utils.py:1519-1520``) ``swa_start = max(swa_start, replay_start[req])``: no window KV
+      exists below it, and a token below its request's replay start has no SWA column
+      (``swa_len <= 0``); ``None`` = zeros, the V4 builder;
       compressed column ``k``: ``L = prefill_topk_indices[t - D, k]`` if ``k <`` its width and
       ``k < topk_len`` (else ``-1``), mapped through ``compressed_block_table[req]`` if ``L >= 0``;
       ``len = SW + topk_len`` with ``topk_len = min((p+1)//compress_ratio, topk)`` (H11).
@@ -229,6 +234,11 @@ def build_flashinfer_mixed_sparse_indices(
             left = right = torch.zeros_like(pos)
         left_add = (left - (w - 1)).clamp(min=0)
         swa_start = (pos - (w - 1) - left_add).clamp(min=0)
+        if replay_start is not None:
+            rs = as_index(fn, "replay_start", replay_start, rank=1, min_len=sl.shape[0])
+            if rs.numel() and int(rs.min()) < 0:
+                fail(fn, "replay_start", "must be >= 0 (a position of the request)", int(rs.min()))
+            swa_start = torch.maximum(swa_start, rs[req])
         swa_len = pos + right - swa_start + 1
         topk_len = torch.minimum(torch.div(pos + 1, ratio, rounding_mode="floor"), torch.full_like(pos, k_top))
         cols = torch.arange(sw, device=dev, dtype=torch.int64)[None, :]

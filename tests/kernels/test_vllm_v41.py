@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dsv4_numerics.kernels import probe as P
+from dsv4_numerics.kernels import vllm_triton as VT
 from dsv4_numerics.kernels import vllm_v41 as V
 from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.oracles import matrix
@@ -185,6 +186,11 @@ def test_flashinfer_mixed_v41_adds_replay_start_and_refuses_other_contracts():
         V.flashinfer_mixed_v41_args(_index_case("flashinfer_mixed", "dspark-noncausal-decode").inputs)
     with pytest.raises(UnsupportedCase, match="num_rows"):
         V.flashinfer_mixed_v41_args(dict(case.inputs, num_rows=99))
+    replay = _index_case("flashinfer_mixed", "v41-replay-start-c4")
+    a = V.flashinfer_mixed_v41_args(replay.inputs)
+    assert a["replay_start"].tolist() == [0, 14, 3, 5] and a["replay_start"].dtype == torch.int32
+    with pytest.raises(UnsupportedCase, match="replay_start"):
+        VT.flashinfer_mixed_args(replay.inputs)  # the V4 builder has no replay
 
 
 def test_combine_v41_refuses_image_spans():

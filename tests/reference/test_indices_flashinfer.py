@@ -110,3 +110,26 @@ def test_narrow_swa_table_names_the_table():
     args["swa_block_table"] = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
     with pytest.raises(InputError, match="swa_block_table.*narrower"):
         build_flashinfer_mixed_sparse_indices(**args)
+
+
+def test_v41_replay_start_bounds_prefill_windows():
+    inp = _case("v41-replay-start-c4").inputs
+    idx, lens = build_flashinfer_mixed_sparse_indices(**inp)
+    # SW = 8 (window 8), swa bs 4. req 1 (seq 20, query 4: positions 16..19), replay 14, table [6, 2, 9, 4, 11]:
+    #   p = 16: window max(9, 14) = 14..16 -> 14 = blk 3 -> 4*4+2 = 18, 19, 16 = blk 4 -> 11*4 = 44; rest -1
+    #   p = 19: 14..19 -> 18, 19, 44, 45, 46, 47
+    assert idx[1, :8].tolist() == [18, 19, 44, M1, M1, M1, M1, M1]
+    assert idx[4, :8].tolist() == [18, 19, 44, 45, 46, 47, M1, M1]
+    # req 2 (seq 6, positions 3..5), replay 3, table [7, 5]: p = 3 reads itself only: 7*4+3 = 31
+    assert idx[5, :8].tolist() == [31] + [M1] * 7
+    # req 3 (positions 38, 39), replay 5 < 38-7: the V4 window 31..38 (31 = blk 7 -> 19*4+3 = 79)
+    assert idx[8, 0] == 79
+    # lens = SW + min((p+1)//4, 6): the replay start leaves the top-k length alone
+    assert lens[1:5].tolist() == [12, 12, 12, 13]
+    v4 = {k: v for k, v in inp.items() if k != "replay_start"}
+    v4_idx, _ = build_flashinfer_mixed_sparse_indices(**v4)
+    assert torch.equal(v4_idx[8:], idx[8:]) and not torch.equal(v4_idx[1:8], idx[1:8])
+    with pytest.raises(InputError, match="replay_start.*>= 0"):
+        build_flashinfer_mixed_sparse_indices(**dict(inp, replay_start=torch.tensor([0, -1, 0, 0])))
+    with pytest.raises(InputError, match="replay_start"):
+        build_flashinfer_mixed_sparse_indices(**dict(inp, replay_start=torch.tensor([0, 1])))
