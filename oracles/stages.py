@@ -599,6 +599,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         oracle = {"mode": FAST, "device": str(dev), "exact_logits": fx.exact_logits,
                   "bound": {k: dict(zip(names, maxima)).get(k, 0.0) for k in fx.bound}}
     else:
+        sink = None if sink is None else sink.to(q.device)  # the ordered oracle runs where q is
         ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
         oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,

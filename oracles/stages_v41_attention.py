@@ -91,7 +91,9 @@ def v41_prefill_segments(case: Case, policies: dict, layout: str | None = None) 
 
 def _misread(case: Case, policies: dict, segs: list) -> torch.Tensor:
     nan = st._pol(policies, "nan", NanPolicy.PROPAGATE.value)
-    return sparse_attention(case.inputs["q"], segs, case.inputs["scale"], case.inputs.get("sink"), nan_policy=nan).out
+    sink = case.inputs.get("sink")  # the segments are decoded on the CPU: the misread runs there too
+    return sparse_attention(case.inputs["q"].cpu(), segs, case.inputs["scale"], None if sink is None else sink.cpu(),
+                            nan_policy=nan).out
 
 
 def _expected_v41_decode(case: Case, policies: dict) -> dict:

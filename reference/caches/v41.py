@@ -386,7 +386,7 @@ def insert(
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][keep], record, mxfp8_rule, nonfinite, nvfp4_rule)
     storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8)
+    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
     out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
     dv, sv = _views(out, nb, bs, p, record, layout)
     dv[live // bs, live % bs] = data
@@ -419,7 +419,7 @@ def dequantize_all(cache: torch.Tensor, block_size: int, record: V41Record | str
                    consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT) -> torch.Tensor:
     """bf16 ``[num_blocks * bs, 512]``: row ``s`` = dequantised slot ``s`` (stale bytes included)."""
     nb, bs, _ = cache_geometry("dequantize_all", cache, block_size, _record("dequantize_all", record))
-    return dequantize_slots(cache, torch.arange(nb * bs), block_size, record, layout, consumer)
+    return dequantize_slots(cache, torch.arange(nb * bs, device=cache.device), block_size, record, layout, consumer)
 
 
 def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
@@ -462,7 +462,8 @@ def defined_byte_mask(cache: torch.Tensor, written_slots: torch.Tensor, block_si
         fail(fn, "written_slots", f"must be < num_blocks*block_size = {nb * bs}")
     d, sc = _PARTS[record]
     d_addr, s_addr = _addresses(s, bs, p, record, layout)
-    mask = torch.zeros(nb * p, dtype=torch.bool)
-    mask[(d_addr.unsqueeze(1) + torch.arange(d)).flatten()] = True
-    mask[(s_addr.unsqueeze(1) + torch.arange(sc)).flatten()] = True
+    dev = d_addr.device
+    mask = torch.zeros(nb * p, dtype=torch.bool, device=dev)
+    mask[(d_addr.unsqueeze(1) + torch.arange(d, device=dev)).flatten()] = True
+    mask[(s_addr.unsqueeze(1) + torch.arange(sc, device=dev)).flatten()] = True
     return mask.reshape(nb, p)
