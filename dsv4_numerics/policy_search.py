@@ -66,7 +66,8 @@ def _enum(key: str, enum: Any) -> Axis:
 _FP8_WRITER: Axis = ("fp8", ({"fp8": Fp8Flavour.E4M3FN.value}, {"fp8": Fp8Flavour.E4M3FNUZ.value},
                              {"fp8": Fp8Flavour.E4M3FNUZ.value, "fp8_clamp": repr(FNUZ_GFX942_CLAMP)}))
 _WRITER = (_enum("scale_rule", ScaleRule), _FP8_WRITER, _enum("fp8_subnormals", Fp8Subnormals),
-           _enum("nonfinite", NonFinite), _enum("slot_skip", SlotSkip))
+           _enum("nonfinite", NonFinite),
+           ("slot_skip", ({"slot_skip": SlotSkip.MINUS1_ONLY.value}, {"slot_skip": SlotSkip.ALL_NEGATIVE.value})))
 _ATTN = (_enum("nan", NanPolicy), _enum("index_rule", IndexRule))
 
 # stage -> the policy axes its reference reads (oracles/stages.py, the expected functions);

@@ -50,6 +50,8 @@ rope               ``out``: fp32 (or bf16) ``x.shape``, bit-exact
 compressor         ``normed`` fp32 ``[M, 512]`` (the RMS-normalised compressed rows) and/or ``cache``
                    (the compressed 584-byte cache after the write, same geometry as
                    ``inputs["cache"]``; judged by ``oracles.compressor_tier``, not bit-exact, H7)
+kv_norm_rope_store ``cache``: uint8 ``[rows, 512]`` plain unit-scale E4M3 pool after the store
+                   (``stages_sglang``)
 inv_rope_fp8       ``codes`` uint8 ``[T, G, hpg*512]`` (vLLM's ``[T, G, D]`` view), ``exponents``
                    int ``[T, H, 4]`` (UE8M0 byte - 127), optional ``deq`` fp32 ``[T, H, 512]``
 v32_decode,        ``out`` ``[b, s_q, h, 512]``, optional ``lse`` ``[b, s_q, h]`` (oracle
@@ -995,3 +997,4 @@ __all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "Sta
 # Stage families kept in their own modules register on import (they import this one).
 from . import stages_v41  # noqa: E402,F401  (v41_gather)
 from . import stages_v41_attention  # noqa: E402,F401  (v41_sparse_decode / prefill, v41_query_quant)
+from . import stages_sglang  # noqa: E402,F401  (kv_norm_rope_store)

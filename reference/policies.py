@@ -130,6 +130,11 @@ class SlotSkip(_StrEnum):
 
     MINUS1_ONLY = "minus1_only"
     ALL_NEGATIVE = "all_negative"
+    # SGLang 0.5.23 ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (``SG:kernels/ops/attention/
+    # dsv4/kv_norm_rope_store.py:45-47``, "Preserve PyTorch indexed assignment's negative-index
+    # interpretation"): NO slot is skipped; a negative slot ``s`` in ``[-capacity, -1]`` writes slot
+    # ``capacity + s`` (the last rows of the pool); ``s < -capacity`` is out of bounds.
+    NEGATIVE_WRAPS = "negative_wraps"
 
 
 class IndexRule(_StrEnum):

@@ -89,10 +89,18 @@ def _written(fn: str, slot_mapping: torch.Tensor, n_rows: int, capacity: int,
              "(that writer would write other negative slots out of bounds)")
     if bool((s >= capacity).any()):
         fail(fn, "slot_mapping", f"must be < num_blocks*block_size = {capacity} (out of range)", int(s.max()))
-    tokens = torch.nonzero(s >= 0).flatten()
-    slots = s[tokens]
+    if slot_skip is SlotSkip.NEGATIVE_WRAPS:
+        if bool((s < -capacity).any()):
+            fail(fn, "slot_mapping", f"must be >= -num_blocks*block_size = {-capacity} under slot_skip=NEGATIVE_WRAPS "
+                 "(a negative slot s writes slot capacity + s)", int(s.min()))
+        tokens = torch.arange(s.shape[0])
+        slots = torch.where(s < 0, s + capacity, s)
+    else:
+        tokens = torch.nonzero(s >= 0).flatten()
+        slots = s[tokens]
     if slots.numel() != torch.unique(slots).numel():
-        fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
+        fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race; under "
+             "slot_skip=NEGATIVE_WRAPS a negative slot s and slot capacity + s are the same slot)")
     return tokens, slots
 
 

@@ -31,6 +31,7 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 v41_sparse_decode DeepSeek-V4.1 sparse decode (MXFP8 528 B SWA + MXFP8/NVFP4 compressed)
                 v41_sparse_prefill DeepSeek-V4.1 prefill over the workspace gathered from the V4.1 caches
   bytes         v41_query_quant   DeepSeek-V4.1 query quantiser (MXFP8 q, F8_128x4 scales, normed kv)
+                kv_norm_rope_store  kv RMSNorm + RoPE -> unit-scale E4M3 rows of a plain pool (SGLang)
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _load_builders() -> None:
     import importlib
 
     for mod in ("cache", "index", "attention", "attention_sweep", "mla", "v41",
-                "v41_attention"):
+                "v41_attention", "sglang"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet
