@@ -73,6 +73,9 @@ from dsv4_numerics.reference.policies import (
     IndexRule,
     LseConvention,
     NanPolicy,
+    NonFinite,
+    RopeArithmetic,
+    SlotSkip,
     Ue8m0Consumer,
 )
 
@@ -83,16 +86,17 @@ from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
 from .vllm_triton import index_case_builder, int32
 
-__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE",
+__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE",
            "sglang_probe", "staged_sglang_reason", "gather_slots", "gather_args", "combine_args", "swa_token_ids_args",
-           "paged_decode_indices_args"]
+           "paged_decode_indices_args", "norm_rope_store_args"]
 
 _DSV4 = "sglang.kernels.ops.attention.dsv4"
 DEQUANT = f"{_DSV4}.dequant_k_cache"
 SPARSE_PREFILL = f"{_DSV4}.sparse_prefill_kernels"
 PAGED_DECODE_INDICES = f"{_DSV4}.unified_kv_kernels.paged_decode_indices"
 SPARSE_DECODE = f"{_DSV4}.triton_sparse_decode"
-MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE)
+NORM_ROPE_STORE = f"{_DSV4}.kv_norm_rope_store"
+MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -267,6 +271,36 @@ def _call_sparse_decode(case: Case) -> dict:
                               lse_heads_last=True, fn="sglang.triton_sparse_decode")
 
 
+# --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
+
+
+def norm_rope_store_args(inputs: dict) -> dict:
+    """Canonical ``kv_norm_rope_store`` inputs -> ``fused_k_norm_rope_uniform_fp8`` arguments: the
+    cos/sin table as SGLang's ``freqs_cis`` (complex64 ``[max_pos, 32]``, ``cos + i*sin``: the
+    kernel reads ``view_as_real`` pairs ``(cos_j, sin_j)``), contiguous int positions / slots, and
+    a COPY of the pool viewed as ``float8_e4m3fn`` ``[rows, 512]`` (written in place)."""
+    fn = "sglang.norm_rope_store_args"
+    cos_sin = inputs["cos_sin"]
+    check_dtype(fn, "cos_sin", cos_sin, (torch.float32,))
+    check_rank(fn, "cos_sin", cos_sin, 2)
+    half = cos_sin.shape[1] // 2
+    freqs = torch.complex(cos_sin[:, :half].contiguous(), cos_sin[:, half:].contiguous())
+    cache = inputs["cache"]
+    check_dtype(fn, "cache", cache, (torch.uint8, torch.float8_e4m3fn))
+    raw = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    for k in ("positions", "slots"):
+        check_dtype(fn, k, inputs[k], INDEX_DTYPES)
+    return dict(kv=inputs["kv"].contiguous(), weight=inputs["weight"].contiguous(), eps=float(inputs["eps"]),
+                freqs_cis=freqs, positions=inputs["positions"].contiguous(), loc=inputs["slots"].contiguous(),
+                cache=raw.clone().contiguous().view(torch.float8_e4m3fn))
+
+
+def _call_norm_rope_store(case: Case) -> dict:
+    a = norm_rope_store_args(case.inputs)
+    _fn(NORM_ROPE_STORE, "fused_k_norm_rope_uniform_fp8")(**a)
+    return {"cache": a["cache"].view(torch.uint8)}
+
+
 # --------------------------------------------------------------------------- entries
 
 _ARCHS = ("any-gpu",)
@@ -349,5 +383,22 @@ ENTRIES: list[KernelEntry] = [
               "the bf16-P Triton decode tolerance (the ROCm Triton decode's scope: same arithmetic class, "
               "bf16 dequant x bf16 scale, bf16 P, fp32 accumulation). Indices other than -1 outside the "
               "cache are skipped (UnsupportedCase: the kernel would read them).",
+    ),
+    KernelEntry(
+        name="sglang.kv_norm_rope_store",
+        stage="kv_norm_rope_store",
+        family="sglang",
+        source=f"{NORM_ROPE_STORE}.fused_k_norm_rope_uniform_fp8",
+        archs=_ARCHS,
+        dtypes=("bfloat16", "float32", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA.value, "slot_skip": SlotSkip.NEGATIVE_WRAPS.value,
+                  "nonfinite": NonFinite.FINITE.value},
+        tolerance_scope="sglang.kv_norm_rope_store",
+        probe=_probe(NORM_ROPE_STORE),
+        call=_call_norm_rope_store,
+        notes="RMSNorm (eps=0 exact-norm rows: tl.sum and tl.rsqrt exact) + RoPE of the fp32 normed row "
+              "(re = even*c - odd*s, im = even*s + odd*c: the left product fused, rope_arith=fma), rounded to "
+              "kv's dtype, stored as unit-scale E4M3 (satfinite). A negative slot s writes row rows + s "
+              "(slot_skip=negative_wraps), not skipped.",
     ),
 ]

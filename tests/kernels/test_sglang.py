@@ -44,7 +44,7 @@ SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
     assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.combine_topk_swa_indices",
                            "sglang.build_swa_token_ids", "sglang.write_v4_paged_decode_indices",
-                           "sglang.triton_sparse_decode"}
+                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store"}
     monkeypatch.delenv("DSV4_STAGED", raising=False)
     S.staged_sglang_reason.cache_clear()
     try:
@@ -186,6 +186,41 @@ def test_gather_policy_is_what_passes_scale_bytes_0_and_255(monkeypatch):
     assert all(r.verdict == "pass" for r in run_entry(entry, cases, device="cpu"))
     exact = dataclasses.replace(entry, policies=dict(entry.policies, ue8m0=Ue8m0Consumer.EXACT.value))
     assert all(r.verdict == "fail" for r in run_entry(exact, cases, device="cpu"))
+
+
+def _sglang_norm_rope_store(kv, weight, eps, freqs_cis, positions, loc, cache):
+    """torch transcription of ``_kv_norm_rope_fp8_store`` from its source: fp32 norm, RoPE from
+    ``view_as_real(freqs_cis)`` pairs with separate multiplies (torch does not contract), rounding
+    to kv's dtype, a saturating E4M3 cast, ``cache[loc] = row`` (PyTorch's negative index)."""
+    x = kv.to(torch.float32)
+    w = weight.to(torch.float32)
+    inv = torch.rsqrt((x * x).sum(1, keepdim=True) / 512 + eps)
+    y = x * inv * w
+    f = torch.view_as_real(freqs_cis)[positions.long()]  # [T, 32, 2]
+    e, o = y[:, 448::2], y[:, 449::2]
+    c, s = f[..., 0], f[..., 1]
+    y[:, 448::2], y[:, 449::2] = e * c - o * s, e * s + o * c
+    y = y.to(kv.dtype).to(torch.float32).clamp(-448.0, 448.0)
+    cache[loc.long()] = y.to(torch.float8_e4m3fn)
+
+
+def test_norm_rope_store_adapter_against_sglang_transcription(monkeypatch):
+    """complex64 ``freqs_cis`` from the cos/sin table, the pool copied and viewed as E4M3, negative
+    slots left to the kernel: every default case passes under ``rope_arith = separate`` (what the
+    torch transcription computes; the Triton kernel's contraction, ``fma``, is the GPU row's), and
+    the negative-slot case fails when the entry declares that negative slots are skipped."""
+    entry = _with_production(monkeypatch, "sglang.kv_norm_rope_store", _sglang_norm_rope_store)
+    sep = dataclasses.replace(entry, policies=dict(entry.policies, rope_arith="separate"))
+    results = run_entry(sep, device="cpu")
+    assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
+    skip = dataclasses.replace(sep, policies=dict(sep.policies, slot_skip="all_negative"))
+    verdicts = {r.case: r.verdict for r in run_entry(skip, device="cpu")}
+    assert verdicts == {"t8-bf16-rows64": "pass", "t6-negative-slots-rows32": "fail", "t4-fp32-kv-rows16": "pass"}
+    case = default_cases("kv_norm_rope_store")[0]
+    a = S.norm_rope_store_args(case.inputs)
+    assert a["freqs_cis"].dtype == torch.complex64 and a["cache"].dtype == torch.float8_e4m3fn
+    assert torch.equal(torch.view_as_real(a["freqs_cis"])[..., 1], case.inputs["cos_sin"][:, 32:])
+    assert a["cache"].data_ptr() != case.inputs["cache"].data_ptr()  # written in place: a copy
 
 
 def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):
