@@ -65,13 +65,14 @@ import torch
 
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
-from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, fail
+from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
     CombineInvalidTopk,
     Fp8Flavour,
     IndexRule,
     LseConvention,
+    MissingLengths,
     NanPolicy,
     NonFinite,
     RopeArithmetic,
@@ -81,14 +82,15 @@ from dsv4_numerics.reference.policies import (
 
 from . import probe as P
 from . import staged
+from .canonical import prefill_inputs
 from .flashmla import sparse_decode_call
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
 from .vllm_triton import index_case_builder, int32
 
-__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE",
+__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL",
            "sglang_probe", "staged_sglang_reason", "gather_slots", "gather_args", "combine_args", "swa_token_ids_args",
-           "paged_decode_indices_args", "norm_rope_store_args"]
+           "paged_decode_indices_args", "norm_rope_store_args", "paged_prefill_args"]
 
 _DSV4 = "sglang.kernels.ops.attention.dsv4"
 DEQUANT = f"{_DSV4}.dequant_k_cache"
@@ -96,7 +98,8 @@ SPARSE_PREFILL = f"{_DSV4}.sparse_prefill_kernels"
 PAGED_DECODE_INDICES = f"{_DSV4}.unified_kv_kernels.paged_decode_indices"
 SPARSE_DECODE = f"{_DSV4}.triton_sparse_decode"
 NORM_ROPE_STORE = f"{_DSV4}.kv_norm_rope_store"
-MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE)
+PAGED_PREFILL = f"{_DSV4}.unified_kv_kernels.paged_prefill"
+MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE, PAGED_PREFILL)
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,6 +274,41 @@ def _call_sparse_decode(case: Case) -> dict:
                               lse_heads_last=True, fn="sglang.triton_sparse_decode")
 
 
+# --------------------------------------------------------------------------- unified-pool paged prefill
+
+
+def paged_prefill_args(case: Case) -> dict:
+    """Canonical ``prefill`` case -> ``sparse_attn_v4_paged_prefill`` arguments: the bf16 workspace
+    as the ``unified_kv`` pool ``[S, 512]``, each token's first ``topk_length`` columns (all ``K``
+    without lengths) as its flat ``kv_indices_prefix`` list with an int32 ``kv_indptr_prefix``; an
+    empty extend region (one row of ``kv``, no indices); ``attn_sink`` fp32 ``[H]`` (``-inf``
+    without a sink: adds nothing to the denominator). The kernel skips negative indices and reads
+    any other value, so a case with an index ``>= S`` inside its lengths is an ``UnsupportedCase``."""
+    fn = "sglang.paged_prefill_args"
+    p = prefill_inputs(case, fn)
+    t, k = p.idx.shape
+    s_kv = p.kv.shape[0]
+    ln = torch.full((t,), k, dtype=torch.int64) if p.length is None else p.length.to(torch.int64).cpu().clamp(0, k)
+    idx = p.idx.to(torch.int64).cpu()
+    keep = torch.arange(k)[None, :] < ln[:, None]
+    if bool(((idx >= s_kv) & keep).any()):
+        raise UnsupportedCase(f"an index >= S = {s_kv} inside topk_length: sparse_attn_v4_paged_prefill skips only "
+                              "negative indices and would read past the pool")
+    dev = p.q.device
+    indptr = torch.zeros(t + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(ln, 0).to(torch.int32)
+    sink = p.sink.to(torch.float32) if p.sink is not None else torch.full((p.q.shape[1],), float("-inf"))
+    return dict(q=p.q.contiguous(), unified_kv=p.kv.contiguous(), kv_indices_prefix=idx[keep].to(torch.int32).to(dev),
+                kv_indptr_prefix=indptr.to(dev), kv=p.kv[:1].contiguous(),
+                kv_indices_extend=torch.zeros(0, dtype=torch.int32, device=dev),
+                kv_indptr_extend=torch.zeros(t + 1, dtype=torch.int32, device=dev),
+                attn_sink=sink.contiguous().to(dev), softmax_scale=p.scale)
+
+
+def _call_paged_prefill(case: Case) -> dict:
+    return {"out": _fn(PAGED_PREFILL, "sparse_attn_v4_paged_prefill")(**paged_prefill_args(case))}
+
+
 # --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
 
 
@@ -400,5 +438,24 @@ ENTRIES: list[KernelEntry] = [
               "(re = even*c - odd*s, im = even*s + odd*c: the left product fused, rope_arith=fma), rounded to "
               "kv's dtype, stored as unit-scale E4M3 (satfinite). A negative slot s writes row rows + s "
               "(slot_skip=negative_wraps), not skipped.",
+    ),
+    KernelEntry(
+        name="sglang.paged_prefill",
+        stage="prefill",
+        family="sglang",
+        source=f"{PAGED_PREFILL}.sparse_attn_v4_paged_prefill",
+        archs=_ARCHS,
+        dtypes=("bfloat16",),
+        policies={"index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value, "lse": LseConvention.NONE.value,
+                  "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
+                  "missing_lengths": MissingLengths.ALL_COLUMNS.value},
+        tolerance_scope="rocm_triton.sparse_prefill",
+        probe=_probe(PAGED_PREFILL),
+        call=_call_paged_prefill,
+        notes="The unified-pool prefill (from AMD's ATOM; the Triton kernel off gfx950) with the workspace as "
+              "unified_kv and an empty extend region. Negative indices skipped, others read (cases with an "
+              "index >= S are skipped), p rounded to bf16 before P@V (bf16_p), no LSE. Judged with the "
+              "ROCm Triton prefill's tolerance scope (same arithmetic class: bf16 QK^T and P@V, fp32 online "
+              "softmax).",
     ),
 ]

@@ -44,7 +44,7 @@ SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
     assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.combine_topk_swa_indices",
                            "sglang.build_swa_token_ids", "sglang.write_v4_paged_decode_indices",
-                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store"}
+                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store", "sglang.paged_prefill"}
     monkeypatch.delenv("DSV4_STAGED", raising=False)
     S.staged_sglang_reason.cache_clear()
     try:
@@ -221,6 +221,50 @@ def test_norm_rope_store_adapter_against_sglang_transcription(monkeypatch):
     assert a["freqs_cis"].dtype == torch.complex64 and a["cache"].dtype == torch.float8_e4m3fn
     assert torch.equal(torch.view_as_real(a["freqs_cis"])[..., 1], case.inputs["cos_sin"][:, 32:])
     assert a["cache"].data_ptr() != case.inputs["cache"].data_ptr()  # written in place: a copy
+
+
+def _sglang_paged_prefill(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, kv, kv_indices_extend,
+                          kv_indptr_extend, attn_sink, softmax_scale):
+    """torch transcription of ``_sparse_attn_v4_paged_prefill_kernel``'s contract from its source: per
+    token the prefix list ``indices[indptr[t]:indptr[t+1]]`` then the extend list, negative entries
+    skipped, one softmax with the sink as a V = 0 column (float64 here, no bf16 P), 0 where the
+    denominator is 0."""
+    t_n, h, _ = q.shape
+    out = torch.zeros_like(q)
+    for t in range(t_n):
+        rows = []
+        for pool, ind, ptr in ((unified_kv, kv_indices_prefix, kv_indptr_prefix), (kv, kv_indices_extend, kv_indptr_extend)):
+            sl = ind[int(ptr[t]):int(ptr[t + 1])].long()
+            rows.append(pool[sl[sl >= 0]])
+        k = torch.cat(rows).double()
+        s = q[t].double() @ k.T * softmax_scale  # [H, n]
+        m = torch.maximum(s.max(dim=1).values if k.shape[0] else torch.full((h,), float("-inf"), dtype=torch.float64),
+                          attn_sink.double())
+        p = torch.exp(s - m[:, None])
+        den = p.sum(1) + torch.exp(attn_sink.double() - m)
+        out[t] = torch.where(den[:, None] > 0, (p @ k) / den[:, None], 0.0).to(q.dtype)
+    return out
+
+
+def test_paged_prefill_adapter_against_sglang_transcription(monkeypatch):
+    """The workspace as the unified pool, each token's first ``topk_length`` columns as its flat
+    prefix list, an empty extend region, the sink (or ``-inf``): the default prefill cases pass or
+    are skipped for an index ``>= S`` (the kernel would read it), never judged otherwise."""
+    entry = _with_production(monkeypatch, "sglang.paged_prefill", _sglang_paged_prefill)
+    names = ("h64-c4a-top128-chunked", "h64-c128a-oob-mix", "sweep-tiny-kv-no-lengths")  # lengths, oob, none
+    results = run_entry(entry, [c for c in default_cases("prefill") if c.name in names], device="cpu")
+    assert {r.case: r.verdict for r in results} == {names[0]: "pass", names[1]: "skip", names[2]: "pass"}, \
+        [(r.case, r.verdict, r.message) for r in results]
+    assert ">= S" in next(r.message for r in results if r.verdict == "skip")
+    no_sink = dataclasses.replace(entry, call=lambda c: {"out": _sglang_paged_prefill(
+        **dict(S.paged_prefill_args(c), attn_sink=torch.full((c.inputs["q"].shape[1],), float("-inf"))))})
+    sinks = [c for c in default_cases("prefill") if c.name == "sweep-huge-q-sinks"]
+    assert [r.verdict for r in run_entry(no_sink, sinks, device="cpu")] == ["fail"]  # the sink reaches the kernel
+    case = next(c for c in default_cases("prefill") if c.inputs.get("topk_length") is not None)
+    a = S.paged_prefill_args(case)
+    assert a["kv_indptr_prefix"].dtype == torch.int32 and int(a["kv_indptr_prefix"][-1]) == a["kv_indices_prefix"].numel()
+    k = case.inputs["indices"].shape[1]
+    assert int(a["kv_indptr_prefix"][-1]) == int(case.inputs["topk_length"].to(torch.int64).clamp(0, k).sum())
 
 
 def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):
