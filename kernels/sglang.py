@@ -63,6 +63,7 @@ from pathlib import Path
 
 import torch
 
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
@@ -82,15 +83,16 @@ from dsv4_numerics.reference.policies import (
 
 from . import probe as P
 from . import staged
-from .canonical import prefill_inputs
+from .canonical import decode_inputs, prefill_inputs
 from .flashmla import sparse_decode_call
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
 from .vllm_triton import index_case_builder, int32
 
-__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL",
+__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL", "PAGED_DECODE",
            "sglang_probe", "staged_sglang_reason", "gather_slots", "gather_args", "combine_args", "swa_token_ids_args",
-           "paged_decode_indices_args", "norm_rope_store_args", "paged_prefill_args"]
+           "paged_decode_indices_args", "norm_rope_store_args", "paged_prefill_args",
+           "paged_decode_args"]
 
 _DSV4 = "sglang.kernels.ops.attention.dsv4"
 DEQUANT = f"{_DSV4}.dequant_k_cache"
@@ -99,7 +101,8 @@ PAGED_DECODE_INDICES = f"{_DSV4}.unified_kv_kernels.paged_decode_indices"
 SPARSE_DECODE = f"{_DSV4}.triton_sparse_decode"
 NORM_ROPE_STORE = f"{_DSV4}.kv_norm_rope_store"
 PAGED_PREFILL = f"{_DSV4}.unified_kv_kernels.paged_prefill"
-MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE, PAGED_PREFILL)
+PAGED_DECODE = f"{_DSV4}.unified_kv_kernels.paged_decode"
+MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE, PAGED_PREFILL, PAGED_DECODE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -309,6 +312,46 @@ def _call_paged_prefill(case: Case) -> dict:
     return {"out": _fn(PAGED_PREFILL, "sparse_attn_v4_paged_prefill")(**paged_prefill_args(case))}
 
 
+def paged_decode_args(case: Case) -> dict:
+    """Canonical ``decode`` case -> ``sparse_attn_v4_paged_decode`` arguments. The unified pool is
+    the SWA cache's slots then the compressed cache's, each dequantised exactly to bf16
+    (``cache_model1.dequantize_all``: the rows the oracle attends over); each token's list is its
+    SWA entries then its compressed entries (offset by the SWA slot count), the columns inside its
+    lengths that address a slot of their cache -- the ragged, sentinel-free form the kernel requires
+    ("All entries MUST be valid slot ids", built in production by ``write_v4_paged_decode_indices``),
+    so every other value is invalid (``index_rule = any_out_of_range_invalid``). ``attn_sink`` fp32
+    ``[H]`` (``-inf`` without a sink)."""
+    fn = "sglang.paged_decode_args"
+    d = decode_inputs(case, fn)
+    t = d.q.shape[0]
+    pools, per_token, base = [], [[] for _ in range(t)], 0
+    for seg in (d.main, d.extra):
+        if seg is None:
+            continue
+        rows = cache_model1.dequantize_all(seg.cache, seg.block_size)
+        n = rows.shape[0]
+        idx = seg.idx.to(torch.int64).cpu()
+        k = idx.shape[1]
+        ln = torch.full((t,), k, dtype=torch.int64) if seg.length is None else seg.length.to(torch.int64).cpu().clamp(0, k)
+        keep = (torch.arange(k)[None, :] < ln[:, None]) & (idx >= 0) & (idx < n)
+        for i in range(t):
+            per_token[i].append(idx[i][keep[i]] + base)
+        pools.append(rows)
+        base += n
+    dev = d.q.device
+    flat = torch.cat([torch.cat(lst) for lst in per_token]) if t else torch.zeros(0, dtype=torch.int64)
+    indptr = torch.zeros(t + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.tensor([sum(x.numel() for x in lst) for lst in per_token], dtype=torch.int64), 0)
+    sink = d.sink.to(torch.float32) if d.sink is not None else torch.full((d.q.shape[1],), float("-inf"))
+    return dict(q=d.q.contiguous(), unified_kv=torch.cat(pools).to(dev).contiguous(),
+                kv_indices=flat.to(torch.int32).to(dev), kv_indptr=indptr.to(torch.int32).to(dev),
+                attn_sink=sink.contiguous().to(dev), softmax_scale=d.scale)
+
+
+def _call_paged_decode(case: Case) -> dict:
+    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
+
+
 # --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
 
 
@@ -457,5 +500,25 @@ ENTRIES: list[KernelEntry] = [
               "index >= S are skipped), p rounded to bf16 before P@V (bf16_p), no LSE. Judged with the "
               "ROCm Triton prefill's tolerance scope (same arithmetic class: bf16 QK^T and P@V, fp32 online "
               "softmax).",
+    ),
+    KernelEntry(
+        name="sglang.paged_decode",
+        stage="decode",
+        family="sglang",
+        source=f"{PAGED_DECODE}.sparse_attn_v4_paged_decode",
+        archs=_ARCHS,
+        dtypes=("bfloat16",),
+        policies={"index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value, "lse": LseConvention.NONE.value,
+                  "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
+                  "fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value,
+                  "output_inv_roped": "false"},
+        tolerance_scope="rocm_triton.sparse_decode",
+        probe=_probe(PAGED_DECODE),
+        call=_call_paged_decode,
+        notes="The unified-pool decode (from AMD's ATOM; Triton split-K / fused paths off gfx1250) over a bf16 "
+              "pool: the SWA and compressed caches dequantised exactly and concatenated, each token's valid "
+              "entries as a ragged list (the kernel takes no sentinels). exp2 online softmax, p rounded to bf16 "
+              "before P@V (bf16_p), no LSE. The fp8 pool (e4m3fnuz + 1x64 fp32 scales) is gfx942-only: not "
+              "exercised.",
     ),
 ]

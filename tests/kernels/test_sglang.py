@@ -44,7 +44,8 @@ SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
     assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.combine_topk_swa_indices",
                            "sglang.build_swa_token_ids", "sglang.write_v4_paged_decode_indices",
-                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store", "sglang.paged_prefill"}
+                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store", "sglang.paged_prefill",
+                           "sglang.paged_decode"}
     monkeypatch.delenv("DSV4_STAGED", raising=False)
     S.staged_sglang_reason.cache_clear()
     try:
@@ -265,6 +266,25 @@ def test_paged_prefill_adapter_against_sglang_transcription(monkeypatch):
     assert a["kv_indptr_prefix"].dtype == torch.int32 and int(a["kv_indptr_prefix"][-1]) == a["kv_indices_prefix"].numel()
     k = case.inputs["indices"].shape[1]
     assert int(a["kv_indptr_prefix"][-1]) == int(case.inputs["topk_length"].to(torch.int64).clamp(0, k).sum())
+
+
+def _sglang_paged_decode(q, unified_kv, kv_indices, kv_indptr, attn_sink, softmax_scale):
+    """The decode kernel's contract: every entry a slot of the pool (no sentinel check), then the
+    prefill transcription's softmax with the sink (the two kernels share it, paged_prefill.py:31-33)."""
+    assert bool(((kv_indices >= 0) & (kv_indices < unified_kv.shape[0])).all()), "a sentinel reached the kernel"
+    empty = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
+    return _sglang_paged_prefill(q, unified_kv, kv_indices, kv_indptr, unified_kv[:1], empty[:0], empty, attn_sink,
+                                 softmax_scale)
+
+
+def test_paged_decode_adapter_against_sglang_transcription(monkeypatch):
+    """SWA and compressed caches dequantised into one bf16 pool, each token's valid entries (inside
+    its lengths, inside its cache) as one ragged list: NaN-poisoned unwritten slots, lonely rows,
+    empty extra segments and no-sink cases pass."""
+    entry = _with_production(monkeypatch, "sglang.paged_decode", _sglang_paged_decode)
+    names = ("h64-swa-bs64-nanpoison", "h64-c4a-lonely-and-empty-extra", "sweep-odd-pages-61-576-no-sink")
+    results = run_entry(entry, [c for c in default_cases("decode") if c.name in names], device="cpu")
+    assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
 
 
 def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):
