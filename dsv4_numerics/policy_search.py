@@ -88,6 +88,11 @@ AXES: dict[str, tuple[Axis, ...]] = {
     # the compressed cache is OCP on every platform (datapath 2.3): no fp8 axis
     "compressor": (_enum("rope_arith", RopeArithmetic), _enum("scale_rule", ScaleRule),
                    _enum("fp8_subnormals", Fp8Subnormals)),
+    # SGLang's uniform-FP8 store: negative slots wrapped or skipped; saturating or torch 2.11's cast
+    "kv_norm_rope_store": (_enum("rope_arith", RopeArithmetic),
+                           ("slot_skip", ({"slot_skip": SlotSkip.ALL_NEGATIVE.value},
+                                          {"slot_skip": SlotSkip.NEGATIVE_WRAPS.value})),
+                           ("nonfinite", ({"nonfinite": NonFinite.FINITE.value}, {"nonfinite": NonFinite.TORCH.value}))),
 }
 
 

@@ -18,6 +18,9 @@ sglang.combine_topk_swa_indices                 combine_prefill   ``sparse_prefi
 sglang.build_swa_token_ids                      swa_indices       ``sparse_prefill_kernels.build_swa_token_ids``
 sglang.write_v4_paged_decode_indices            swa_indices       ``unified_kv_kernels.paged_decode_indices.write_v4_paged_decode_indices``
 sglang.triton_sparse_decode                     decode            ``triton_sparse_decode.triton_fp8_attention_fwd``
+sglang.kv_norm_rope_store                       kv_norm_rope_store ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8``
+sglang.paged_prefill                            prefill           ``unified_kv_kernels.paged_prefill.sparse_attn_v4_paged_prefill``
+sglang.paged_decode                             decode            ``unified_kv_kernels.paged_decode.sparse_attn_v4_paged_decode``
 ==============================================  ================  ==========================================
 
 What SGLang does differently from vLLM / FlashMLA (read from the sources; each difference that a
@@ -41,14 +44,24 @@ stage can see is a declared policy or an ``UnsupportedCase``):
   negative index is clamped to slot 0 and read), dequantises ``fp8.to(bf16) * exp2(s - 127).to(bf16)``
   and runs P@V with bf16 P (``attention_mode = bf16_p``), returns the natural, sink-free LSE with
   ``+inf`` for lonely rows, ``[b, s_q, h]`` (FlashMLA's is ``[b, h, s_q]``).
+* ``fused_k_norm_rope_uniform_fp8``: RMSNorm (``tl.sum`` tree + ``tl.rsqrt``: exact on the stage's
+  exact-norm rows with ``eps = 0``), RoPE of the fp32 normed row with the left product fused
+  (``rope_arith = fma``), rounding to kv's dtype, a saturating unit-scale E4M3 store; a negative
+  slot is NOT skipped: ``slot < 0`` writes row ``CACHE_ROWS + slot``, PyTorch's negative-index rule
+  (``slot_skip = negative_wraps``).
+* ``sparse_attn_v4_paged_prefill`` / ``sparse_attn_v4_paged_decode`` (AMD ATOM kernels; the Triton
+  paths run on NVIDIA): a flat bf16 ``unified_kv`` pool with per-token ragged index lists. Prefill:
+  the workspace is the pool, the extend region empty, negative indices skipped and any other index
+  read (a case with one ``>= S`` is an ``UnsupportedCase``). Decode: no sentinel at all, so the
+  adapter builds the pool from both exactly dequantised caches and keeps only the valid entries
+  (``index_rule = any_out_of_range_invalid``). Both round P to bf16 (``bf16_p``) and return no LSE.
 
-Not mapped (no stage models them yet): ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (RMSNorm
-+ RoPE before a unit-scale E4M3 store into the ``UNIFORM_FP8`` pool; its fp32 reduction order
-makes the stored bytes unreproducible by a bytes-exact judge; note it does NOT skip a negative
-slot: ``slot < 0`` writes row ``CACHE_ROWS + slot``, PyTorch's negative-index rule),
-``gather_dequant_requant_fp8_paged_dsv4`` (FP8 workspace), the ``unified_kv_kernels``
-``paged_decode`` / ``paged_prefill`` attention (ring-addressed unified pool, ROCm-first), and the
-TileLang / JIT-CUDA kernels (``kernels/sglang_jit.py``).
+Not mapped (no stage models them): ``gather_dequant_requant_fp8_paged_dsv4`` (the gather re-encoded
+as unit-scale E4M3: the ``gather`` stage's output is the exact bf16 dequantisation); the compressor
+(``compress.py``: its C4/C128 state ``kv_buffer [num_indices, 8, head_dim*4]`` is SGLang's own ring
+addressed by ``c_plan.cuh`` plans, ``ape`` is added in-kernel in the input dtype, and
+``compress_forward`` returns the un-normalised compressed row; README "SGLang's compressor"); the
+V4.1 gathers (SM100 only).
 
 Triton is not importable on the CPU machine that wrote these adapters, so the kernels cannot run
 through ``TRITON_INTERPRET=1`` here; every entry needs a GPU.
