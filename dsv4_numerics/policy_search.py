@@ -41,6 +41,7 @@ from dsv4_numerics.reference.policies import (
     Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
+    GatherOutput,
     IndexRule,
     MissingLengths,
     NanPolicy,
@@ -77,7 +78,7 @@ AXES: dict[str, tuple[Axis, ...]] = {
     "compressed_write": _WRITER,
     "plain_write": (_enum("slot_skip", SlotSkip), _enum("nonfinite", NonFinite),
                     ("round_to_bf16_first", ({"round_to_bf16_first": "true"}, {"round_to_bf16_first": "false"}))),
-    "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer)),
+    "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("gather_out", GatherOutput)),
     # V4.1 writer: byte order (vLLM interleaved vs FlashInfer page footer, H13) and both scale rules
     "v41_write": (_enum("v41_layout", V41Layout), _enum("scale_rule", ScaleRule), _enum("nvfp4_rule", Nvfp4ScaleRule)),
     "decode": (*_ATTN, _enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("fp8_decode", Fp8Decode)),

@@ -14,6 +14,7 @@ Entries:
 entry                                           stage             production function
 ==============================================  ================  ==========================================
 sglang.dequantize_k_cache_paged_dsv4            gather            ``dequant_k_cache.dequantize_k_cache_paged_dsv4`` (``KVLayout.V4``)
+sglang.gather_dequant_requant_fp8               gather            ``dequant_k_cache.gather_dequant_requant_fp8_paged_dsv4``
 sglang.combine_topk_swa_indices                 combine_prefill   ``sparse_prefill_kernels.combine_topk_swa_indices``
 sglang.build_swa_token_ids                      swa_indices       ``sparse_prefill_kernels.build_swa_token_ids``
 sglang.write_v4_paged_decode_indices            swa_indices       ``unified_kv_kernels.paged_decode_indices.write_v4_paged_decode_indices``
@@ -56,8 +57,11 @@ stage can see is a declared policy or an ``UnsupportedCase``):
   adapter builds the pool from both exactly dequantised caches and keeps only the valid entries
   (``index_rule = any_out_of_range_invalid``). Both round P to bf16 (``bf16_p``) and return no LSE.
 
-Not mapped (no stage models them): ``gather_dequant_requant_fp8_paged_dsv4`` (the gather re-encoded
-as unit-scale E4M3: the ``gather`` stage's output is the exact bf16 dequantisation); the compressor
+* ``gather_dequant_requant_fp8_paged_dsv4``: the same gather re-encoded as unit-scale E4M3 codes (the
+  Q8KV8 prefill's FP8 workspace): ``gather_out = e4m3_requant`` on the ``gather`` stage, the codes
+  read back as bf16 values.
+
+Not mapped (no stage models them): the compressor
 (``compress.py``: its C4/C128 state ``kv_buffer [num_indices, 8, head_dim*4]`` is SGLang's own ring
 addressed by ``c_plan.cuh`` plans, ``ape`` is added in-kernel in the input dtype, and
 ``compress_forward`` returns the un-normalised compressed row; README "SGLang's compressor"); the
@@ -84,6 +88,7 @@ from dsv4_numerics.reference.policies import (
     AttentionMode,
     CombineInvalidTopk,
     Fp8Flavour,
+    GatherOutput,
     IndexRule,
     LseConvention,
     MissingLengths,
@@ -205,6 +210,18 @@ def gather_args(inputs: dict) -> dict:
     width = inputs.get("offset", 0) + (int(g.max()) if r else 0)
     return dict(quant_k_cache=pages, page_table_1_flattened=slots.to(view.device), page_size=bs, layout="v4",
                 _req=req, _row=row, _shape=(r, width, HEAD_DIM))
+
+
+def _call_requant_gather(case: Case) -> dict:
+    """``gather_dequant_requant_fp8_paged_dsv4`` on the gather's slot list: its E4M3 ``[N, 1, 512]``
+    workspace read as values (bf16, exact) and scattered into the canonical ``[R, offset + max g, 512]``."""
+    a = gather_args(case.inputs)
+    req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
+    a.pop("layout")
+    got = _fn(DEQUANT, "gather_dequant_requant_fp8_paged_dsv4")(**a)  # [N, 1, 512] float8_e4m3fn
+    out = torch.zeros(shape, dtype=torch.bfloat16, device=got.device)
+    out[req.to(got.device), row.to(got.device)] = got[:, 0].to(torch.bfloat16)
+    return {"out": out}
 
 
 def _call_gather(case: Case) -> dict:
@@ -415,6 +432,22 @@ ENTRIES: list[KernelEntry] = [
         notes="SGLang's bf16 gather of the V4 (584-byte MODEL1) page by slot list (the adapter turns the "
               "block table into slots as build_swa_token_ids does). Scale byte 0 -> 0.0, 255 -> +Inf "
               "(tl.exp2). Output rows not gathered stay 0 (the reference's convention).",
+    ),
+    KernelEntry(
+        name="sglang.gather_dequant_requant_fp8",
+        stage="gather",
+        family="sglang",
+        source=f"{DEQUANT}.gather_dequant_requant_fp8_paged_dsv4",
+        archs=_ARCHS,
+        dtypes=("uint8",),
+        policies={"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value,
+                  "gather_out": GatherOutput.E4M3_REQUANT.value},
+        tolerance_scope="sglang.gather_dequant_requant_fp8",
+        probe=_probe(DEQUANT),
+        call=_call_requant_gather,
+        notes="The Q8KV8 prefill's FP8 workspace: each gathered value (NoPE fp8 * exp2(s - 127) in fp32, "
+              "RoPE bf16) re-encoded as a unit-scale E4M3 code by the store cast (satfinite). The workspace "
+              "is read back as bf16 values (exact) for the gather stage's bit-exact judge.",
     ),
     KernelEntry(
         name="sglang.combine_topk_swa_indices",

@@ -900,6 +900,10 @@ MUTANTS: list[MutantEntry] = [
     # --- SGLang 0.5.23 JIT / TileLang kernels (kernels/sglang_jit.py) ---
     _m("sglang_padded_page_stride", "swa_write", "pages addressed at SGLang's kv_page_bytes (bs*584 rounded up "
        "to 576, kv_layout.cuh:111-115) instead of cache.stride(0) on an unpadded cache", _layout_mutant("sglang_padded")),
+    _m("sglang_requant_gather_values_kept", "gather", "the Q8KV8 FP8 workspace holding the exact dequantised values "
+       "(a bf16 workspace) where gather_dequant_requant_fp8_paged_dsv4 re-encodes them as unit-scale E4M3 "
+       "(dequant_k_cache.py:458-462)", lambda c: _outputs(st.get("gather").expected(c, st.get("gather").policies({}))),
+       gather_out="e4m3_requant"),
     _m("sglang_norm_rope_store_negative_slot_skipped", "kv_norm_rope_store", "SGLang's uniform-FP8 store skipping a "
        "negative slot like the CUDA writers; kv_norm_rope_store.py:45-47 wraps it to CACHE_ROWS + slot (PyTorch's index)",
        _norm_rope_store(slot_skip="all_negative"), slot_skip="negative_wraps"),

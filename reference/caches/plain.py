@@ -37,6 +37,7 @@ __all__ = [
     "insert_fp8_rows",
     "read_fp8_rows",
     "dequantize_fp8_rows",
+    "requantize_e4m3",
 ]
 
 _FP8_CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
@@ -225,3 +226,16 @@ def read_fp8_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def dequantize_fp8_rows(cache: torch.Tensor, slots: torch.Tensor, kv_scale: float = 1.0) -> torch.Tensor:
     """float32 rows ``[S, 512]``: ``decode_fp8_rows(read_fp8_rows(cache, slots), kv_scale)``."""
     return decode_fp8_rows(read_fp8_rows(cache, slots), kv_scale)
+
+
+def requantize_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """bf16 ``x.shape``: each value of ``x`` (bf16 / fp32 ``[..., 512]``) re-encoded as a unit-scale
+    E4M3FN code (RNE, saturating: finite overflow and +-Inf -> +-448, NaN -> NaN with its sign:
+    ``NonFinite.TORCH_SATURATING``) and decoded again -- a per-tensor FP8 row with ``kv_scale = 1``
+    (``GatherOutput.E4M3_REQUANT``). E4M3 values are exact in bf16."""
+    fn = "requantize_e4m3"
+    check_tensor(fn, "x", x)
+    check_dtype(fn, "x", x, (torch.bfloat16, torch.float32))
+    codes = encode_fp8_rows(x.reshape(-1, x.shape[-1]) if x.dim() else x, 1.0, round_to_bf16_first=False,
+                            nonfinite=NonFinite.TORCH_SATURATING)
+    return decode_fp8_rows(codes).to(torch.bfloat16).reshape(x.shape)

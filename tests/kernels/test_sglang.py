@@ -42,7 +42,8 @@ SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the
 
 
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
-    assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.combine_topk_swa_indices",
+    assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.gather_dequant_requant_fp8",
+                           "sglang.combine_topk_swa_indices",
                            "sglang.build_swa_token_ids", "sglang.write_v4_paged_decode_indices",
                            "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store", "sglang.paged_prefill",
                            "sglang.paged_decode"}
@@ -146,6 +147,34 @@ def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=Non
     rope = data[:, 448:].contiguous().view(torch.bfloat16)
     out = torch.cat([(nope * scale[:, :, None]).reshape(-1, 448).to(torch.bfloat16), rope], dim=1)
     return out[:, None, :]
+
+
+def _sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
+    """``gather_dequant_requant_fp8_paged_dsv4`` transcribed from ``dequant_k_cache.py:431-479``: the
+    V4 gather's fp32 values (NoPE ``fp8 * exp2(s - 127)``, RoPE bf16) stored to an E4M3 tensor by the
+    Triton store cast, RNE with saturation (clamp to +-448, then torch's RNE cast)."""
+    assert extra_rows == 0 and out is None
+    buf = quant_k_cache.reshape(-1)
+    per_page = quant_k_cache.shape[-1]
+    loc = page_table_1_flattened.to(torch.int64)
+    base, e = (loc // page_size) * per_page, loc % page_size
+    data = buf[(base + e * 576)[:, None] + torch.arange(576)]
+    scale_b = buf[(base + page_size * 576 + e * 8)[:, None] + torch.arange(7)].to(torch.int32)
+    scale = torch.where(scale_b == 0, torch.zeros(()), torch.exp2((scale_b - 127).to(torch.float32)))
+    nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).to(torch.float32).reshape(-1, 7, 64)
+    rope = data[:, 448:].contiguous().view(torch.bfloat16).to(torch.float32)
+    vals = torch.cat([(nope * scale[:, :, None]).reshape(-1, 448), rope], dim=1)
+    return vals.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)[:, None, :]
+
+
+def test_requant_gather_adapter_against_sglang_transcription(monkeypatch):
+    """The FP8 workspace read back as values: every default gather case passes under the declared
+    ``gather_out = e4m3_requant`` and fails under the bf16 gather's output (the policy decides)."""
+    entry = _with_production(monkeypatch, "sglang.gather_dequant_requant_fp8", _sglang_requant_gather)
+    results = run_entry(entry, device="cpu")
+    assert results and all(r.verdict == "pass" for r in results), [(r.case, r.verdict, r.message) for r in results]
+    bf16 = dataclasses.replace(entry, policies=dict(entry.policies, gather_out="bf16"))
+    assert all(r.verdict == "fail" and "gather_out=e4m3_requant" in r.message for r in run_entry(bf16, device="cpu"))
 
 
 def _with_production(monkeypatch, name: str, fn):
