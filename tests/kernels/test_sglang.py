@@ -135,6 +135,13 @@ def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=Non
     scales at ``page * BYTES_PER_PAGE + page_size * 576 + e * 8``; NoPE ``fp8 * exp2(s - 127)``
     (fp32, ``ex2.approx.ftz``: byte 0 -> 0, 255 -> +Inf) rounded to bf16; RoPE bf16 copied."""
     assert layout == "v4" and quant_k_cache.is_contiguous() and quant_k_cache.dim() == 2
+    nope, rope = _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size)
+    return torch.cat([nope.to(torch.bfloat16), rope], dim=1)[:, None, :]
+
+
+def _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size):
+    """The V4 page addressing and scale decode both SGLang gathers share: ``(nope fp32 [N, 448] =
+    fp8 * exp2(s - 127) with byte 0 -> 0 (ftz), rope bf16 [N, 64])``."""
     buf = quant_k_cache.reshape(-1)
     per_page = quant_k_cache.shape[-1]
     loc = page_table_1_flattened.to(torch.int64)
@@ -144,26 +151,16 @@ def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=Non
     scale_b = buf[(base + page_size * 576 + e * 8)[:, None] + torch.arange(7)].to(torch.int32)
     scale = torch.where(scale_b == 0, torch.zeros(()), torch.exp2((scale_b - 127).to(torch.float32)))
     nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).to(torch.float32).reshape(-1, 7, 64)
-    rope = data[:, 448:].contiguous().view(torch.bfloat16)
-    out = torch.cat([(nope * scale[:, :, None]).reshape(-1, 448).to(torch.bfloat16), rope], dim=1)
-    return out[:, None, :]
+    return (nope * scale[:, :, None]).reshape(-1, 448), data[:, 448:].contiguous().view(torch.bfloat16)
 
 
 def _sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
     """``gather_dequant_requant_fp8_paged_dsv4`` transcribed from ``dequant_k_cache.py:431-479``: the
     V4 gather's fp32 values (NoPE ``fp8 * exp2(s - 127)``, RoPE bf16) stored to an E4M3 tensor by the
     Triton store cast, RNE with saturation (clamp to +-448, then torch's RNE cast)."""
-    assert extra_rows == 0 and out is None
-    buf = quant_k_cache.reshape(-1)
-    per_page = quant_k_cache.shape[-1]
-    loc = page_table_1_flattened.to(torch.int64)
-    base, e = (loc // page_size) * per_page, loc % page_size
-    data = buf[(base + e * 576)[:, None] + torch.arange(576)]
-    scale_b = buf[(base + page_size * 576 + e * 8)[:, None] + torch.arange(7)].to(torch.int32)
-    scale = torch.where(scale_b == 0, torch.zeros(()), torch.exp2((scale_b - 127).to(torch.float32)))
-    nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).to(torch.float32).reshape(-1, 7, 64)
-    rope = data[:, 448:].contiguous().view(torch.bfloat16).to(torch.float32)
-    vals = torch.cat([(nope * scale[:, :, None]).reshape(-1, 448), rope], dim=1)
+    assert extra_rows == 0 and out is None and quant_k_cache.is_contiguous()
+    nope, rope = _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size)
+    vals = torch.cat([nope, rope.to(torch.float32)], dim=1)
     return vals.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)[:, None, :]
 
 
