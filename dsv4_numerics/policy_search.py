@@ -41,6 +41,7 @@ from dsv4_numerics.reference.policies import (
     Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
+    GatherOutput,
     IndexRule,
     MissingLengths,
     NanPolicy,
@@ -66,7 +67,8 @@ def _enum(key: str, enum: Any) -> Axis:
 _FP8_WRITER: Axis = ("fp8", ({"fp8": Fp8Flavour.E4M3FN.value}, {"fp8": Fp8Flavour.E4M3FNUZ.value},
                              {"fp8": Fp8Flavour.E4M3FNUZ.value, "fp8_clamp": repr(FNUZ_GFX942_CLAMP)}))
 _WRITER = (_enum("scale_rule", ScaleRule), _FP8_WRITER, _enum("fp8_subnormals", Fp8Subnormals),
-           _enum("nonfinite", NonFinite), _enum("slot_skip", SlotSkip))
+           _enum("nonfinite", NonFinite),
+           ("slot_skip", ({"slot_skip": SlotSkip.MINUS1_ONLY.value}, {"slot_skip": SlotSkip.ALL_NEGATIVE.value})))
 _ATTN = (_enum("nan", NanPolicy), _enum("index_rule", IndexRule))
 
 # stage -> the policy axes its reference reads (oracles/stages.py, the expected functions);
@@ -76,7 +78,7 @@ AXES: dict[str, tuple[Axis, ...]] = {
     "compressed_write": _WRITER,
     "plain_write": (_enum("slot_skip", SlotSkip), _enum("nonfinite", NonFinite),
                     ("round_to_bf16_first", ({"round_to_bf16_first": "true"}, {"round_to_bf16_first": "false"}))),
-    "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer)),
+    "gather": (_enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("gather_out", GatherOutput)),
     # V4.1 writer: byte order (vLLM interleaved vs FlashInfer page footer, H13) and both scale rules
     "v41_write": (_enum("v41_layout", V41Layout), _enum("scale_rule", ScaleRule), _enum("nvfp4_rule", Nvfp4ScaleRule)),
     "decode": (*_ATTN, _enum("fp8", Fp8Flavour), _enum("ue8m0", Ue8m0Consumer), _enum("fp8_decode", Fp8Decode)),
@@ -87,6 +89,11 @@ AXES: dict[str, tuple[Axis, ...]] = {
     # the compressed cache is OCP on every platform (datapath 2.3): no fp8 axis
     "compressor": (_enum("rope_arith", RopeArithmetic), _enum("scale_rule", ScaleRule),
                    _enum("fp8_subnormals", Fp8Subnormals)),
+    # SGLang's uniform-FP8 store: negative slots wrapped or skipped; saturating or torch 2.11's cast
+    "kv_norm_rope_store": (_enum("rope_arith", RopeArithmetic),
+                           ("slot_skip", ({"slot_skip": SlotSkip.ALL_NEGATIVE.value},
+                                          {"slot_skip": SlotSkip.NEGATIVE_WRAPS.value})),
+                           ("nonfinite", ({"nonfinite": NonFinite.FINITE.value}, {"nonfinite": NonFinite.TORCH.value}))),
 }
 
 

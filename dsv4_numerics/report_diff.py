@@ -39,6 +39,7 @@ from typing import Any
 from dsv4_numerics.reference.errors import InputError
 
 from .report_merge import load_matrix, num
+from .run_meta import staged_versions
 
 RANK = {"pass": 0, "skip": 1, "unavailable": 2, "fail": 3, "error": 4}
 DEFAULT_RATIO = 2.0
@@ -116,7 +117,7 @@ def diff_matrices(base: dict[str, Any], new: dict[str, Any], ratio: float = DEFA
 def _side(m: dict[str, Any]) -> str:
     bits = []
     for r in m["runs"]:
-        staged = ", ".join(f"vllm {s.get('vllm_version')}" for s in r.get("staged") or []) or "no staged kernels"
+        staged = staged_versions(r.get("staged"))
         commit = (r.get("git_commit") or "?")[:12]
         bits.append(f"{r['label']} ({r['arch']}; torch {r.get('torch')}, CUDA {r.get('cuda')}, "
                     f"Triton {r.get('triton')}; {staged}; commit {commit})")

@@ -27,6 +27,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .run_meta import staged_versions
+
 _STYLE = """
 body{font:13px/1.35 system-ui,sans-serif;margin:16px;color:#222}
 h1{font-size:18px;margin:0 0 4px}
@@ -133,7 +135,7 @@ render();
 def _runs_html(m: dict[str, Any]) -> str:
     items = []
     for r in m["runs"]:
-        staged = ", ".join(f"vllm {s.get('vllm_version')}" for s in r.get("staged") or []) or "no staged kernels"
+        staged = staged_versions(r.get("staged"))
         items.append(f"<li><b>{html.escape(str(r['label']))}</b>: {html.escape(str(r['arch']))}, "
                      f"{html.escape(str(r.get('hardware')))}; torch {html.escape(str(r.get('torch')))}, "
                      f"CUDA {html.escape(str(r.get('cuda')))}, Triton {html.escape(str(r.get('triton')))}; "

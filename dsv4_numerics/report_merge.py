@@ -3,7 +3,7 @@
 Input: any number of ``check --json`` reports (schema ``dsv4-numerics/check/2``) and pytest
 ``--dsv4-report`` reports (``dsv4-numerics/report/1``), from any runners, plain or gzipped
 (``.gz``). Each carries its run
-metadata (``dsv4_numerics.run_meta``: ``arch``, device, torch / CUDA / Triton / staged vLLM
+metadata (``dsv4_numerics.run_meta``: ``arch``, device, torch / CUDA / Triton / staged vLLM and SGLang
 versions, git commit). A report without ``meta.arch`` (older ones) is placed under ``cpu`` when
 its device was the CPU, else ``unknown``. Architectures are opaque strings, compared for
 equality only.
@@ -12,7 +12,7 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
 
     {"schema": "dsv4-numerics/matrix/1",
      "runs":  [{"label", "path", "schema", "arch", "device", "hardware", "torch", "cuda", "triton",
-                "staged": [{"folder", "vllm_version", "parts", "wheels"}], "git_commit", "tests"}],
+                "staged": [{"folder", "vllm_version", "sglang_version", "parts", "wheels"}], "git_commit", "tests"}],
      "archs": [str],                                   # in order of first appearance
      "rows":  [{"entry", "stage", "family", "dtypes": [str],
                 "cells": {arch: CELL}}],               # one row per (entry, stage)

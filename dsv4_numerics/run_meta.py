@@ -66,6 +66,21 @@ def staged_folders() -> list[dict[str, Any]]:
     return out
 
 
+STAGED_VERSION_KEYS = (("vllm_version", "vllm"), ("sglang_version", "sglang"))
+
+
+def staged_versions(staged: list[dict[str, Any]] | None) -> str:
+    """One line naming the producer versions of a run's ``staged`` folders (``staged_folders``), e.g.
+    ``"vllm 0.33.0, sglang 0.5.23"``; a folder staging one engine names that one only (reports made
+    before ``sglang_version`` existed read as vLLM only); ``"no staged kernels"`` when there are none.
+    The one formatting of ``report diff`` and the HTML page."""
+    bits = []
+    for s in staged or []:
+        named = [f"{label} {s[k]}" for k, label in STAGED_VERSION_KEYS if s.get(k)]
+        bits.append(", ".join(named) or "staged folder without versions")
+    return "; ".join(bits) or "no staged kernels"
+
+
 def run_metadata(device: str | None = None) -> dict[str, Any]:
     """The run metadata of this process (module docstring). ``device``: the torch device the run
     judged on (default: ``cuda`` when a GPU is visible, else ``cpu``)."""

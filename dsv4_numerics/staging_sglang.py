@@ -54,6 +54,8 @@ REQUIRED = (
     DSV4 + "kv_norm_rope_store.py",
     DSV4 + "sparse_prefill_kernels.py",
     DSV4 + "unified_kv_kernels/paged_decode_indices.py",
+    DSV4 + "unified_kv_kernels/paged_decode.py",
+    DSV4 + "unified_kv_kernels/paged_prefill.py",
     DSV4 + "triton_sparse_decode/__init__.py",
     DSV4 + "triton_sparse_decode/triton_mla_kernels_decode_optimized.py",
     DSV4 + "triton_sparse_decode/triton_mla_kernels_decode_fused.py",

@@ -60,6 +60,7 @@ POLICY_ENUMS: dict[str, type] = {
     "invalid_topk": _pol.CombineInvalidTopk,
     "window_start": _pol.CombineWindowStart,
     "e2m1_zero": _pol.E2m1Zero,
+    "gather_out": _pol.GatherOutput,
 }
 if hasattr(_pol, "V41Layout"):
     POLICY_ENUMS["v41_layout"] = _pol.V41Layout

@@ -14,10 +14,14 @@ Entries:
 entry                                           stage             production function
 ==============================================  ================  ==========================================
 sglang.dequantize_k_cache_paged_dsv4            gather            ``dequant_k_cache.dequantize_k_cache_paged_dsv4`` (``KVLayout.V4``)
+sglang.gather_dequant_requant_fp8               gather            ``dequant_k_cache.gather_dequant_requant_fp8_paged_dsv4``
 sglang.combine_topk_swa_indices                 combine_prefill   ``sparse_prefill_kernels.combine_topk_swa_indices``
 sglang.build_swa_token_ids                      swa_indices       ``sparse_prefill_kernels.build_swa_token_ids``
 sglang.write_v4_paged_decode_indices            swa_indices       ``unified_kv_kernels.paged_decode_indices.write_v4_paged_decode_indices``
 sglang.triton_sparse_decode                     decode            ``triton_sparse_decode.triton_fp8_attention_fwd``
+sglang.kv_norm_rope_store                       kv_norm_rope_store ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8``
+sglang.paged_prefill                            prefill           ``unified_kv_kernels.paged_prefill.sparse_attn_v4_paged_prefill``
+sglang.paged_decode                             decode            ``unified_kv_kernels.paged_decode.sparse_attn_v4_paged_decode``
 ==============================================  ================  ==========================================
 
 What SGLang does differently from vLLM / FlashMLA (read from the sources; each difference that a
@@ -41,14 +45,27 @@ stage can see is a declared policy or an ``UnsupportedCase``):
   negative index is clamped to slot 0 and read), dequantises ``fp8.to(bf16) * exp2(s - 127).to(bf16)``
   and runs P@V with bf16 P (``attention_mode = bf16_p``), returns the natural, sink-free LSE with
   ``+inf`` for lonely rows, ``[b, s_q, h]`` (FlashMLA's is ``[b, h, s_q]``).
+* ``fused_k_norm_rope_uniform_fp8``: RMSNorm (``tl.sum`` tree + ``tl.rsqrt``: exact on the stage's
+  exact-norm rows with ``eps = 0``), RoPE of the fp32 normed row with the left product fused
+  (``rope_arith = fma``), rounding to kv's dtype, a saturating unit-scale E4M3 store; a negative
+  slot is NOT skipped: ``slot < 0`` writes row ``CACHE_ROWS + slot``, PyTorch's negative-index rule
+  (``slot_skip = negative_wraps``).
+* ``sparse_attn_v4_paged_prefill`` / ``sparse_attn_v4_paged_decode`` (AMD ATOM kernels; the Triton
+  paths run on NVIDIA): a flat bf16 ``unified_kv`` pool with per-token ragged index lists. Prefill:
+  the workspace is the pool, the extend region empty, negative indices skipped and any other index
+  read (a case with one ``>= S`` is an ``UnsupportedCase``). Decode: no sentinel at all, so the
+  adapter builds the pool from both exactly dequantised caches and keeps only the valid entries
+  (``index_rule = any_out_of_range_invalid``). Both round P to bf16 (``bf16_p``) and return no LSE.
 
-Not mapped (no stage models them yet): ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (RMSNorm
-+ RoPE before a unit-scale E4M3 store into the ``UNIFORM_FP8`` pool; its fp32 reduction order
-makes the stored bytes unreproducible by a bytes-exact judge; note it does NOT skip a negative
-slot: ``slot < 0`` writes row ``CACHE_ROWS + slot``, PyTorch's negative-index rule),
-``gather_dequant_requant_fp8_paged_dsv4`` (FP8 workspace), the ``unified_kv_kernels``
-``paged_decode`` / ``paged_prefill`` attention (ring-addressed unified pool, ROCm-first), and the
-TileLang / JIT-CUDA kernels (``kernels/sglang_jit.py``).
+* ``gather_dequant_requant_fp8_paged_dsv4``: the same gather re-encoded as unit-scale E4M3 codes (the
+  Q8KV8 prefill's FP8 workspace): ``gather_out = e4m3_requant`` on the ``gather`` stage, the codes
+  read back as bf16 values.
+
+Not mapped (no stage models them): the compressor
+(``compress.py``: its C4/C128 state ``kv_buffer [num_indices, 8, head_dim*4]`` is SGLang's own ring
+addressed by ``c_plan.cuh`` plans, ``ape`` is added in-kernel in the input dtype, and
+``compress_forward`` returns the un-normalised compressed row; README "SGLang's compressor"); the
+V4.1 gathers (SM100 only).
 
 Triton is not importable on the CPU machine that wrote these adapters, so the kernels cannot run
 through ``TRITON_INTERPRET=1`` here; every entry needs a GPU.
@@ -63,36 +80,47 @@ from pathlib import Path
 
 import torch
 
+from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM
-from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, fail
+from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
 from dsv4_numerics.reference.policies import (
     AttentionMode,
     CombineInvalidTopk,
     Fp8Flavour,
+    GatherOutput,
     IndexRule,
     LseConvention,
+    MissingLengths,
     NanPolicy,
+    NonFinite,
+    RopeArithmetic,
+    SlotSkip,
     Ue8m0Consumer,
 )
 
 from . import probe as P
 from . import staged
+from .canonical import decode_inputs, prefill_inputs
 from .flashmla import sparse_decode_call
 from .registry import KernelEntry
 from .vllm_cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
 from .vllm_triton import index_case_builder, int32
 
-__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE",
+__all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL", "PAGED_DECODE",
            "sglang_probe", "staged_sglang_reason", "gather_slots", "gather_args", "combine_args", "swa_token_ids_args",
-           "paged_decode_indices_args"]
+           "paged_decode_indices_args", "norm_rope_store_args", "paged_prefill_args",
+           "paged_decode_args"]
 
 _DSV4 = "sglang.kernels.ops.attention.dsv4"
 DEQUANT = f"{_DSV4}.dequant_k_cache"
 SPARSE_PREFILL = f"{_DSV4}.sparse_prefill_kernels"
 PAGED_DECODE_INDICES = f"{_DSV4}.unified_kv_kernels.paged_decode_indices"
 SPARSE_DECODE = f"{_DSV4}.triton_sparse_decode"
-MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE)
+NORM_ROPE_STORE = f"{_DSV4}.kv_norm_rope_store"
+PAGED_PREFILL = f"{_DSV4}.unified_kv_kernels.paged_prefill"
+PAGED_DECODE = f"{_DSV4}.unified_kv_kernels.paged_decode"
+MODULES = (DEQUANT, SPARSE_PREFILL, PAGED_DECODE_INDICES, SPARSE_DECODE, NORM_ROPE_STORE, PAGED_PREFILL, PAGED_DECODE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,6 +212,18 @@ def gather_args(inputs: dict) -> dict:
                 _req=req, _row=row, _shape=(r, width, HEAD_DIM))
 
 
+def _call_requant_gather(case: Case) -> dict:
+    """``gather_dequant_requant_fp8_paged_dsv4`` on the gather's slot list: its E4M3 ``[N, 1, 512]``
+    workspace read as values (bf16, exact) and scattered into the canonical ``[R, offset + max g, 512]``."""
+    a = gather_args(case.inputs)
+    req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
+    a.pop("layout")
+    got = _fn(DEQUANT, "gather_dequant_requant_fp8_paged_dsv4")(**a)  # [N, 1, 512] float8_e4m3fn
+    out = torch.zeros(shape, dtype=torch.bfloat16, device=got.device)
+    out[req.to(got.device), row.to(got.device)] = got[:, 0].to(torch.bfloat16)
+    return {"out": out}
+
+
 def _call_gather(case: Case) -> dict:
     a = gather_args(case.inputs)
     req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
@@ -267,6 +307,111 @@ def _call_sparse_decode(case: Case) -> dict:
                               lse_heads_last=True, fn="sglang.triton_sparse_decode")
 
 
+# --------------------------------------------------------------------------- unified-pool paged prefill
+
+
+def paged_prefill_args(case: Case) -> dict:
+    """Canonical ``prefill`` case -> ``sparse_attn_v4_paged_prefill`` arguments: the bf16 workspace
+    as the ``unified_kv`` pool ``[S, 512]``, each token's first ``topk_length`` columns (all ``K``
+    without lengths) as its flat ``kv_indices_prefix`` list with an int32 ``kv_indptr_prefix``; an
+    empty extend region (one row of ``kv``, no indices); ``attn_sink`` fp32 ``[H]`` (``-inf``
+    without a sink: adds nothing to the denominator). The kernel skips negative indices and reads
+    any other value, so a case with an index ``>= S`` inside its lengths is an ``UnsupportedCase``."""
+    fn = "sglang.paged_prefill_args"
+    p = prefill_inputs(case, fn)
+    t, k = p.idx.shape
+    s_kv = p.kv.shape[0]
+    ln = torch.full((t,), k, dtype=torch.int64) if p.length is None else p.length.to(torch.int64).cpu().clamp(0, k)
+    idx = p.idx.to(torch.int64).cpu()
+    keep = torch.arange(k)[None, :] < ln[:, None]
+    if bool(((idx >= s_kv) & keep).any()):
+        raise UnsupportedCase(f"an index >= S = {s_kv} inside topk_length: sparse_attn_v4_paged_prefill skips only "
+                              "negative indices and would read past the pool")
+    dev = p.q.device
+    indptr = torch.zeros(t + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(ln, 0).to(torch.int32)
+    sink = p.sink.to(torch.float32) if p.sink is not None else torch.full((p.q.shape[1],), float("-inf"))
+    return dict(q=p.q.contiguous(), unified_kv=p.kv.contiguous(), kv_indices_prefix=idx[keep].to(torch.int32).to(dev),
+                kv_indptr_prefix=indptr.to(dev), kv=p.kv[:1].contiguous(),
+                kv_indices_extend=torch.zeros(0, dtype=torch.int32, device=dev),
+                kv_indptr_extend=torch.zeros(t + 1, dtype=torch.int32, device=dev),
+                attn_sink=sink.contiguous().to(dev), softmax_scale=p.scale)
+
+
+def _call_paged_prefill(case: Case) -> dict:
+    return {"out": _fn(PAGED_PREFILL, "sparse_attn_v4_paged_prefill")(**paged_prefill_args(case))}
+
+
+def paged_decode_args(case: Case) -> dict:
+    """Canonical ``decode`` case -> ``sparse_attn_v4_paged_decode`` arguments. The unified pool is
+    the SWA cache's slots then the compressed cache's, each dequantised exactly to bf16
+    (``cache_model1.dequantize_all``: the rows the oracle attends over); each token's list is its
+    SWA entries then its compressed entries (offset by the SWA slot count), the columns inside its
+    lengths that address a slot of their cache -- the ragged, sentinel-free form the kernel requires
+    ("All entries MUST be valid slot ids", built in production by ``write_v4_paged_decode_indices``),
+    so every other value is invalid (``index_rule = any_out_of_range_invalid``). ``attn_sink`` fp32
+    ``[H]`` (``-inf`` without a sink)."""
+    fn = "sglang.paged_decode_args"
+    d = decode_inputs(case, fn)
+    t = d.q.shape[0]
+    pools, per_token, base = [], [[] for _ in range(t)], 0
+    for seg in (d.main, d.extra):
+        if seg is None:
+            continue
+        rows = cache_model1.dequantize_all(seg.cache, seg.block_size)
+        n = rows.shape[0]
+        idx = seg.idx.to(torch.int64).cpu()
+        k = idx.shape[1]
+        ln = torch.full((t,), k, dtype=torch.int64) if seg.length is None else seg.length.to(torch.int64).cpu().clamp(0, k)
+        keep = (torch.arange(k)[None, :] < ln[:, None]) & (idx >= 0) & (idx < n)
+        for i in range(t):
+            per_token[i].append(idx[i][keep[i]] + base)
+        pools.append(rows)
+        base += n
+    dev = d.q.device
+    flat = torch.cat([torch.cat(lst) for lst in per_token]) if t else torch.zeros(0, dtype=torch.int64)
+    indptr = torch.zeros(t + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.tensor([sum(x.numel() for x in lst) for lst in per_token], dtype=torch.int64), 0)
+    sink = d.sink.to(torch.float32) if d.sink is not None else torch.full((d.q.shape[1],), float("-inf"))
+    return dict(q=d.q.contiguous(), unified_kv=torch.cat(pools).to(dev).contiguous(),
+                kv_indices=flat.to(torch.int32).to(dev), kv_indptr=indptr.to(torch.int32).to(dev),
+                attn_sink=sink.contiguous().to(dev), softmax_scale=d.scale)
+
+
+def _call_paged_decode(case: Case) -> dict:
+    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
+
+
+# --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
+
+
+def norm_rope_store_args(inputs: dict) -> dict:
+    """Canonical ``kv_norm_rope_store`` inputs -> ``fused_k_norm_rope_uniform_fp8`` arguments: the
+    cos/sin table as SGLang's ``freqs_cis`` (complex64 ``[max_pos, 32]``, ``cos + i*sin``: the
+    kernel reads ``view_as_real`` pairs ``(cos_j, sin_j)``), contiguous int positions / slots, and
+    a COPY of the pool viewed as ``float8_e4m3fn`` ``[rows, 512]`` (written in place)."""
+    fn = "sglang.norm_rope_store_args"
+    cos_sin = inputs["cos_sin"]
+    check_dtype(fn, "cos_sin", cos_sin, (torch.float32,))
+    check_rank(fn, "cos_sin", cos_sin, 2)
+    half = cos_sin.shape[1] // 2
+    freqs = torch.complex(cos_sin[:, :half].contiguous(), cos_sin[:, half:].contiguous())
+    cache = inputs["cache"]
+    check_dtype(fn, "cache", cache, (torch.uint8, torch.float8_e4m3fn))
+    raw = cache.view(torch.uint8) if cache.dtype != torch.uint8 else cache
+    for k in ("positions", "slots"):
+        check_dtype(fn, k, inputs[k], INDEX_DTYPES)
+    return dict(kv=inputs["kv"].contiguous(), weight=inputs["weight"].contiguous(), eps=float(inputs["eps"]),
+                freqs_cis=freqs, positions=inputs["positions"].contiguous(), loc=inputs["slots"].contiguous(),
+                cache=raw.clone().contiguous().view(torch.float8_e4m3fn))
+
+
+def _call_norm_rope_store(case: Case) -> dict:
+    a = norm_rope_store_args(case.inputs)
+    _fn(NORM_ROPE_STORE, "fused_k_norm_rope_uniform_fp8")(**a)
+    return {"cache": a["cache"].view(torch.uint8)}
+
+
 # --------------------------------------------------------------------------- entries
 
 _ARCHS = ("any-gpu",)
@@ -287,6 +432,22 @@ ENTRIES: list[KernelEntry] = [
         notes="SGLang's bf16 gather of the V4 (584-byte MODEL1) page by slot list (the adapter turns the "
               "block table into slots as build_swa_token_ids does). Scale byte 0 -> 0.0, 255 -> +Inf "
               "(tl.exp2). Output rows not gathered stay 0 (the reference's convention).",
+    ),
+    KernelEntry(
+        name="sglang.gather_dequant_requant_fp8",
+        stage="gather",
+        family="sglang",
+        source=f"{DEQUANT}.gather_dequant_requant_fp8_paged_dsv4",
+        archs=_ARCHS,
+        dtypes=("uint8",),
+        policies={"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value,
+                  "gather_out": GatherOutput.E4M3_REQUANT.value},
+        tolerance_scope="sglang.gather_dequant_requant_fp8",
+        probe=_probe(DEQUANT),
+        call=_call_requant_gather,
+        notes="The Q8KV8 prefill's FP8 workspace: each gathered value (NoPE fp8 * exp2(s - 127) in fp32, "
+              "RoPE bf16) re-encoded as a unit-scale E4M3 code by the store cast (satfinite). The workspace "
+              "is read back as bf16 values (exact) for the gather stage's bit-exact judge.",
     ),
     KernelEntry(
         name="sglang.combine_topk_swa_indices",
@@ -349,5 +510,61 @@ ENTRIES: list[KernelEntry] = [
               "the bf16-P Triton decode tolerance (the ROCm Triton decode's scope: same arithmetic class, "
               "bf16 dequant x bf16 scale, bf16 P, fp32 accumulation). Indices other than -1 outside the "
               "cache are skipped (UnsupportedCase: the kernel would read them).",
+    ),
+    KernelEntry(
+        name="sglang.kv_norm_rope_store",
+        stage="kv_norm_rope_store",
+        family="sglang",
+        source=f"{NORM_ROPE_STORE}.fused_k_norm_rope_uniform_fp8",
+        archs=_ARCHS,
+        dtypes=("bfloat16", "float32", "uint8"),
+        policies={"rope_arith": RopeArithmetic.FMA.value, "slot_skip": SlotSkip.NEGATIVE_WRAPS.value,
+                  "nonfinite": NonFinite.FINITE.value},
+        tolerance_scope="sglang.kv_norm_rope_store",
+        probe=_probe(NORM_ROPE_STORE),
+        call=_call_norm_rope_store,
+        notes="RMSNorm (eps=0 exact-norm rows: tl.sum and tl.rsqrt exact) + RoPE of the fp32 normed row "
+              "(re = even*c - odd*s, im = even*s + odd*c: the left product fused, rope_arith=fma), rounded to "
+              "kv's dtype, stored as unit-scale E4M3 (satfinite). A negative slot s writes row rows + s "
+              "(slot_skip=negative_wraps), not skipped.",
+    ),
+    KernelEntry(
+        name="sglang.paged_prefill",
+        stage="prefill",
+        family="sglang",
+        source=f"{PAGED_PREFILL}.sparse_attn_v4_paged_prefill",
+        archs=_ARCHS,
+        dtypes=("bfloat16",),
+        policies={"index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value, "lse": LseConvention.NONE.value,
+                  "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
+                  "missing_lengths": MissingLengths.ALL_COLUMNS.value},
+        tolerance_scope="rocm_triton.sparse_prefill",
+        probe=_probe(PAGED_PREFILL),
+        call=_call_paged_prefill,
+        notes="The unified-pool prefill (from AMD's ATOM; the Triton kernel off gfx950) with the workspace as "
+              "unified_kv and an empty extend region. Negative indices skipped, others read (cases with an "
+              "index >= S are skipped), p rounded to bf16 before P@V (bf16_p), no LSE. Judged with the "
+              "ROCm Triton prefill's tolerance scope (same arithmetic class: bf16 QK^T and P@V, fp32 online "
+              "softmax).",
+    ),
+    KernelEntry(
+        name="sglang.paged_decode",
+        stage="decode",
+        family="sglang",
+        source=f"{PAGED_DECODE}.sparse_attn_v4_paged_decode",
+        archs=_ARCHS,
+        dtypes=("bfloat16",),
+        policies={"index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value, "lse": LseConvention.NONE.value,
+                  "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
+                  "fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value,
+                  "output_inv_roped": "false"},
+        tolerance_scope="rocm_triton.sparse_decode",
+        probe=_probe(PAGED_DECODE),
+        call=_call_paged_decode,
+        notes="The unified-pool decode (from AMD's ATOM; Triton split-K / fused paths off gfx1250) over a bf16 "
+              "pool: the SWA and compressed caches dequantised exactly and concatenated, each token's valid "
+              "entries as a ragged list (the kernel takes no sentinels). exp2 online softmax, p rounded to bf16 "
+              "before P@V (bf16_p), no LSE. The fp8 pool (e4m3fnuz + 1x64 fp32 scales) is gfx942-only: not "
+              "exercised.",
     ),
 ]

@@ -24,7 +24,8 @@ rope_arith)``; ``identity_all``: the V4.1 ``rope_quant_insert`` kernels, which r
 pairs and quantise the fp32 result, ``identity_rotated_pairs``), ``rope_arith``, ``round_to_bf16_first`` (plain FP8 rows), ``ue8m0`` (gather
 consumer of scale bytes 0/255), ``nan`` (attention NaN policy), ``index_rule``,
 ``attention_mode`` (``bf16_p``: also judge by the three-output rule), ``v32_scale_decode``,
-``output_inv_roped`` (``true``: the kernel returns inverse-roped attention output), ``v41_layout``
+``output_inv_roped`` (``true``: the kernel returns inverse-roped attention output), ``gather_out``
+(``e4m3_requant``: the gathered values re-encoded as unit-scale E4M3, ``GatherOutput``), ``v41_layout``
 (``interleaved`` | ``page_footer``, the V4.1 byte order), ``nvfp4_rule`` (``recip_mul`` |
 ``div_rn``, the V4.1 NVFP4 scale rule), ``fp8_q`` /
 ``fp8_kv`` (``true``: the kernel is fed per-tensor E4M3 q / KV rows with scale 1.0, so the oracle
@@ -50,6 +51,8 @@ rope               ``out``: fp32 (or bf16) ``x.shape``, bit-exact
 compressor         ``normed`` fp32 ``[M, 512]`` (the RMS-normalised compressed rows) and/or ``cache``
                    (the compressed 584-byte cache after the write, same geometry as
                    ``inputs["cache"]``; judged by ``oracles.compressor_tier``, not bit-exact, H7)
+kv_norm_rope_store ``cache``: uint8 ``[rows, 512]`` plain unit-scale E4M3 pool after the store
+                   (``stages_sglang``)
 inv_rope_fp8       ``codes`` uint8 ``[T, G, hpg*512]`` (vLLM's ``[T, G, D]`` view), ``exponents``
                    int ``[T, H, 4]`` (UE8M0 byte - 127), optional ``deq`` fp32 ``[T, H, 512]``
 v32_decode,        ``out`` ``[b, s_q, h, 512]``, optional ``lse`` ``[b, s_q, h]`` (oracle
@@ -80,6 +83,7 @@ from dsv4_numerics.reference.policies import (
     Fp8Decode,
     Fp8Flavour,
     Fp8Subnormals,
+    GatherOutput,
     MissingLengths,
     NanPolicy,
     NonFinite,
@@ -322,6 +326,8 @@ def _expected_gather(case: Case, policies: dict) -> dict:
         inp["cache"], inp["block_table"], inp["seq_lens"], inp["block_size"], inp.get("gather_lens"),
         flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
         consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
+    if _pol(policies, "gather_out", GatherOutput.BF16.value) == GatherOutput.E4M3_REQUANT.value:
+        out = cache_plain.requantize_e4m3(out)
     return {"out": out, "_valid": valid}
 
 
@@ -333,6 +339,9 @@ def _gather_alternatives(case: Case, policies: dict) -> dict[str, torch.Tensor]:
         if f.value != _pol(policies, "fp8", Fp8Flavour.E4M3FN.value):
             p = dict(policies, fp8=f.value)
             alts[f"fp8={f.value} (codes read in the other FP8 flavour)"] = _expected_gather(case, p)["out"]
+    for g in GatherOutput:
+        if g.value != _pol(policies, "gather_out", GatherOutput.BF16.value):
+            alts[f"gather_out={g.value}"] = _expected_gather(case, dict(policies, gather_out=g.value))["out"]
     return alts
 
 
@@ -955,6 +964,8 @@ register(StageSpec("v41_write", "bytes", ("cache",),
                    "vLLM 0.33.0 interleaved byte order by default, datapath 1.6, H13)"))
 register(StageSpec("plain_write", "bytes", ("cache",), {"slot_skip": SlotSkip.ALL_NEGATIVE.value},
                    _expected_plain, _judge_plain, "plain bf16 / per-tensor FP8 rows (datapath 2.7)"))
+# ``gather_out`` (GatherOutput) is honoured with the default ``bf16`` but not listed here: the stage's
+# defaults are the provenance the committed gather fixtures record.
 register(StageSpec("gather", "bytes", ("out",), {"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value},
                    _expected_gather, _judge_gather, "dequantise + gather by block table (datapath 3, 4.5)"))
 for _st in ("topk_global", "swa_indices", "c128a_indices", "compressed_slots", "combine_prefill",
@@ -998,3 +1009,4 @@ from . import stages_v41  # noqa: E402,F401  (v41_gather)
 from . import stages_v41_attention  # noqa: E402,F401  (v41_sparse_decode / prefill, v41_query_quant)
 from . import stages_v41_compress  # noqa: E402,F401  (v41_compress_insert)
 from . import stages_v41_indexer  # noqa: E402,F401  (v41_indexer_k_store)
+from . import stages_sglang  # noqa: E402,F401  (kv_norm_rope_store)

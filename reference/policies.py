@@ -130,6 +130,26 @@ class SlotSkip(_StrEnum):
 
     MINUS1_ONLY = "minus1_only"
     ALL_NEGATIVE = "all_negative"
+    # SGLang 0.5.23 ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (``SG:kernels/ops/attention/
+    # dsv4/kv_norm_rope_store.py:45-47``, "Preserve PyTorch indexed assignment's negative-index
+    # interpretation"): NO slot is skipped; a negative slot ``s`` in ``[-capacity, -1]`` writes slot
+    # ``capacity + s`` (the last rows of the pool); ``s < -capacity`` is out of bounds.
+    NEGATIVE_WRAPS = "negative_wraps"
+
+
+class GatherOutput(_StrEnum):
+    """What a dequantise-gather writes into its workspace (datapath 3, 4.5).
+
+    BF16: the exact bf16 dequantisation (every vLLM / FlashMLA / SGLang bf16 gather).
+    E4M3_REQUANT: each dequantised fp32 value re-encoded as a unit-scale E4M3FN code, RNE with
+        saturation (``cvt.rn.satfinite``: finite overflow and +-Inf -> +-448, NaN -> NaN); the RoPE
+        dims' bf16 values likewise -- SGLang 0.5.23 ``gather_dequant_requant_fp8_paged_dsv4``
+        (``SG:kernels/ops/attention/dsv4/dequant_k_cache.py:172-236``, the Q8KV8 prefill's FP8
+        workspace). The canonical ``out`` holds those E4M3 values as bf16 (exact).
+    """
+
+    BF16 = "bf16"
+    E4M3_REQUANT = "e4m3_requant"
 
 
 class IndexRule(_StrEnum):

@@ -850,6 +850,14 @@ def _query_quant(case: Case, *, exponent_rne: bool = False, zero_inverse_kept: b
     return dict(ref, q_codes=codes.reshape(t, q), q_scales=query_quant.swizzle_f8_128x4(sfb), q_sf=sfb)
 
 
+def _norm_rope_store(**policies: str) -> Callable[[Case], dict]:
+    """SGLang's kv_norm_rope_store under other policies than the ones the mutant declares."""
+    def call(case: Case) -> dict:
+        spec = st.get("kv_norm_rope_store")
+        return _outputs(spec.expected(case, spec.policies(policies)))
+    return call
+
+
 def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
     return MutantEntry(name, stage, bug, call, dict(policies), dimension=dimension)
 
@@ -984,6 +992,16 @@ MUTANTS: list[MutantEntry] = [
     # --- SGLang 0.5.23 JIT / TileLang kernels (kernels/sglang_jit.py) ---
     _m("sglang_padded_page_stride", "swa_write", "pages addressed at SGLang's kv_page_bytes (bs*584 rounded up "
        "to 576, kv_layout.cuh:111-115) instead of cache.stride(0) on an unpadded cache", _layout_mutant("sglang_padded")),
+    _m("sglang_requant_gather_values_kept", "gather", "the Q8KV8 FP8 workspace holding the exact dequantised values "
+       "(a bf16 workspace) where gather_dequant_requant_fp8_paged_dsv4 re-encodes them as unit-scale E4M3 "
+       "(dequant_k_cache.py:458-462)", lambda c: _outputs(st.get("gather").expected(c, st.get("gather").policies({}))),
+       gather_out="e4m3_requant"),
+    _m("sglang_norm_rope_store_negative_slot_skipped", "kv_norm_rope_store", "SGLang's uniform-FP8 store skipping a "
+       "negative slot like the CUDA writers; kv_norm_rope_store.py:45-47 wraps it to CACHE_ROWS + slot (PyTorch's index)",
+       _norm_rope_store(slot_skip="all_negative"), slot_skip="negative_wraps"),
+    _m("sglang_norm_rope_store_torch_cast", "kv_norm_rope_store", "normed rows cast to E4M3 by torch 2.11's cast "
+       "(overflow -> NaN, the 'old path') where the Triton store saturates to 448",
+       _norm_rope_store(slot_skip="negative_wraps", nonfinite="torch"), slot_skip="negative_wraps"),
     _m("fp8_exp0_read_as_normal", "decode", "exponent-0 FP8 codes (zero included) read as (1 + m/8) * 2**-7 times the "
        "scale (SGLang's TileLang decode, vLLM's CPU decode) where the consumer reads them exactly", _exp0_as_normal),
 

@@ -327,6 +327,9 @@ def insert(
     _check_k(fn, k)
     slots = _check_slots(fn, "slot_mapping", slot_mapping)
     slot_skip = check_enum(fn, "slot_skip", SlotSkip, slot_skip)
+    if slot_skip is SlotSkip.NEGATIVE_WRAPS:
+        fail(fn, "slot_skip", "NEGATIVE_WRAPS is a rule of the plain uniform-FP8 pool (caches.plain); a 584-byte "
+             "page writer skips negative slots (MINUS1_ONLY or ALL_NEGATIVE)", slot_skip.value)
     rule = _validate_rule(fn, rule)
     flavour = _validate_flavour(fn, flavour)
     nonfinite = _validate_nonfinite(fn, nonfinite)

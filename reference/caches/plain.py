@@ -37,6 +37,7 @@ __all__ = [
     "insert_fp8_rows",
     "read_fp8_rows",
     "dequantize_fp8_rows",
+    "requantize_e4m3",
 ]
 
 _FP8_CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
@@ -89,10 +90,18 @@ def _written(fn: str, slot_mapping: torch.Tensor, n_rows: int, capacity: int,
              "(that writer would write other negative slots out of bounds)")
     if bool((s >= capacity).any()):
         fail(fn, "slot_mapping", f"must be < num_blocks*block_size = {capacity} (out of range)", int(s.max()))
-    tokens = torch.nonzero(s >= 0).flatten()
-    slots = s[tokens]
+    if slot_skip is SlotSkip.NEGATIVE_WRAPS:
+        if bool((s < -capacity).any()):
+            fail(fn, "slot_mapping", f"must be >= -num_blocks*block_size = {-capacity} under slot_skip=NEGATIVE_WRAPS "
+                 "(a negative slot s writes slot capacity + s)", int(s.min()))
+        tokens = torch.arange(s.shape[0])
+        slots = torch.where(s < 0, s + capacity, s)
+    else:
+        tokens = torch.nonzero(s >= 0).flatten()
+        slots = s[tokens]
     if slots.numel() != torch.unique(slots).numel():
-        fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
+        fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race; under "
+             "slot_skip=NEGATIVE_WRAPS a negative slot s and slot capacity + s are the same slot)")
     return tokens, slots
 
 
@@ -217,3 +226,16 @@ def read_fp8_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def dequantize_fp8_rows(cache: torch.Tensor, slots: torch.Tensor, kv_scale: float = 1.0) -> torch.Tensor:
     """float32 rows ``[S, 512]``: ``decode_fp8_rows(read_fp8_rows(cache, slots), kv_scale)``."""
     return decode_fp8_rows(read_fp8_rows(cache, slots), kv_scale)
+
+
+def requantize_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """bf16 ``x.shape``: each value of ``x`` (bf16 / fp32 ``[..., 512]``) re-encoded as a unit-scale
+    E4M3FN code (RNE, saturating: finite overflow and +-Inf -> +-448, NaN -> NaN with its sign:
+    ``NonFinite.TORCH_SATURATING``) and decoded again -- a per-tensor FP8 row with ``kv_scale = 1``
+    (``GatherOutput.E4M3_REQUANT``). E4M3 values are exact in bf16."""
+    fn = "requantize_e4m3"
+    check_tensor(fn, "x", x)
+    check_dtype(fn, "x", x, (torch.bfloat16, torch.float32))
+    codes = encode_fp8_rows(x.reshape(-1, x.shape[-1]) if x.dim() else x, 1.0, round_to_bf16_first=False,
+                            nonfinite=NonFinite.TORCH_SATURATING)
+    return decode_fp8_rows(codes).to(torch.bfloat16).reshape(x.shape)

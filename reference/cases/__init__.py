@@ -34,6 +34,7 @@ Stage names (the vocabulary shared by reference, oracles, kernels, fixtures and 
                 v41_sparse_prefill DeepSeek-V4.1 prefill over the workspace gathered from the V4.1 caches
   bytes         v41_indexer_k_store DeepSeek-V4.1 indexer K: bf16 k_pre -> norm, RoPE, FP8 / MXFP4 paged records
   bytes         v41_query_quant   DeepSeek-V4.1 query quantiser (MXFP8 q, F8_128x4 scales, normed kv)
+                kv_norm_rope_store  kv RMSNorm + RoPE -> unit-scale E4M3 rows of a plain pool (SGLang)
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def _load_builders() -> None:
     import importlib
 
     for mod in ("cache", "index", "attention", "attention_sweep", "mla", "v41",
-                "v41_attention", "v41_compress", "v41_indexer"):
+                "v41_attention", "v41_compress", "v41_indexer", "sglang"):
         try:
             importlib.import_module(f"{__package__}.{mod}")
         except ModuleNotFoundError as e:  # a builder module not written yet

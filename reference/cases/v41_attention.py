@@ -46,7 +46,7 @@ from ..errors import fail
 from ..policies import IndexRule, V41Record
 from ..pipeline.query_quant import is_exact_norm_row
 
-__all__ = ["v41_decode_case", "v41_prefill_case", "v41_query_quant_case", "CASE_SCALE"]
+__all__ = ["exact_norm_rows", "v41_decode_case", "v41_prefill_case", "v41_query_quant_case", "CASE_SCALE"]
 
 CASE_SCALE = 512**-0.55  # as the V4 attention cases: not the production default 512**-0.5
 # attention-scale rows (RMS about 1; "tiny"/"boundary" rows put groups at the UE8M0 floors); the
@@ -184,7 +184,7 @@ _Q_SIZE = 1536  # DeepSeek-V4 q_lora_rank: the width of qr
 _GROUP_KINDS = ("realistic", "ties", "zero", "tiny", "huge")
 
 
-def _exact_norm_rows(g: torch.Generator, t: int, width: int) -> torch.Tensor:
+def exact_norm_rows(g: torch.Generator, t: int, width: int) -> torch.Tensor:
     """bf16 ``[t, width]`` exact-norm rows: per row ``n4`` blocks ``(+-2, 0, 0, 0)`` and ``n5`` blocks
     ``(+-2, +-1/2 x 4)``, the other columns ``+-1`` (squares 4+0, 4+4*1/4 and 1: each block's squares
     sum to its width), shuffled: every square is a power of 4 and the squares sum to ``width``."""
@@ -198,7 +198,7 @@ def _exact_norm_rows(g: torch.Generator, t: int, width: int) -> torch.Tensor:
         rows[i] = torch.where(torch.rand(width, generator=g) < 0.5, -r, r)
     out = rows.to(torch.bfloat16)
     if not bool(is_exact_norm_row(out).all()):
-        raise AssertionError("_exact_norm_rows: a row is not exact-norm")
+        raise AssertionError("exact_norm_rows: a row is not exact-norm")
     return out
 
 
@@ -231,7 +231,7 @@ def v41_query_quant_case(name: str, seed: int, t: int, edge: str = "") -> Case:
     kinds = [_GROUP_KINDS[j % len(_GROUP_KINDS)] for j in range(groups)]
     kinds = [kinds[i] for i in torch.randperm(groups, generator=g).tolist()]
     kv_kinds = ["realistic"] * (HEAD_DIM // V41_MXFP8_GROUP)
-    inputs = {"qr": _exact_norm_rows(g, t, _Q_SIZE), "kv": _exact_norm_rows(g, t, HEAD_DIM),
+    inputs = {"qr": exact_norm_rows(g, t, _Q_SIZE), "kv": exact_norm_rows(g, t, HEAD_DIM),
               "q_weight": _weights(g, _Q_SIZE, kinds), "kv_weight": _weights(g, HEAD_DIM, kv_kinds), "eps": 0.0}
     params = {"seed": seed, "tokens": t, "q_size": _Q_SIZE, "kv_size": HEAD_DIM, "eps": 0.0,
               "group_kinds": sorted(set(kinds)), "edge": edge}

@@ -42,9 +42,11 @@ SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the
 
 
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
-    assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.combine_topk_swa_indices",
+    assert set(SGLANG) == {"sglang.dequantize_k_cache_paged_dsv4", "sglang.gather_dequant_requant_fp8",
+                           "sglang.combine_topk_swa_indices",
                            "sglang.build_swa_token_ids", "sglang.write_v4_paged_decode_indices",
-                           "sglang.triton_sparse_decode"}
+                           "sglang.triton_sparse_decode", "sglang.kv_norm_rope_store", "sglang.paged_prefill",
+                           "sglang.paged_decode"}
     monkeypatch.delenv("DSV4_STAGED", raising=False)
     # a process that activated a staged folder earlier keeps it on sys.path (the GPU matrix does):
     # only the command's absence is tested here, so hide that copy from the package lookup
@@ -127,6 +129,13 @@ def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=Non
     scales at ``page * BYTES_PER_PAGE + page_size * 576 + e * 8``; NoPE ``fp8 * exp2(s - 127)``
     (fp32, ``ex2.approx.ftz``: byte 0 -> 0, 255 -> +Inf) rounded to bf16; RoPE bf16 copied."""
     assert layout == "v4" and quant_k_cache.is_contiguous() and quant_k_cache.dim() == 2
+    nope, rope = _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size)
+    return torch.cat([nope.to(torch.bfloat16), rope], dim=1)[:, None, :]
+
+
+def _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size):
+    """The V4 page addressing and scale decode both SGLang gathers share: ``(nope fp32 [N, 448] =
+    fp8 * exp2(s - 127) with byte 0 -> 0 (ftz), rope bf16 [N, 64])``."""
     buf = quant_k_cache.reshape(-1)
     per_page = quant_k_cache.shape[-1]
     loc = page_table_1_flattened.to(torch.int64)
@@ -136,9 +145,27 @@ def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=Non
     scale_b = buf[(base + page_size * 576 + e * 8)[:, None] + torch.arange(7)].to(torch.int32)
     scale = torch.where(scale_b == 0, torch.zeros(()), torch.exp2((scale_b - 127).to(torch.float32)))
     nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).to(torch.float32).reshape(-1, 7, 64)
-    rope = data[:, 448:].contiguous().view(torch.bfloat16)
-    out = torch.cat([(nope * scale[:, :, None]).reshape(-1, 448).to(torch.bfloat16), rope], dim=1)
-    return out[:, None, :]
+    return (nope * scale[:, :, None]).reshape(-1, 448), data[:, 448:].contiguous().view(torch.bfloat16)
+
+
+def _sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
+    """``gather_dequant_requant_fp8_paged_dsv4`` transcribed from ``dequant_k_cache.py:431-479``: the
+    V4 gather's fp32 values (NoPE ``fp8 * exp2(s - 127)``, RoPE bf16) stored to an E4M3 tensor by the
+    Triton store cast, RNE with saturation (clamp to +-448, then torch's RNE cast)."""
+    assert extra_rows == 0 and out is None and quant_k_cache.is_contiguous()
+    nope, rope = _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size)
+    vals = torch.cat([nope, rope.to(torch.float32)], dim=1)
+    return vals.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)[:, None, :]
+
+
+def test_requant_gather_adapter_against_sglang_transcription(monkeypatch):
+    """The FP8 workspace read back as values: every default gather case passes under the declared
+    ``gather_out = e4m3_requant`` and fails under the bf16 gather's output (the policy decides)."""
+    entry = _with_production(monkeypatch, "sglang.gather_dequant_requant_fp8", _sglang_requant_gather)
+    results = run_entry(entry, device="cpu")
+    assert results and all(r.verdict == "pass" for r in results), [(r.case, r.verdict, r.message) for r in results]
+    bf16 = dataclasses.replace(entry, policies=dict(entry.policies, gather_out="bf16"))
+    assert all(r.verdict == "fail" and "gather_out=e4m3_requant" in r.message for r in run_entry(bf16, device="cpu"))
 
 
 def _with_production(monkeypatch, name: str, fn):
@@ -180,6 +207,104 @@ def test_gather_policy_is_what_passes_scale_bytes_0_and_255(monkeypatch):
     assert all(r.verdict == "pass" for r in run_entry(entry, cases, device="cpu"))
     exact = dataclasses.replace(entry, policies=dict(entry.policies, ue8m0=Ue8m0Consumer.EXACT.value))
     assert all(r.verdict == "fail" for r in run_entry(exact, cases, device="cpu"))
+
+
+def _sglang_norm_rope_store(kv, weight, eps, freqs_cis, positions, loc, cache):
+    """torch transcription of ``_kv_norm_rope_fp8_store`` from its source: fp32 norm, RoPE from
+    ``view_as_real(freqs_cis)`` pairs with separate multiplies (torch does not contract), rounding
+    to kv's dtype, a saturating E4M3 cast, ``cache[loc] = row`` (PyTorch's negative index)."""
+    x = kv.to(torch.float32)
+    w = weight.to(torch.float32)
+    inv = torch.rsqrt((x * x).sum(1, keepdim=True) / 512 + eps)
+    y = x * inv * w
+    f = torch.view_as_real(freqs_cis)[positions.long()]  # [T, 32, 2]
+    e, o = y[:, 448::2], y[:, 449::2]
+    c, s = f[..., 0], f[..., 1]
+    y[:, 448::2], y[:, 449::2] = e * c - o * s, e * s + o * c
+    y = y.to(kv.dtype).to(torch.float32).clamp(-448.0, 448.0)
+    cache[loc.long()] = y.to(torch.float8_e4m3fn)
+
+
+def test_norm_rope_store_adapter_against_sglang_transcription(monkeypatch):
+    """complex64 ``freqs_cis`` from the cos/sin table, the pool copied and viewed as E4M3, negative
+    slots left to the kernel: every default case passes under ``rope_arith = separate`` (what the
+    torch transcription computes; the Triton kernel's contraction, ``fma``, is the GPU row's), and
+    the negative-slot case fails when the entry declares that negative slots are skipped."""
+    entry = _with_production(monkeypatch, "sglang.kv_norm_rope_store", _sglang_norm_rope_store)
+    sep = dataclasses.replace(entry, policies=dict(entry.policies, rope_arith="separate"))
+    results = run_entry(sep, device="cpu")
+    assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
+    skip = dataclasses.replace(sep, policies=dict(sep.policies, slot_skip="all_negative"))
+    verdicts = {r.case: r.verdict for r in run_entry(skip, device="cpu")}
+    assert verdicts == {"t8-bf16-rows64": "pass", "t6-negative-slots-rows32": "fail", "t4-fp32-kv-rows16": "pass"}
+    case = default_cases("kv_norm_rope_store")[0]
+    a = S.norm_rope_store_args(case.inputs)
+    assert a["freqs_cis"].dtype == torch.complex64 and a["cache"].dtype == torch.float8_e4m3fn
+    assert torch.equal(torch.view_as_real(a["freqs_cis"])[..., 1], case.inputs["cos_sin"][:, 32:])
+    assert a["cache"].data_ptr() != case.inputs["cache"].data_ptr()  # written in place: a copy
+
+
+def _sglang_paged_prefill(q, unified_kv, kv_indices_prefix, kv_indptr_prefix, kv, kv_indices_extend,
+                          kv_indptr_extend, attn_sink, softmax_scale):
+    """torch transcription of ``_sparse_attn_v4_paged_prefill_kernel``'s contract from its source: per
+    token the prefix list ``indices[indptr[t]:indptr[t+1]]`` then the extend list, negative entries
+    skipped, one softmax with the sink as a V = 0 column (float64 here, no bf16 P), 0 where the
+    denominator is 0."""
+    t_n, h, _ = q.shape
+    out = torch.zeros_like(q)
+    for t in range(t_n):
+        rows = []
+        for pool, ind, ptr in ((unified_kv, kv_indices_prefix, kv_indptr_prefix), (kv, kv_indices_extend, kv_indptr_extend)):
+            sl = ind[int(ptr[t]):int(ptr[t + 1])].long()
+            rows.append(pool[sl[sl >= 0]])
+        k = torch.cat(rows).double()
+        s = q[t].double() @ k.T * softmax_scale  # [H, n]
+        m = torch.maximum(s.max(dim=1).values if k.shape[0] else torch.full((h,), float("-inf"), dtype=torch.float64),
+                          attn_sink.double())
+        p = torch.exp(s - m[:, None])
+        den = p.sum(1) + torch.exp(attn_sink.double() - m)
+        out[t] = torch.where(den[:, None] > 0, (p @ k) / den[:, None], 0.0).to(q.dtype)
+    return out
+
+
+def test_paged_prefill_adapter_against_sglang_transcription(monkeypatch):
+    """The workspace as the unified pool, each token's first ``topk_length`` columns as its flat
+    prefix list, an empty extend region, the sink (or ``-inf``): the default prefill cases pass or
+    are skipped for an index ``>= S`` (the kernel would read it), never judged otherwise."""
+    entry = _with_production(monkeypatch, "sglang.paged_prefill", _sglang_paged_prefill)
+    names = ("h64-c4a-top128-chunked", "h64-c128a-oob-mix", "sweep-tiny-kv-no-lengths")  # lengths, oob, none
+    results = run_entry(entry, [c for c in default_cases("prefill") if c.name in names], device="cpu")
+    assert {r.case: r.verdict for r in results} == {names[0]: "pass", names[1]: "skip", names[2]: "pass"}, \
+        [(r.case, r.verdict, r.message) for r in results]
+    assert ">= S" in next(r.message for r in results if r.verdict == "skip")
+    no_sink = dataclasses.replace(entry, call=lambda c: {"out": _sglang_paged_prefill(
+        **dict(S.paged_prefill_args(c), attn_sink=torch.full((c.inputs["q"].shape[1],), float("-inf"))))})
+    sinks = [c for c in default_cases("prefill") if c.name == "sweep-huge-q-sinks"]
+    assert [r.verdict for r in run_entry(no_sink, sinks, device="cpu")] == ["fail"]  # the sink reaches the kernel
+    case = next(c for c in default_cases("prefill") if c.inputs.get("topk_length") is not None)
+    a = S.paged_prefill_args(case)
+    assert a["kv_indptr_prefix"].dtype == torch.int32 and int(a["kv_indptr_prefix"][-1]) == a["kv_indices_prefix"].numel()
+    k = case.inputs["indices"].shape[1]
+    assert int(a["kv_indptr_prefix"][-1]) == int(case.inputs["topk_length"].to(torch.int64).clamp(0, k).sum())
+
+
+def _sglang_paged_decode(q, unified_kv, kv_indices, kv_indptr, attn_sink, softmax_scale):
+    """The decode kernel's contract: every entry a slot of the pool (no sentinel check), then the
+    prefill transcription's softmax with the sink (the two kernels share it, paged_prefill.py:31-33)."""
+    assert bool(((kv_indices >= 0) & (kv_indices < unified_kv.shape[0])).all()), "a sentinel reached the kernel"
+    empty = torch.zeros(q.shape[0] + 1, dtype=torch.int32)
+    return _sglang_paged_prefill(q, unified_kv, kv_indices, kv_indptr, unified_kv[:1], empty[:0], empty, attn_sink,
+                                 softmax_scale)
+
+
+def test_paged_decode_adapter_against_sglang_transcription(monkeypatch):
+    """SWA and compressed caches dequantised into one bf16 pool, each token's valid entries (inside
+    its lengths, inside its cache) as one ragged list: NaN-poisoned unwritten slots, lonely rows,
+    empty extra segments and no-sink cases pass."""
+    entry = _with_production(monkeypatch, "sglang.paged_decode", _sglang_paged_decode)
+    names = ("h64-swa-bs64-nanpoison", "h64-c4a-lonely-and-empty-extra", "sweep-odd-pages-61-576-no-sink")
+    results = run_entry(entry, [c for c in default_cases("decode") if c.name in names], device="cpu")
+    assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
 
 
 def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):

@@ -117,3 +117,19 @@ def test_plain_input_errors():
     for fn, pattern in cases:
         with pytest.raises(InputError, match=pattern):
             fn()
+
+
+def test_requantize_e4m3_rounds_saturates_and_keeps_nan():
+    """Unit-scale E4M3FN by hand: 1.0625 is the tie between 1 and 1.125 (even mantissa: 1), 1.1875 the
+    tie between 1.125 and 1.25 (even: 1.25); 2**-10 the tie between 0 and the smallest subnormal
+    2**-9 (even: 0); 3 * 2**-10 the tie between the subnormals 1 * 2**-9 and 2 * 2**-9 (even: 2**-8);
+    460 rounds to 448, 500 and +-Inf saturate."""
+    from dsv4_numerics.reference.caches.plain import requantize_e4m3
+
+    inf, nan = float("inf"), float("nan")
+    x = torch.zeros(1, 512)  # a 512-wide row, the rest zeros
+    x[0, :10] = torch.tensor([1.0625, 1.1875, 2.0**-10, 3 * 2.0**-10, 460.0, 500.0, -500.0, inf, -inf, nan])
+    got = requantize_e4m3(x)[:, :10]
+    assert got.dtype == torch.bfloat16
+    want = torch.tensor([[1.0, 1.25, 0.0, 2.0**-8, 448.0, 448.0, -448.0, 448.0, -448.0]], dtype=torch.float32)
+    assert torch.equal(got[:, :-1].float(), want) and bool(torch.isnan(got[0, -1]))

@@ -104,7 +104,7 @@ def test_insert_equals_per_token_path(geom, data):
     rule = data.draw(st.sampled_from(list(ScaleRule)))
     flavour, clamp = data.draw(_FLAVOURS)
     nonfinite = data.draw(st.sampled_from(_FROZEN_NONFINITE))
-    skip = data.draw(st.sampled_from(list(SlotSkip)))
+    skip = data.draw(st.sampled_from([SlotSkip.MINUS1_ONLY, SlotSkip.ALL_NEGATIVE]))  # the 584-byte rules
     seed = data.draw(st.integers(0, 2**16))
     before = torch.randint(0, 256, (nb, stride), generator=torch.Generator().manual_seed(seed),
                            dtype=torch.int64).to(torch.uint8)

@@ -14,10 +14,12 @@ def R(entry, case, verdict, ulps=None, head=None, stage="decode", msg="", rule="
                   message=msg)
 
 
-def meta(arch, vllm="0.33.0", commit="aaaa", device="cuda"):
+def meta(arch, vllm="0.33.0", commit="aaaa", device="cuda", sglang=None):
+    staged = {"folder": "/s", "vllm_version": vllm, "parts": ["flashmla"], "wheels": []}
+    if sglang is not None:  # stage-sglang adds its version and part to the same folder's manifest
+        staged.update(sglang_version=sglang, parts=["flashmla", "sglang"])
     return {"arch": arch, "device": device, "hardware": f"{arch} test box", "torch": "2.13.0", "cuda": "13.0",
-            "triton": "3.5.0", "staged": [{"folder": "/s", "vllm_version": vllm, "parts": ["flashmla"], "wheels": []}],
-            "git_commit": commit}
+            "triton": "3.5.0", "staged": [staged], "git_commit": commit}
 
 
 def pytest_report(path, results, m):

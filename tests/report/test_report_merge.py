@@ -127,6 +127,21 @@ def test_diff_flags_each_kind_of_change_and_gates_on_regressions(tmp_path, capsy
     assert json.loads((tmp_path / "d.json").read_text())["regressions"] == 4
 
 
+def test_diff_and_page_name_the_sglang_version(tmp_path, capsys):
+    """A run that staged SGLang next to vLLM: ``report diff`` and the HTML page name both versions (the
+    base run staged vLLM only, so its line names vLLM alone)."""
+    from dsv4_numerics import report_html
+
+    base, new = _diff_pair(tmp_path, [R(E, "c1", "pass", 1.0, 4.0)],
+                           meta("sm90", vllm="0.34.0", commit="bbbb", sglang="0.5.23"))
+    cli.main(["report", "diff", base, new])
+    lines = capsys.readouterr().out.splitlines()
+    assert "vllm 0.33.0;" in lines[0] and "sglang" not in lines[0]
+    assert "vllm 0.34.0, sglang 0.5.23;" in lines[1]
+    page = report_html.render_html(merge_reports([new]))
+    assert "vllm 0.34.0, sglang 0.5.23" in page
+
+
 def test_diff_thresholds_and_unavailable(tmp_path):
     base, new = _diff_pair(tmp_path, [
         R(E, "c1", "pass", 1.9, 2.5), R(E, "c2", "pass", 0.9, 5.0),  # headroom 4 -> 2.5: within 2x
