@@ -18,7 +18,7 @@ from ..constants import INDEXER_HEAD_DIM
 from ..pipeline.rope import cos_sin_cache
 from . import Case, register_cases
 from .cache import _garbage
-from .v41_attention import _exact_norm_rows
+from .v41_attention import exact_norm_rows
 
 __all__ = ["v41_indexer_case"]
 
@@ -43,7 +43,7 @@ def v41_indexer_case(name: str, seed: int, record: str, ratio: int, p0: int, t: 
     skip = torch.rand(t, generator=g) < 0.15
     slots[:t][skip] = -1
     rb = indexer_row_bytes(record)
-    inputs = {"k_pre": _exact_norm_rows(g, T, INDEXER_HEAD_DIM), "positions": pos,
+    inputs = {"k_pre": exact_norm_rows(g, T, INDEXER_HEAD_DIM), "positions": pos,
               "cos_sin": cos_sin_cache(p0 + t), "weight": _weight(g, weight), "eps": 0.0, "slots": slots,
               "compress_ratio": ratio, "record": record, "cache": _garbage(g, (nb, bs, rb)), "block_size": bs}
     params = {"seed": seed, "record": record, "compress_ratio": ratio, "first_position": p0, "tokens": T,
