@@ -32,7 +32,7 @@ from dsv4_numerics.reference.policies import V32ScaleDecode
 
 from .output_contract import OutputContractError, check_outputs
 
-# policy keys honoured by oracles/stages.py beyond the enum and boolean keys of the registry
+# policy keys honoured by oracles/stages/ beyond the enum and boolean keys of the registry
 # (its module docstring lists them): key -> allowed values (None: a positive float)
 EXTRA_POLICY_KEYS: dict[str, tuple[str, ...] | None] = {
     "fp8_clamp": None,

@@ -5,7 +5,7 @@ dtype or shape gets one clear message instead of a comparator failure (used by
 
 What is expected comes from the reference itself: the outputs of ``StageSpec.expected`` for the
 case (keys starting with ``_`` are judge data, never outputs). The rules mirror the judges of
-``oracles/stages.py`` (their module docstring's table of canonical outputs):
+``oracles/stages/`` (the package docstring's table of canonical outputs):
 
 * required keys: every reference output except the optional ones of :data:`OPTIONAL`
   (attention may omit ``lse`` / ``max_logits`` / ``lse_with_sink`` for kernels without them, the
@@ -30,7 +30,7 @@ import torch
 
 from dsv4_numerics.oracles.bytes_diff import model1_flat_bytes
 
-# outputs a kernel may omit (the judges of oracles/stages.py judge them only when returned)
+# outputs a kernel may omit (the judges of oracles/stages/ judge them only when returned)
 OPTIONAL: dict[str, frozenset[str]] = {
     "decode": frozenset({"lse", "max_logits", "lse_with_sink"}),
     "prefill": frozenset({"lse", "max_logits", "lse_with_sink"}),

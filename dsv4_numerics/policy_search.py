@@ -2,7 +2,7 @@
 ``dsv4_numerics.explain``).
 
 A stage's reference depends on a few named policies (``reference.policies``; which ones is read
-off its ``expected`` function in ``oracles/stages.py``): :data:`AXES` lists them per stage, each
+off its ``expected`` function in ``oracles/stages/``): :data:`AXES` lists them per stage, each
 as an *axis* of alternative values (an axis value may set several keys: the FNUZ writer flavour
 with the gfx942 clamp is ``fp8=e4m3fnuz, fp8_clamp=224.0``).
 
@@ -71,7 +71,7 @@ _WRITER = (_enum("scale_rule", ScaleRule), _FP8_WRITER, _enum("fp8_subnormals", 
            ("slot_skip", ({"slot_skip": SlotSkip.MINUS1_ONLY.value}, {"slot_skip": SlotSkip.ALL_NEGATIVE.value})))
 _ATTN = (_enum("nan", NanPolicy), _enum("index_rule", IndexRule))
 
-# stage -> the policy axes its reference reads (oracles/stages.py, the expected functions);
+# stage -> the policy axes its reference reads (oracles/stages/, the expected functions);
 # stages not listed (index plumbing, dense MLA) have no policies.
 AXES: dict[str, tuple[Axis, ...]] = {
     "swa_write": _WRITER,

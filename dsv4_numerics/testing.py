@@ -20,7 +20,7 @@ The kernel under test (``fn``) is either
   :class:`~dsv4_numerics.callable_entry.CaseInputs`, a dict of the case's canonical inputs
   (tensors are fresh copies on ``device``, so ``fn`` may write into them; plain values as they
   are) carrying the case's ``name``, ``stage`` and ``params`` as attributes. It returns the
-  canonical outputs of the stage (the table in ``oracles/stages.py``; e.g. ``{"cache": ...}``
+  canonical outputs of the stage (the table in ``oracles/stages/__init__.py``; e.g. ``{"cache": ...}``
   for the cache writers, ``{"out": bf16 [T, H, 512], "lse": [T, H]}`` for decode, LSE natural
   log and sink-free). Wrong keys, dtypes or shapes give an ``error`` Result (rule ``outputs``)
   with one message naming the output and what was expected; or

@@ -61,13 +61,13 @@ zeros and NaN partners that rotation produces (``oracles.stages.identity_rotated
 
 ``fused_save_compress_norm`` (the ring-buffer compressor: its state is not the ``compressor``
 stage's) is judged with the ``rope_quant_insert`` call that publishes its latent, on its own stage
-``v41_compress_insert`` (``oracles.stages_v41_compress``; ``prev_rows`` / PCP not exercised).
+``v41_compress_insert`` (``oracles.stages.v41_compress``; ``prev_rows`` / PCP not exercised).
 
-``indexer_k_norm_rope_store`` is judged on ``v41_indexer_k_store`` (``oracles.stages_v41_indexer``):
+``indexer_k_norm_rope_store`` is judged on ``v41_indexer_k_store`` (``oracles.stages.v41_indexer``):
 bit-exact on exact-norm rows, fp32 scales only (``IndexerKScale``), row-major pages (CUDA).
 
 Not covered here: the ``use_fnuz=True`` MXFP8 flavours (gfx942 only), the indexer's ROCm tiled
-value order, and the FlashMLA / query-quantiser V4.1 attention side (``stages_v41_attention``).
+value order, and the FlashMLA / query-quantiser V4.1 attention side (``oracles.stages.v41_attention``).
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def _v41_compress(case: Case, ring_head: bool = False, first_without_ring: bool 
     the chunk's FIRST ``capacity`` rows to the ring instead of its last; ``first_without_ring``
     pools a chunk's first group from its current row only (the ring predecessor dropped);
     ``rope_at_last`` rotates at the group's last position ``p`` instead of ``p // r * r``."""
-    from dsv4_numerics.oracles import stages_v41_compress as sc
+    from dsv4_numerics.oracles.stages import v41_compress as sc
     from dsv4_numerics.reference.pipeline.compressor import compress_windows
     from dsv4_numerics.reference.pipeline.rope import cos_sin_cache
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as st
-from dsv4_numerics.oracles.stages_v41_attention import v41_decode_segments
+from dsv4_numerics.oracles.stages.v41_attention import v41_decode_segments
 from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.attention.ordered import sparse_attention
 from dsv4_numerics.reference.attention.v41 import V41Paged, v41_segments

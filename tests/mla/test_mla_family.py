@@ -14,7 +14,7 @@ from dsv4_numerics.kernels import mla_family as mf
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import run_entry
-from dsv4_numerics.oracles.stages_mla import mla_tolerance_records, v32_policy_fit
+from dsv4_numerics.oracles.stages.mla import mla_tolerance_records, v32_policy_fit
 from dsv4_numerics.oracles.tolerances import Tolerances
 from dsv4_numerics.reference.caches.v32 import v32_page_view
 from dsv4_numerics.reference.cases import default_cases
@@ -239,7 +239,7 @@ def test_mutant_dropping_the_fp8_output_scale_is_caught(cases):
 def test_mla_tolerance_records_load_and_apply():
     import json
 
-    from dsv4_numerics.oracles.stages_mla import MLA_TOLERANCES_PATH
+    from dsv4_numerics.oracles.stages.mla import MLA_TOLERANCES_PATH
     from dsv4_numerics.oracles.tolerances import DEFAULT_PATH
 
     recs = mla_tolerance_records()

@@ -16,7 +16,7 @@ import torch
 
 from dsv4_numerics.kernels import mla_family as mf
 from dsv4_numerics.oracles.matrix import run_entry
-from dsv4_numerics.oracles.stages_mla import MLA_TOLERANCES_PATH, v32_policy_fit
+from dsv4_numerics.oracles.stages.mla import MLA_TOLERANCES_PATH, v32_policy_fit
 from dsv4_numerics.oracles.tolerances import DEFAULT_PATH, Tolerances
 from dsv4_numerics.reference.cases import default_cases
 

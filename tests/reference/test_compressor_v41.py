@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dsv4_numerics.oracles import stages as st
-from dsv4_numerics.oracles import stages_v41_compress as sc
+from dsv4_numerics.oracles.stages import v41_compress as sc
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError

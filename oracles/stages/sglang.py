@@ -25,8 +25,8 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.pipeline.norm_rope_store import kv_norm_rope_store
 from dsv4_numerics.reference.policies import NonFinite, RopeArithmetic, SlotSkip
 
-from . import bytes_diff as bd
-from .stages import JudgeScope, StageSpec, Verdict, _bytes_verdict, _missing, _pol, register
+from .. import bytes_diff as bd
+from .core import JudgeScope, StageSpec, Verdict, _bytes_verdict, _missing, _pol, register
 
 __all__ = ["NORM_ROPE_STORE_DEFAULTS"]
 

@@ -41,7 +41,7 @@ from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import E2m1Zero, Ue8m0Consumer, V41Layout
 
-from .stages import JudgeScope, StageSpec, Verdict, _pol, judge_gather_rows, register
+from .core import JudgeScope, StageSpec, Verdict, _pol, judge_gather_rows, register
 
 __all__ = ["V41_GATHER_DEFAULTS"]
 

@@ -31,8 +31,8 @@ from dsv4_numerics.reference.constants import V41_MXFP8_GROUP
 from dsv4_numerics.reference.policies import IndexRule, NanPolicy, Ue8m0Consumer, V41Layout, V41Record
 from dsv4_numerics.reference.pipeline.query_quant import f8_128x4_offsets, fused_q_kv_rmsnorm_quant
 
-from . import bytes_diff as bd
-from . import stages as st
+from .. import bytes_diff as bd
+from . import core as st
 
 __all__ = ["v41_decode_segments", "v41_prefill_segments", "written_layout", "reader_layout"]
 

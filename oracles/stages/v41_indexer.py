@@ -19,7 +19,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexerKScale, RopeArithmetic
 
-from .stages import JudgeScope, StageSpec, Verdict, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, _pol, register
 
 __all__ = ["V41_INDEXER_DEFAULTS"]
 

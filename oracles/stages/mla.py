@@ -1,9 +1,10 @@
-"""MLA-family oracle helpers: the V3.2 scale-policy explainer and the MLA tolerance records.
+"""MLA-family stages and oracle helpers: the three MLA stage specs, the V3.2 scale-policy explainer and
+the MLA tolerance records.
 
-The three MLA stage specs themselves (``v32_decode``, ``dense_mla_decode``, ``dense_mla_prefill``)
-are registered in ``oracles/stages.py`` (``_expected_v32``, ``_expected_dense_decode``,
-``_expected_dense_prefill`` + ``judge_attention``); they call ``reference.caches.v32`` and
-``reference.attention.mla_dense``. This module adds what is specific to the MLA family:
+The three MLA stage specs (``v32_decode``, ``dense_mla_decode``, ``dense_mla_prefill``) are
+registered here (``_expected_v32``, ``_expected_dense_decode``, ``_expected_dense_prefill`` +
+``core.judge_attention``); they call ``reference.caches.v32`` and ``reference.attention.mla_dense``.
+This module also holds what is specific to the MLA family:
 
 * ``v32_policy_fit(case, got_out, policies)``: the distance of a kernel's V3.2 output to the
   oracle under every ``V32ScaleDecode`` consumer policy (bf16-kernel emulation), so a failing
@@ -11,7 +12,7 @@ are registered in ``oracles/stages.py`` (``_expected_v32``, ``_expected_dense_de
   attention.md 6: SM100 head64 round-toward-zero through E8M0 vs SM90 bf16 rounding).
 * ``mla_tolerance_records()``: the records of ``oracles/tolerances_mla.jsonl`` -- tier
   assignments of the FP8 dense-decode routes and one derived LSE override -- computed from the
-  reference only (``python -m dsv4_numerics.oracles.stages_mla --out PATH`` regenerates them).
+  reference only (``python -m dsv4_numerics.oracles.stages.mla --out PATH`` regenerates them).
 
 FP8 LSE override, derivation. The FP8 dense-decode kernels multiply e4m3 ``q`` and ``k`` on the
 tensor cores. Hopper's FP8 MMA keeps only about 14 significand bits while accumulating
@@ -39,12 +40,14 @@ from dsv4_numerics.reference.attention.ordered import _logits
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import check_tensor, fail
 from dsv4_numerics.reference.attention.mla_dense import dense_kv_rows, dense_token_indices
-from dsv4_numerics.reference.policies import AttentionMode, V32ScaleDecode
+from dsv4_numerics.reference.policies import AttentionMode, NanPolicy, V32ScaleDecode
+
+from .core import _ATTN_DEFAULTS, StageSpec, _pol, _zero_rows, judge_attention, register, v_rms
 
 __all__ = ["v32_policy_fit", "fp8_logit_magnitude", "mla_tolerance_records", "MLA_TOLERANCES_PATH",
            "FP8_ACCUM_BITS", "FP8_LSE_MARGIN"]
 
-MLA_TOLERANCES_PATH = Path(__file__).with_name("tolerances_mla.jsonl")
+MLA_TOLERANCES_PATH = Path(__file__).parent.parent / "tolerances_mla.jsonl"
 FP8_ACCUM_BITS = 14  # Hopper FP8 MMA accumulation precision (DeepSeek-V3 report, section 3.3.2)
 FP8_LSE_MARGIN = 2.0
 FP8_DENSE_KERNELS = ("flashmla.dense_decode_fp8", "flashinfer.mla_decode.*", "tokenspeed_mla.decode")
@@ -56,7 +59,7 @@ def v32_policy_fit(case: Case, got_out: torch.Tensor, policies: dict | None = No
     expected). The policy with the smallest distance is the one the kernel implements: on the
     H200 the FlashMLA SM90 kernel gave 0.0 under ``bf16_rne`` and 1.45e-2 under
     ``sm100_rz_e8m0`` on the ``nonpow2-scales`` case."""
-    from .stages import get
+    from .core import get
 
     fn = "v32_policy_fit"
     check_tensor(fn, "got_out", got_out)
@@ -114,7 +117,7 @@ def mla_tolerance_records(cases: list[Case] | None = None) -> list[dict[str, Any
     # cos_diff = sum (a - r)^2 / sum (a^2 + r^2) <= N atol^2 / sum r^2 with r the reference LSE
     # (finite entries; lonely rows are matched as anomalies, not compared)
     cos_tol = 0.0
-    from .stages import get
+    from .core import get
 
     spec = get("dense_mla_decode")
     for c in fp8:
@@ -140,7 +143,7 @@ def mla_tolerance_records(cases: list[Case] | None = None) -> list[dict[str, Any
             "atol": atol, "rtol_ulps": 0.0, "rtol_format": "fp32", "cos_tol": cos_tol, "margin": FP8_LSE_MARGIN,
             "derived": (f"FP8 MMA accumulation bound: |dLSE| <= max_j |ds_j| <= 2**-{FP8_ACCUM_BITS} * max bmm1 * "
                         f"sum_i |q_i k_ji| over visible keys of the default FP8 dense_mla_decode cases (reference "
-                        f"inputs; stages_mla.fp8_logit_magnitude), times margin {FP8_LSE_MARGIN}; cos_tol = max over "
+                        f"inputs; stages.mla.fp8_logit_magnitude), times margin {FP8_LSE_MARGIN}; cos_tol = max over "
                         f"those cases of N atol**2 / sum(lse_ref**2) (bound of the cosine diff given |a - r| <= atol)"),
             "measured": {"max_logit_magnitude": float(f"{worst:.4g}"),
                          "per_case": {k: float(f"{v:.4g}") for k, v in mags.items()}},
@@ -151,13 +154,92 @@ def mla_tolerance_records(cases: list[Case] | None = None) -> list[dict[str, Any
     return recs
 
 
+# --------------------------------------------------------------------------- MLA-family stages
+
+
+def _expected_v32(case: Case, policies: dict) -> dict:
+    from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+    from dsv4_numerics.reference.caches.v32 import dequantize_v32_cache
+    from dsv4_numerics.reference.policies import IndexRule, V32ScaleDecode
+
+    inp = case.inputs
+    q = inp["q"]
+    b, s, h, d = q.shape
+    rows = dequantize_v32_cache(inp["kv_cache"], inp["block_size"],
+                                _pol(policies, "v32_scale_decode", V32ScaleDecode.EXACT.value))
+    idx = inp["indices"].reshape(b * s, -1)
+    rule = _pol(policies, "index_rule", IndexRule.ANY_OUT_OF_RANGE_INVALID.value)
+    seg = [Segment(rows, idx, None, IndexRule(rule))]
+    nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
+    qf = q.reshape(b * s, h, d)
+    ex = sparse_attention(qf, seg, inp["scale"], inp.get("sink"), d_v=inp["d_v"], nan_policy=nan)
+    out = {"out": ex.out.reshape(b, s, h, -1), "lse": ex.lse.reshape(b, s, h),
+           "_zero": _zero_rows(ex.n_valid, inp.get("sink"), h).reshape(b, s, h),
+           "_vrms": torch.tensor(v_rms(seg, b * s, inp["d_v"]))}
+    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+        bp = sparse_attention(qf, seg, inp["scale"], inp.get("sink"), d_v=inp["d_v"], nan_policy=nan,
+                              mode=AttentionMode.BF16_P)
+        out["_same_precision"] = bp.out.reshape(b, s, h, -1)
+    return out
+
+
+def _expected_dense_decode(case: Case, policies: dict) -> dict:
+    from dsv4_numerics.reference.attention.mla_dense import dense_mla_decode
+
+    inp = case.inputs
+    qs, ks = float(inp.get("q_scale", 1.0)), float(inp.get("kv_scale", 1.0))
+    q = inp["q"].to(torch.float64) * qs
+    kv = inp["kv_cache"]
+    kvf = kv.to(torch.float64) * ks if kv.dtype != torch.bfloat16 else kv
+    kw = dict(d_v=512, causal=bool(inp.get("causal", True)))
+    ex = dense_mla_decode(q, kvf, inp["block_table"], inp["seq_lens"], inp["block_size"], inp["softmax_scale"], **kw)
+    from dsv4_numerics.reference.attention.ordered import Segment
+    from dsv4_numerics.reference.attention.mla_dense import dense_kv_rows, dense_token_indices
+
+    b, s, h, _ = q.shape
+    rows = dense_kv_rows(kvf, inp["block_size"])
+    idx, length = dense_token_indices(inp["block_table"], inp["seq_lens"], s, inp["block_size"],
+                                      causal=kw["causal"], num_blocks=rows.shape[0] // inp["block_size"])
+    out = {"out": ex.out, "lse": ex.lse, "_zero": (ex.n_valid == 0).reshape(b, s, 1).expand(b, s, h).clone(),
+           "_vrms": torch.tensor(v_rms([Segment(rows, idx, length)], b * s, kw["d_v"]))}
+    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+        out["_same_precision"] = dense_mla_decode(q, kvf, inp["block_table"], inp["seq_lens"], inp["block_size"],
+                                                  inp["softmax_scale"], mode=AttentionMode.BF16_P, **kw).out
+    return out
+
+
+def _expected_dense_prefill(case: Case, policies: dict) -> dict:
+    from dsv4_numerics.reference.attention.mla_dense import dense_mha_prefill
+
+    inp = case.inputs
+    cq, ck = inp["cu_seqlens_q"], inp["cu_seqlens_kv"]
+    ex = dense_mha_prefill(inp["q"], inp["k"], inp["v"], cq, ck, inp["scale"], causal=bool(inp.get("causal", True)))
+    T, h, _ = inp["q"].shape
+    v = inp["v"].to(torch.float64)
+    out = {"out": ex.out, "lse": ex.lse, "_zero": (ex.n_valid == 0).reshape(T, 1).expand(T, h).clone(),
+           "_vrms": torch.tensor(math.sqrt(float((v * v).mean())))}
+    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+        out["_same_precision"] = dense_mha_prefill(inp["q"], inp["k"], inp["v"], cq, ck, inp["scale"],
+                                                   causal=bool(inp.get("causal", True)), mode=AttentionMode.BF16_P).out
+    return out
+
+
+register(StageSpec("v32_decode", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_v32,
+                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+                   "DeepSeek V3.2 sparse decode over the 656-byte cache (attention 1.3, datapath 1.5)"))
+register(StageSpec("dense_mla_decode", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_dense_decode,
+                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense paged MLA decode"))
+register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_dense_prefill,
+                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
+
+
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="write the MLA-family tolerance records (derived from the reference)")
     ap.add_argument("--out", default=str(MLA_TOLERANCES_PATH))
     a = ap.parse_args(argv)
     lines = ["# MLA-family tolerance records (format: oracles/tolerances.py). Generated by:",
-             "#   python -m dsv4_numerics.oracles.stages_mla --out tolerances_mla.jsonl",
-             "# Derived from the reference inputs only (oracles/stages_mla.py docstring); never edit by hand."]
+             "#   python -m dsv4_numerics.oracles.stages.mla --out tolerances_mla.jsonl",
+             "# Derived from the reference inputs only (oracles/stages/mla.py docstring); never edit by hand."]
     lines += [json.dumps(r, sort_keys=False) for r in mla_tolerance_records()]
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")

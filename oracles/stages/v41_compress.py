@@ -34,8 +34,8 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.pipeline import compressor_v41 as cv41
 from dsv4_numerics.reference.policies import Nvfp4ScaleRule, RopeArithmetic, ScaleRule, V41Layout
 
-from .compressor_tier import ulp_bf16, window_error_bound
-from .stages import JudgeScope, StageSpec, Verdict, _pol, register
+from ..compressor_tier import ulp_bf16, window_error_bound
+from .core import JudgeScope, StageSpec, Verdict, _pol, register
 
 __all__ = ["V41_COMPRESS_DEFAULTS", "v41_compress_expected_cache"]
 
