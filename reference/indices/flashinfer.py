@@ -15,6 +15,7 @@ import torch
 from ..constants import FLASHINFER_ROW_ALIGN
 from ..errors import check_int, fail
 from .slots import as_flags, as_index, lookup_slots, request_token_positions, to_int32
+from .window import swa_window_start
 
 
 def remap_flashinfer_index(values: torch.Tensor, block_size: int, block_span: int) -> torch.Tensor:
@@ -232,13 +233,13 @@ def build_flashinfer_mixed_sparse_indices(
             right = as_index(fn, "prefill_right_visible", prefill_right_visible, rank=1, min_len=t_all)[nd:t_all]
         else:
             left = right = torch.zeros_like(pos)
-        left_add = (left - (w - 1)).clamp(min=0)
-        swa_start = (pos - (w - 1) - left_add).clamp(min=0)
+        floor = None
         if replay_start is not None:
             rs = as_index(fn, "replay_start", replay_start, rank=1, min_len=sl.shape[0])
             if rs.numel() and int(rs.min()) < 0:
                 fail(fn, "replay_start", "must be >= 0 (a position of the request)", int(rs.min()))
-            swa_start = torch.maximum(swa_start, rs[req])
+            floor = rs[req]
+        swa_start = swa_window_start(pos, w, left, floor)
         swa_len = pos + right - swa_start + 1
         topk_len = torch.minimum(torch.div(pos + 1, ratio, rounding_mode="floor"), torch.full_like(pos, k_top))
         cols = torch.arange(sw, device=dev, dtype=torch.int64)[None, :]

@@ -18,6 +18,7 @@ from ..constants import PREFILL_WIDTH_ALIGN
 from ..errors import check_enum, check_int, fail
 from ..policies import CombineInvalidTopk, CombineWindowStart
 from .slots import as_index, to_int32
+from .window import swa_window_start
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -281,13 +282,9 @@ def combine_topk_swa_indices(
         (i,) = (int(x) for x in (topk_len > topk_i.shape[1]).nonzero()[0])
         fail(fn, "topk_indices", f"must have at least topk_len = {int(topk_len[i])} columns for token "
              f"{i} (the kernel would read past the row)", f"width {topk_i.shape[1]}")
-    left_add = (left - (w - 1)).clamp(min=0)
-    swa_start = (pos - (w - 1) - left_add).clamp(min=0)
     gather_start = (sl - gl)[req]
-    if window_start == CombineWindowStart.GATHERED:
-        swa_start = torch.maximum(swa_start, gather_start)
-    swa_len = (pos + right - swa_start + 1).clamp(min=0) if window_start == CombineWindowStart.GATHERED \
-        else pos + right - swa_start + 1
+    swa_start = swa_window_start(pos, w, left, gather_start if window_start == CombineWindowStart.GATHERED else None)
+    swa_len = (pos + right - swa_start + 1).clamp(min=0)  # below 0 only when clamped to gather_start
     swa_cap = _cdiv(w + image_width, w) * w
     written = torch.minimum(swa_len.clamp(min=0), torch.full_like(swa_len, swa_cap))
     if t and bool((topk_len + written > width).any()):
@@ -357,8 +354,7 @@ def combine_topk_swa_indices_rocm(
     if t and kw == 0 and bool((topk_len > 0).any()):
         fail(fn, "topk_indices", "must have at least one column when topk > 0")
     gather_start = (sl - gl)[req]
-    left_add = (left - (w - 1)).clamp(min=0)
-    swa_start = torch.maximum((pos - (w - 1) - left_add).clamp(min=0), gather_start)
+    swa_start = swa_window_start(pos, w, left, gather_start)
     swa_end = torch.minimum(pos + right + 1, sl[req])
     swa_len = (swa_end - swa_start).clamp(min=0)
     cols = torch.arange(width, device=pos.device, dtype=torch.int64)[None, :]

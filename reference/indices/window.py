@@ -31,6 +31,15 @@ def _cdiv(a: int, b: int) -> int:
 # --------------------------------------------------------------------------- SWA window
 
 
+def swa_window_start(pos: torch.Tensor, w: int, left: torch.Tensor, floor: torch.Tensor | None = None) -> torch.Tensor:
+    """First position of the sliding window of tokens at positions ``pos`` (int64 ``[T]``), window
+    ``w``: ``max(p - (w-1) - max(left - (w-1), 0), 0)``, where ``left`` (``[T]``) is how far an image
+    span makes the token see back (0 without one); raised to ``floor`` (``[T]``) when given -- the
+    request's replay start (bounded replay) or the start of its gathered context."""
+    start = (pos - (w - 1) - (left - (w - 1)).clamp(min=0)).clamp(min=0)
+    return start if floor is None else torch.maximum(start, floor)
+
+
 def compute_swa_indices_and_lens(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -103,12 +112,11 @@ def compute_swa_indices_and_lens(
         right = as_index(fn, "right_visible", right_visible, rank=1, min_len=off + n)[off: off + n]
     else:
         left = right = torch.zeros_like(pos)
-    left_add = (left - (w - 1)).clamp(min=0)
-    start = (pos - (w - 1) - left_add).clamp(min=0)
+    floor = None
     if replay_start is not None:
         rs = as_index(fn, "replay_start", replay_start, rank=1, min_len=sl.shape[0])
-        safe = torch.where(valid, req, torch.zeros_like(req))
-        start = torch.maximum(start, rs[safe])
+        floor = rs[torch.where(valid, req, torch.zeros_like(req))]
+    start = swa_window_start(pos, w, left, floor)
     end = pos + right + 1
     lens = torch.where(valid, end - start, torch.zeros_like(end))
     cols = torch.arange(width, device=dev, dtype=torch.int64)
