@@ -359,13 +359,6 @@ def _v41_indexer(case: Case, rope_at_last: bool = False, nibbles_swapped: bool =
     return {"cache": out}
 
 
-def _v41_nvfp4_gather_positive_zero(case: Case) -> dict:
-    """A V4.1 NVFP4 gather reading E2M1 code 0x8 as +0 (Triton's ``0 - mag`` negation) under an
-    entry that declares the format's -0 (``E2m1Zero``)."""
-    spec = st.get("v41_gather")
-    return _outputs(spec.expected(case, spec.policies({"e2m1_zero": "positive"})))
-
-
 def _ring_not_wrapped(case: Case) -> dict:
     """SGLang's paged-decode SWA prefix without the ring wrap (``slot * ring_stride + abs_pos``
     instead of ``+ abs_pos % ring_stride``): reads another sequence's ring once ``pos >= ring_stride``."""
@@ -817,14 +810,6 @@ def v41_nvfp4_poisoned(case: Case) -> dict:
                                       "interleaved", nonfinite="poison")}
 
 
-def _exp0_as_normal(case: Case) -> dict:
-    """The decode reference with every exponent-0 FP8 code read as a normal (``Fp8Decode``)."""
-    spec = st.get("decode")
-    out = _outputs(spec.expected(case, spec.policies({"fp8_decode": "exp0_as_normal"})))
-    out["out"] = out["out"].to(torch.bfloat16)
-    return out
-
-
 def _query_quant(case: Case, *, exponent_rne: bool = False, zero_inverse_kept: bool = False,
                  row_major_scales: bool = False) -> dict:
     """The V4.1 query quantiser with one wrong step (``reference.pipeline.query_quant`` otherwise)."""
@@ -848,14 +833,6 @@ def _query_quant(case: Case, *, exponent_rne: bool = False, zero_inverse_kept: b
     codes = encode_fp8((groups * inv.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX), Fp8Flavour.E4M3FN)
     sfb = sf.to(torch.uint8)
     return dict(ref, q_codes=codes.reshape(t, q), q_scales=query_quant.swizzle_f8_128x4(sfb), q_sf=sfb)
-
-
-def _norm_rope_store(**policies: str) -> Callable[[Case], dict]:
-    """SGLang's kv_norm_rope_store under other policies than the ones the mutant declares."""
-    def call(case: Case) -> dict:
-        spec = st.get("kv_norm_rope_store")
-        return _outputs(spec.expected(case, spec.policies(policies)))
-    return call
 
 
 def _m(name: str, stage: str, bug: str, call: Callable, dimension: str = "", **policies: str) -> MutantEntry:
@@ -942,7 +919,7 @@ MUTANTS: list[MutantEntry] = [
     _m("v41_indexer_mxfp4_nibbles_swapped", "v41_indexer_k_store", "MXFP4 key with the even element in the high "
        "nibble (_fp32x2_to_fp4x2 operand order)", lambda c: _v41_indexer(c, nibbles_swapped=True)),
     _m("v41_nvfp4_zero_sign", "v41_gather", "NVFP4 code 0x8 read as +0 where the entry declares -0 (E2m1Zero)",
-       _v41_nvfp4_gather_positive_zero),
+       reference_entry("v41_gather", {"e2m1_zero": "positive"}).call),
     _m("sglang_decode_ring_not_wrapped", "swa_indices", "SGLang paged-decode SWA offsets without the ring wrap "
        "(abs_pos % ring_stride dropped, paged_decode_indices.py:104-106)", _ring_not_wrapped),
     # attention
@@ -998,12 +975,14 @@ MUTANTS: list[MutantEntry] = [
        gather_out="e4m3_requant"),
     _m("sglang_norm_rope_store_negative_slot_skipped", "kv_norm_rope_store", "SGLang's uniform-FP8 store skipping a "
        "negative slot like the CUDA writers; kv_norm_rope_store.py:45-47 wraps it to CACHE_ROWS + slot (PyTorch's index)",
-       _norm_rope_store(slot_skip="all_negative"), slot_skip="negative_wraps"),
+       reference_entry("kv_norm_rope_store", {"slot_skip": "all_negative"}).call, slot_skip="negative_wraps"),
     _m("sglang_norm_rope_store_torch_cast", "kv_norm_rope_store", "normed rows cast to E4M3 by torch 2.11's cast "
        "(overflow -> NaN, the 'old path') where the Triton store saturates to 448",
-       _norm_rope_store(slot_skip="negative_wraps", nonfinite="torch"), slot_skip="negative_wraps"),
+       reference_entry("kv_norm_rope_store", {"slot_skip": "negative_wraps", "nonfinite": "torch"}).call,
+       slot_skip="negative_wraps"),
     _m("fp8_exp0_read_as_normal", "decode", "exponent-0 FP8 codes (zero included) read as (1 + m/8) * 2**-7 times the "
-       "scale (SGLang's TileLang decode, vLLM's CPU decode) where the consumer reads them exactly", _exp0_as_normal),
+       "scale (SGLang's TileLang decode, vLLM's CPU decode) where the consumer reads them exactly",
+       reference_entry("decode", {"fp8_decode": "exp0_as_normal"}).call),
 
 
     # DeepSeek-V4.1 attention and query quantiser (issue 22, part A)
