@@ -264,22 +264,12 @@ def _combine_common_validates(case: Case) -> dict:
     return _index(case)
 
 
-def _sglang_combine_shifts_minus1(case: Case) -> dict:
-    """SGLang's combine shifting a negative top-k entry by the request base like vLLM's common form
-    (``M*r - 1``) where ``sparse_prefill_kernels.py:142-146`` writes ``-1``."""
-    if case.params["builder"] == "combine_topk_swa_indices_sglang":
-        return _index(case, invalid_topk="shifted_by_base")
-    return _index(case)
-
-
-def _v41_combine_with(**policies: str) -> Callable[[Case], dict]:
-    """vLLM's V4.1 combine (``invalid_topk = bounded_minus1``, ``window_start = gathered``) with
-    one of the two rules replaced by the V4 common form's."""
+def _builder_with(builder: str, **override: str) -> Callable[[Case], dict]:
+    """The index reference with ``override`` (named policies of ``builder``) on ``builder``'s cases;
+    every other builder's cases as the reference builds them."""
 
     def call(case: Case) -> dict:
-        if case.params["builder"] == "combine_topk_swa_indices":
-            return _index(case, **dict({"invalid_topk": "bounded_minus1", "window_start": "gathered"}, **policies))
-        return _index(case)
+        return _index(case, **override) if case.params["builder"] == builder else _index(case)
 
     return call
 
@@ -893,13 +883,16 @@ MUTANTS: list[MutantEntry] = [
     _m("combine_common_validates_minus1", "combine_prefill", "common combine modelled with the ROCm twin's -1 "
        "validation; production turns an interior -1 into M*r-1 (H10)", _combine_common_validates),
     _m("sglang_combine_minus1_shifted", "combine_prefill", "SGLang combine shifting an interior -1 to M*r-1 like "
-       "vLLM's common form; SGLang 0.5.23 writes -1 (CombineInvalidTopk)", _sglang_combine_shifts_minus1,
+       "vLLM's common form; SGLang 0.5.23 writes -1 (CombineInvalidTopk)",
+       _builder_with("combine_topk_swa_indices_sglang", invalid_topk="shifted_by_base"),
        invalid_topk="kept_minus1"),
     _m("v41_combine_out_of_pool_shifted", "combine_prefill", "V4.1 combine shifting a top-k entry outside [0, N) "
        "by the request base; vLLM 0.33.0 V4.1 writes -1 (CombineInvalidTopk.BOUNDED_MINUS1)",
-       _v41_combine_with(invalid_topk="shifted_by_base"), invalid_topk="bounded_minus1", window_start="gathered"),
+       _builder_with("combine_topk_swa_indices", invalid_topk="shifted_by_base", window_start="gathered"),
+       invalid_topk="bounded_minus1", window_start="gathered"),
     _m("v41_combine_window_before_gather", "combine_prefill", "V4.1 combine window not clamped to gather_start "
-       "(CombineWindowStart.GATHERED, bounded replay)", _v41_combine_with(window_start="sequence"),
+       "(CombineWindowStart.GATHERED, bounded replay)",
+       _builder_with("combine_topk_swa_indices", invalid_topk="bounded_minus1", window_start="sequence"),
        invalid_topk="bounded_minus1", window_start="gathered"),
     _m("v41_mixed_replay_start_dropped", "flashinfer_mixed", "V4.1 mixed table built without the SWA bounded "
        "replay (cache_utils.py:1519-1520 'no window KV exists below the request's replay start')",
