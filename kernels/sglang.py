@@ -378,8 +378,23 @@ def paged_decode_args(case: Case) -> dict:
                 attn_sink=sink.contiguous().to(dev), softmax_scale=d.scale)
 
 
+def paged_decode_splits(num_tokens: int, num_heads: int, sms: int) -> int:
+    """The split count SGLang's own heuristic picks (``_kv_splits_heuristic``, ``SG:kernels/ops/
+    attention/dsv4/unified_kv_kernels/paged_decode.py:195-246``, with the kernel's
+    ``block_h = max(next_pow2(min(H, 64)), 16)``, ``:763-767``), given the device's multiprocessor
+    count ``sms``. Production gets that count from ROCm's ``aiter`` (``_cu_count``, ``:136-148``),
+    which a CUDA host does not have; the adapter passes the same heuristic's answer as ``kv_splits``."""
+    heuristic = _fn(PAGED_DECODE, "_kv_splits_heuristic")
+    block_h = max(1 << max(0, (min(num_heads, 64) - 1).bit_length()), 16)
+    return int(heuristic(num_tokens, num_heads, block_h, num_cu=sms))
+
+
 def _call_paged_decode(case: Case) -> dict:
-    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
+    a = paged_decode_args(case)
+    if a["q"].is_cuda and getattr(torch.version, "hip", None) is None:
+        sms = torch.cuda.get_device_properties(a["q"].device).multi_processor_count
+        a["kv_splits"] = paged_decode_splits(a["q"].shape[0], a["q"].shape[1], sms)
+    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**a)}
 
 
 # --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
@@ -565,6 +580,7 @@ ENTRIES: list[KernelEntry] = [
               "pool: the SWA and compressed caches dequantised exactly and concatenated, each token's valid "
               "entries as a ragged list (the kernel takes no sentinels). exp2 online softmax, p rounded to bf16 "
               "before P@V (bf16_p), no LSE. The fp8 pool (e4m3fnuz + 1x64 fp32 scales) is gfx942-only: not "
-              "exercised.",
+              "exercised. On CUDA the split count is SGLang's own heuristic fed the SM count (production asks "
+              "ROCm's aiter for the CU count).",
     ),
 ]

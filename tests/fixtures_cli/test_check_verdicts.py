@@ -232,3 +232,33 @@ def test_installed_entries_listed_with_package_and_broken_ones_are_rows(tmp_path
     r = subprocess.run([sys.executable, "-m", "dsv4_numerics.cli", "kernels", "--json", "--no-external"],
                        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert r.returncode == 0 and all(x["package"] != "fake-kernels" for x in json.loads(r.stdout))
+
+
+def test_interrupted_check_still_writes_what_it_judged(tmp_path, capsys, entries_file, monkeypatch):
+    """SIGINT (a runner's ``timeout --signal=INT``) while the second entry runs: the first entry's
+    verdicts are printed and written, the rest are ``error`` rows saying they were interrupted,
+    and the exit status is 130."""
+    def run_entry(entry, cases=None, device=None):
+        if entry.name == "fake.raises_later":
+            raise KeyboardInterrupt
+        return [Result(entry=entry.name, stage=entry.stage, case="c0", verdict="pass", rule="stub")]
+
+    monkeypatch.setattr(matrix_mod, "run_entry", run_entry)
+    more = entries_file.read_text() + "ENTRIES.append(_e('fake.raises_later', lambda: None))\n"
+    more += "ENTRIES.append(_e('fake.after', lambda: None))\n"
+    entries_file.write_text(more)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    report = tmp_path / "check.json"
+    rc = main(["check", "-q", "--device", "cpu", "--json", str(report), "--root", str(empty), "--no-external",
+               "--entries-from", str(entries_file), "--entry", "fake.ok", "--entry", "fake.raises_later",
+               "--entry", "fake.after"])
+    cap = capsys.readouterr()
+    d = json.loads(report.read_text())
+    assert rc == 130 and d["ok"] is False and d["meta"]["interrupted"] is True
+    verdicts = {r["entry"]: (r["verdict"], r["note"]) for r in d["rows"]}
+    assert verdicts["fake.ok"][0] == "pass" and [r["case"] for r in d["results"]] == ["c0"]
+    for name in ("fake.raises_later", "fake.after"):
+        assert verdicts[name][0] == "error" and "interrupted" in verdicts[name][1]
+    assert "interrupted: 2 kernel entries had no result" in d["failures"]
+    assert "interrupted: 2 kernel entries had no result" in cap.err and "fake.ok" in cap.out

@@ -1,7 +1,8 @@
 """Fixtures of the kernel matrix: isolated, once-per-entry execution of real kernels.
 
-``kernel_results(entry_name)`` runs every case of the entry's stage (the set ``DSV4_CASES``
-selects: default or full) in a child process
+``kernel_results(entry_name, group)`` runs the cases of one case group of the entry's stage (the
+set ``DSV4_CASES`` selects: default or full; attention entries' cases in groups of
+``GROUP_CASES``, other stages one group, ``case_groups``) in a child process
 (``dsv4_numerics/worker_pool.py``) the first time it is asked, caches the per-case results for the
 session, and returns ``{case name: result dict}``. Each xdist worker keeps ONE long-lived child
 (``worker_pool.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it
@@ -99,24 +100,50 @@ def both_modes(entry, device: str) -> bool:
     return entry.stage in FAST_ORACLE_STAGES and str(device).startswith("cuda")
 
 
+# Attention entries' cases are split into groups of at most this many (env
+# DSV4_MATRIX_GROUP_CASES), each group its own xdist group: a kernel that autotunes per shape
+# (SGLang's Triton decode: ~18 s a shape on an H200) or a slow ordered oracle then spreads over
+# several workers instead of making one worker the suite's tail. Other stages: one group.
+GROUP_CASES = int(os.environ.get("DSV4_MATRIX_GROUP_CASES", "4") or 4)
+
+
+def case_groups(entry, names: list[str]) -> list[list[str]]:
+    """``names`` (the entry's stage cases, in order) cut into the groups its matrix items run in."""
+    from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
+
+    if entry.stage not in FAST_ORACLE_STAGES or GROUP_CASES < 1:
+        return [list(names)]
+    return [list(names[i:i + GROUP_CASES]) for i in range(0, len(names), GROUP_CASES)] or [[]]
+
+
+def group_name(entry_name: str, group: int, groups: int) -> str:
+    """The xdist group of an entry's case group (the entry's name alone when it has one group)."""
+    return entry_name if groups <= 1 else f"{entry_name}#{group}"
+
+
 @pytest.fixture(scope="session")
 def kernel_results(kernel_session):
     from dsv4_numerics.case_files import load_cases, stage_cases_file
     from dsv4_numerics.worker_pool import run_isolated
     from dsv4_numerics.kernels import registry
 
-    def get(entry_name: str) -> dict[str, dict]:
-        if entry_name not in _CACHE:
+    def get(entry_name: str, group: int | None = None) -> dict[str, dict]:
+        """``{case: result}`` of the entry's case group ``group`` (``case_groups``), or of all its
+        cases when None; each group runs once per xdist worker."""
+        key = f"{entry_name}#{group}"
+        if key not in _CACHE:
             entry = registry.get(entry_name)
             # built once (on disk, shared by the xdist workers), never again in the child
             path = stage_cases_file(entry.stage)
             names = [c.name for c in load_cases(path)]
+            if group is not None:
+                names = case_groups(entry, names)[group]
             device = "cpu" if _runs_on_cpu(entry) else _device()
-            _CACHE[entry_name] = run_isolated(entry_name, names, device=device, cases_file=path,
-                                              judge=BOTH_MODES if both_modes(entry, device) else None, probe=True,
-                                              workdir=_workdir(entry_name), env=_child_env(),
-                                              session=kernel_session)
-        return _CACHE[entry_name]
+            _CACHE[key] = run_isolated(entry_name, names, device=device, cases_file=path,
+                                       judge=BOTH_MODES if both_modes(entry, device) else None, probe=True,
+                                       workdir=_workdir(key.replace("#", "-")), env=_child_env(),
+                                       session=kernel_session)
+        return _CACHE[key]
 
     return get
 

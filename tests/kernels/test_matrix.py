@@ -17,8 +17,9 @@ Test ids read ``<entry>-<case>`` (e.g. ``flashmla.sparse_decode.sm90-h64-swa128-
   attached to the test report (``matrix_results``), so the session table and the JSON report
   show every judged case.
 * Items carry the hardware markers of their entry (``gpu``, ``sm90``, ...) for ``-m`` selection
-  and an ``xdist_group`` per entry, so ``pytest -n N --dist loadgroup`` keeps one entry on one
-  worker (one GPU) and its child process runs once.
+  and an ``xdist_group`` per entry (per case group of ``conftest.GROUP_CASES`` cases for the
+  attention stages, ``conftest.case_groups``), so ``pytest -n N --dist loadgroup`` keeps a group
+  on one worker (one GPU) and runs it once in that worker's child.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dsv4_numerics.kernels.probe import arch_reason, gpu_info
 from dsv4_numerics.worker_pool import UNAVAILABLE
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.case_files import load_cases, stage_cases_file
+
+from .conftest import case_groups, group_name
 
 
 def collection_reason(entry) -> str | None:
@@ -46,7 +49,6 @@ def _params():
     cache: dict[str, list] = {}  # building a stage's cases can take seconds: once per stage
     for entry in registry.all_entries():
         marks = [getattr(pytest.mark, m) for m in entry.markers]
-        marks.append(pytest.mark.xdist_group(entry.name))
         reason = collection_reason(entry)
         skip = [] if not reason else [pytest.mark.skip(reason=f"{entry.name}: {reason}")]
         try:
@@ -55,12 +57,14 @@ def _params():
                 cache[entry.stage] = load_cases(stage_cases_file(entry.stage))
             cases = cache[entry.stage]
         except KeyError as e:
-            out.append(pytest.param(entry.name, None, id=f"{entry.name}-no-cases",
+            out.append(pytest.param(entry.name, None, 0, id=f"{entry.name}-no-cases",
                                     marks=[pytest.mark.skip(reason=str(e))]))
             continue
-        for case in cases:
-            out.append(pytest.param(entry.name, case.name, id=f"{entry.name}-{case.name}",
-                                    marks=skip + marks))
+        groups = case_groups(entry, [c.name for c in cases])
+        for g, names in enumerate(groups):
+            gmarks = [pytest.mark.xdist_group(group_name(entry.name, g, len(groups)))]
+            for name in names:
+                out.append(pytest.param(entry.name, name, g, id=f"{entry.name}-{name}", marks=skip + marks + gmarks))
     return out
 
 
@@ -78,10 +82,10 @@ def _as_result(entry, case_name: str, res: dict) -> Result:
 
 
 @pytest.mark.skipif(not PARAMS, reason="no kernel entries registered")
-@pytest.mark.parametrize("entry_name,case_name", PARAMS or [pytest.param(None, None, id="none")])
-def test_kernel_case(entry_name, case_name, kernel_results, matrix_results):
+@pytest.mark.parametrize("entry_name,case_name,group", PARAMS or [pytest.param(None, None, 0, id="none")])
+def test_kernel_case(entry_name, case_name, group, kernel_results, matrix_results):
     entry = registry.get(entry_name)
-    results = kernel_results(entry_name)  # the child probes the entry first
+    results = kernel_results(entry_name, group)  # the child probes the entry first
     if UNAVAILABLE in results:
         pytest.skip(f"{entry.name}: {results[UNAVAILABLE]['message']}")
     res = results.get(case_name)
