@@ -145,11 +145,11 @@ def staged_sglang_reason(module: str) -> str | None:
     return "; ".join(problems) if problems else staged.missing_hint(module, "sglang")
 
 
-def sglang_probe(module: str) -> P.Probe:
+def sglang_probe(module: str, archs: tuple[str, ...] = ("any-gpu",)) -> P.Probe:
     """Probe, in the order a user fixes them: the SGLang file ``module`` staged (``stage-sglang``,
-    ``DSV4_STAGED``; found without importing), a GPU, Triton importable, then the import itself
-    (with the staged stand-ins; the loader's message verbatim)."""
-    return P.chain(lambda: staged_sglang_reason(module), P.needs_arch("any-gpu"), P.needs_module("triton"),
+    ``DSV4_STAGED``; found without importing), a GPU of ``archs``, Triton importable, then the
+    import itself (with the staged stand-ins; the loader's message verbatim)."""
+    return P.chain(lambda: staged_sglang_reason(module), P.needs_arch(*archs), P.needs_module("triton"),
                    P.needs_import(module))
 
 
@@ -378,23 +378,8 @@ def paged_decode_args(case: Case) -> dict:
                 attn_sink=sink.contiguous().to(dev), softmax_scale=d.scale)
 
 
-def paged_decode_splits(num_tokens: int, num_heads: int, sms: int) -> int:
-    """The split count SGLang's own heuristic picks (``_kv_splits_heuristic``, ``SG:kernels/ops/
-    attention/dsv4/unified_kv_kernels/paged_decode.py:195-246``, with the kernel's
-    ``block_h = max(next_pow2(min(H, 64)), 16)``, ``:763-767``), given the device's multiprocessor
-    count ``sms``. Production gets that count from ROCm's ``aiter`` (``_cu_count``, ``:136-148``),
-    which a CUDA host does not have; the adapter passes the same heuristic's answer as ``kv_splits``."""
-    heuristic = _fn(PAGED_DECODE, "_kv_splits_heuristic")
-    block_h = max(1 << max(0, (min(num_heads, 64) - 1).bit_length()), 16)
-    return int(heuristic(num_tokens, num_heads, block_h, num_cu=sms))
-
-
 def _call_paged_decode(case: Case) -> dict:
-    a = paged_decode_args(case)
-    if a["q"].is_cuda and getattr(torch.version, "hip", None) is None:
-        sms = torch.cuda.get_device_properties(a["q"].device).multi_processor_count
-        a["kv_splits"] = paged_decode_splits(a["q"].shape[0], a["q"].shape[1], sms)
-    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**a)}
+    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
 
 
 # --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
@@ -431,6 +416,13 @@ def _call_norm_rope_store(case: Case) -> dict:
 
 _ARCHS = ("any-gpu",)
 _probe = sglang_probe
+# The unified-KV paged decode is ROCm-only in SGLang: its backend is dispatched only under
+# ``is_hip()`` (``SG:srt/layers/attention/dsv4/unified_kv_gate.py``, ``is_unified_kv_triton``) and
+# the kernel asks ROCm's ``aiter`` for the CU count in two places (``unified_kv_kernels/
+# paged_decode.py:136-148`` split heuristic, ``:898`` reduce grid): on an H200 every case raised
+# ``ModuleNotFoundError: No module named 'aiter'``. The paged prefill's Triton path needs no aiter
+# (it only prefers aiter's OPUS kernel when importable) and runs on CUDA too.
+_PAGED_DECODE_ARCHS = ("gfx942", "gfx950")
 
 ENTRIES: list[KernelEntry] = [
     KernelEntry(
@@ -567,20 +559,20 @@ ENTRIES: list[KernelEntry] = [
         stage="decode",
         family="sglang",
         source=f"{PAGED_DECODE}.sparse_attn_v4_paged_decode",
-        archs=_ARCHS,
+        archs=_PAGED_DECODE_ARCHS,
         dtypes=("bfloat16",),
         policies={"index_rule": IndexRule.ANY_OUT_OF_RANGE_INVALID.value, "lse": LseConvention.NONE.value,
                   "nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.BF16_P.value,
                   "fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value,
                   "output_inv_roped": "false"},
         tolerance_scope="rocm_triton.sparse_decode",
-        probe=_probe(PAGED_DECODE),
+        probe=_probe(PAGED_DECODE, _PAGED_DECODE_ARCHS),
         call=_call_paged_decode,
         notes="The unified-pool decode (from AMD's ATOM; Triton split-K / fused paths off gfx1250) over a bf16 "
               "pool: the SWA and compressed caches dequantised exactly and concatenated, each token's valid "
               "entries as a ragged list (the kernel takes no sentinels). exp2 online softmax, p rounded to bf16 "
               "before P@V (bf16_p), no LSE. The fp8 pool (e4m3fnuz + 1x64 fp32 scales) is gfx942-only: not "
-              "exercised. On CUDA the split count is SGLang's own heuristic fed the SM count (production asks "
-              "ROCm's aiter for the CU count).",
+              "exercised. ROCm only: SGLang dispatches it only under is_hip() and it asks aiter for the CU "
+              "count (on an H200: ModuleNotFoundError 'aiter').",
     ),
 ]

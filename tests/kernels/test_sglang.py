@@ -307,15 +307,6 @@ def test_paged_decode_adapter_against_sglang_transcription(monkeypatch):
     assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
 
 
-def test_paged_decode_split_count_is_sglangs_heuristic_with_the_kernels_block_h(monkeypatch):
-    seen = []
-    monkeypatch.setattr(S, "_fn", lambda mod, name: (lambda T, H, bh, num_cu: seen.append((mod, name, T, H, bh, num_cu)) or 4))
-    assert [S.paged_decode_splits(3, h, 132) for h in (8, 64, 128)] == [4, 4, 4]
-    assert seen == [(S.PAGED_DECODE, "_kv_splits_heuristic", 3, 8, 16, 132),
-                    (S.PAGED_DECODE, "_kv_splits_heuristic", 3, 64, 64, 132),
-                    (S.PAGED_DECODE, "_kv_splits_heuristic", 3, 128, 64, 132)]
-
-
 def test_index_adapters_pass_int32_and_copy_outputs(monkeypatch):
     seen = {}
 
