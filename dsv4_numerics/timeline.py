@@ -3,7 +3,9 @@ writes under ``DSV4_TIMELINE=DIR`` (one ``<worker>.tsv`` per xdist worker: start
 node id). ``python -m dsv4_numerics.timeline DIR`` prints, per worker and in total: start-up
 (process start to collection), collection, test time, idle time (from the worker's first test to
 the run's last test end, minus its test time) and the tail (the last worker's finish minus the
-median worker's), and the longest tests: the breakdown of .ci/gpu-scaling's runs.
+median worker's), and the longest tests: the breakdown of .ci/gpu-scaling's runs. With
+``--report REPORT.json``: the judged cases' kernel-call, reference and comparison seconds per
+family and stage (:func:`judged_time`).
 """
 
 from __future__ import annotations
@@ -62,12 +64,48 @@ def breakdown(folder: str | Path, top: int = 10) -> str:
     return "\n".join(lines)
 
 
+def judged_time(report: str | Path, top: int = 12) -> str:
+    """Where the judged cases' time went, from a JSON report (``--dsv4-report`` or ``check
+    --json``): per entry family and stage, the summed kernel-call, reference and comparison
+    seconds of every Result that carries ``details["timing"]`` (``oracles.matrix.run_entry``).
+    What is left of a run's test time beyond these sums is the harness's: children starting and
+    importing, cases loaded and copied, the probes, the subprocess and CLI tests."""
+    import gzip
+    import json
+
+    p = Path(report)
+    raw = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()
+    results = json.loads(raw).get("results", [])
+    sums: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        t = (r.get("details") or {}).get("timing")
+        if not isinstance(t, dict):
+            continue
+        key = (str(r.get("entry", "?")).split(".", 1)[0], str(r.get("stage", "?")))
+        acc = sums.setdefault(key, [0, 0.0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += float(t.get("call_s", 0.0))
+        acc[2] += float(t.get("reference_s", 0.0))
+        acc[3] += float(t.get("judge_s", 0.0))
+    if not sums:
+        return f"judged time: no Result in {report} carries details.timing"
+    tot = [sum(v[i] for v in sums.values()) for i in range(4)]
+    lines = [f"judged cases: {int(tot[0])}; kernel calls {tot[1]:.1f} s, references {tot[2]:.1f} s, "
+             f"comparisons {tot[3]:.1f} s (summed over processes)",
+             f"{'family':>14} {'stage':>22} {'cases':>6} {'call_s':>8} {'ref_s':>8} {'judge_s':>8}"]
+    for (fam, stage), v in sorted(sums.items(), key=lambda kv: -(kv[1][1] + kv[1][2] + kv[1][3]))[:top]:
+        lines.append(f"{fam:>14} {stage:>22} {int(v[0]):6d} {v[1]:8.1f} {v[2]:8.1f} {v[3]:8.1f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m dsv4_numerics.timeline DIR", file=sys.stderr)
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--report"):
+        print("usage: python -m dsv4_numerics.timeline DIR [--report REPORT.json[.gz]]", file=sys.stderr)
         return 2
     print(breakdown(args[0]))
+    if len(args) == 3:
+        print(judged_time(args[2]))
     return 0
 
 

@@ -169,6 +169,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                 continue
         try:
             dcase = case.to(device) if device is not None else case
+            t_call = time.perf_counter()
             got = entry.call(dcase)
         except UnsupportedCase as e:
             out.append(res(case.name, "skip", rule="unsupported", message=str(e),
@@ -179,11 +180,13 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            details={"traceback": traceback.format_exc(limit=6)},
                            duration_s=time.perf_counter() - t0))
             continue
-        got = _cpu(got)
+        got = _cpu(got)  # (a device-to-host copy waits for the kernel: its time is the call's)
+        t_call = time.perf_counter() - t_call
         if not isinstance(got, dict):
             out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",
                            duration_s=time.perf_counter() - t0))
             continue
+        t_ref = time.perf_counter()
         try:
             exp = expected_outputs(spec, stage, case, pol_exp, expected_cache)
         except UnsupportedCase as e:
@@ -200,6 +203,8 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            details={"traceback": traceback.format_exc(limit=6)},
                            duration_s=time.perf_counter() - t0))
             continue
+        t_judge = time.perf_counter()
+        t_ref = t_judge - t_ref
         try:
             v = spec.judge(case, exp, got, scope)
         except Exception as e:  # noqa: BLE001 - never a silent pass
@@ -209,6 +214,10 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
             continue
         details = dict(v.details)
         details.setdefault("oracle", {"mode": st.ORDERED, "device": "cpu"})
+        # where the case's time went (seconds): the kernel call (its outputs copied back to the CPU
+        # included, which waits for the device), the reference, the comparison
+        details["timing"] = {"call_s": round(t_call, 4), "reference_s": round(t_ref, 4),
+                             "judge_s": round(time.perf_counter() - t_judge, 4)}
         out.append(res(case.name, "pass" if v.passed else "fail", rule=v.rule, worst_ulps=v.worst_ulps,
                        headroom=v.headroom, message=v.message, details=details,
                        duration_s=time.perf_counter() - t0))

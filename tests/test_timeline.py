@@ -23,3 +23,29 @@ def test_main_usage_and_empty_folder(tmp_path, capsys):
     assert timeline.main([]) == 2
     assert timeline.main([str(tmp_path)]) == 0
     assert "no *.tsv" in capsys.readouterr().out
+
+
+def test_judged_time_sums_call_reference_and_judge_per_family_and_stage(tmp_path, capsys):
+    import gzip
+
+    from dsv4_numerics.oracles.matrix import run_entry
+    from dsv4_numerics.oracles.report import write_json
+    from dsv4_numerics.reference.cases import default_cases
+
+    from .mutants import reference_entry
+
+    results = run_entry(reference_entry("gather"), default_cases("gather")[:2])
+    assert all(set(r.details["timing"]) == {"call_s", "reference_s", "judge_s"} for r in results)
+    path = write_json(results, tmp_path / "report.json")
+    text = timeline.judged_time(path)
+    assert text.startswith("judged cases: 2;")
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["reference", "gather"]).split()
+    want = [sum(r.details["timing"][k] for r in results) for k in ("call_s", "reference_s", "judge_s")]
+    assert row[2] == "2" and [float(x) for x in row[3:]] == [round(w, 1) for w in want]
+    gz = tmp_path / "report.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert timeline.judged_time(gz) == text
+    _write(tmp_path, "gw0", [(100, 100, "sessionstart", "-"), (101, 103, "collection", "-"), (103, 110, "test", "a")])
+    assert timeline.main([str(tmp_path), "--report", str(path)]) == 0
+    assert "judged cases: 2;" in capsys.readouterr().out
+    assert timeline.main([str(tmp_path), "--rep", str(path)]) == 2
