@@ -15,8 +15,8 @@ fault is attributed to the case that caused it (``result`` with rule ``device_fa
 ``poisoned``), and the child exits with status 3, so the next case starts in a fresh one.
 
 Protocol of a serving child (``--serve``): one JSON object per line on stdin, a job --
-``{"entry", "out", "device", "start", "cases", "mode", "judge", "probe"}`` (:func:`run_job`'s
-arguments; ``entry`` and ``out`` required) -- run one after the other; its events go to the job's
+``{"entry", "out", "device", "start", "cases", "mode", "judge", "probe", "names"}``
+(:func:`run_job`'s arguments; ``entry`` and ``out`` required) -- run one after the other; its events go to the job's
 ``out`` file, never to stdout. Before the first job the child warms up (torch, the device context,
 the staged kernels, the judge's modules). Between jobs it collects garbage and empties the CUDA
 caching allocator. End of stdin: exit 0. A ``setup_error`` is that job's: the child serves the
@@ -147,12 +147,14 @@ def _probe_reason(ent) -> str:
 
 
 def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cases: str | None = None,
-            mode: str = "judge", judge: str | None = None, probe: bool = False) -> int:
+            mode: str = "judge", judge: str | None = None, probe: bool = False,
+            names: list[str] | None = None) -> int:
     """Run one job in this process: ``entry``'s cases from index ``start``, one JSON line per event
     appended to ``out`` (``setup_error`` | ``cases``, then ``start`` / ``result`` per case, then
     ``done``, or ``poisoned`` after a device fault). ``probe``: first run the entry's availability
     probe here; when it fails, write ``unavailable`` (with the reason) and run nothing -- so a
-    caller may hand entries over unprobed (``check``). Returns :data:`EXIT_OK`,
+    caller may hand entries over unprobed (``check``). ``names``: run only these cases of the
+    case list, in this order (``start`` then indexes this list). Returns :data:`EXIT_OK`,
     :data:`EXIT_SETUP_ERROR` or :data:`EXIT_POISONED` (this process must not run another case)."""
     if mode not in ("judge", "raw"):
         raise ValueError(f"mode must be 'judge' or 'raw', got {mode!r}")
@@ -165,6 +167,9 @@ def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cas
                     _write(log, {"event": "unavailable", "reason": reason})
                     return EXIT_OK
             case_list = _load_cases(ent, cases)
+            if names is not None:
+                by_name = {c.name: c for c in case_list}
+                case_list = [by_name[n] for n in names if n in by_name]
             judge_fn = None
             if mode == "judge":
                 mod, _, fn = (judge or DEFAULT_JUDGE).partition(":")
@@ -205,7 +210,7 @@ def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cas
     return EXIT_OK
 
 
-_JOB_KEYS = {"entry", "out", "device", "start", "cases", "mode", "judge", "probe"}
+_JOB_KEYS = {"entry", "out", "device", "start", "cases", "mode", "judge", "probe", "names"}
 
 
 def _between_jobs() -> None:

@@ -69,6 +69,20 @@ def test_hang_times_out_and_the_rest_runs_through_the_judge(tmp_path):
     assert res[names[2]]["verdict"] == "pass"
 
 
+def test_a_job_runs_only_the_cases_it_names_and_a_crash_restarts_inside_them(tmp_path):
+    """The matrix runs an attention entry's cases in groups (tests/kernels/conftest.py): a job
+    given a subset must run exactly that subset, in its order, also across a crash restart."""
+    path, names = _cases(tmp_path, ["ok", "ok", "abort", "ok", "ok", "ok"])
+    subset = [names[4], names[2], names[3]]
+    res = run_isolated(FAKE, subset, device="cpu", cases_file=path, mode="raw", workdir=str(tmp_path / "w"))
+    assert list(res) == subset
+    assert res[names[2]]["rule"] == "crash"
+    assert res[names[4]]["verdict"] == res[names[3]]["verdict"] == "ran"
+    events = [json.loads(line) for line in (tmp_path / "w").glob("*.jsonl").__next__().read_text().splitlines()]
+    started = [e["case"] for e in events if e["event"] == "start"]
+    assert started == subset  # the crash's restart went on inside the subset, nothing else ran
+
+
 def test_restart_budget_exhausted_reports_not_run(tmp_path):
     path, names = _cases(tmp_path, ["abort", "ok"])
     res = run_isolated(FAKE, names, device="cpu", cases_file=path, mode="raw", max_restarts=0,
