@@ -384,13 +384,16 @@ def insert(
         fail(fn, "slot_mapping", f"must be < num_blocks*block_size = {nb * bs} (out of range)", f"max {int(live.max())}")
     if live.unique().numel() != live.numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
-    data, scales = encode_records(k[: slots.shape[0]][keep], record, mxfp8_rule, nonfinite, nvfp4_rule)
+    data, scales = encode_records(k[: slots.shape[0]][keep.to(k.device)], record, mxfp8_rule, nonfinite, nvfp4_rule)
     storage = cache.untyped_storage().clone()
     out = torch.empty(0, dtype=torch.uint8, device=cache.device)
     out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
     dv, sv = _views(out, nb, bs, p, record, layout)
-    dv[live // bs, live % bs] = data
-    sv[live // bs, live % bs] = scales
+    # k and slot_mapping may live on another device than the cache (the compressor's reference
+    # quantises on the CPU): the bytes go where the cache is
+    live = live.to(out.device)
+    dv[live // bs, live % bs] = data.to(out.device)
+    sv[live // bs, live % bs] = scales.to(out.device)
     return out
 
 
