@@ -22,6 +22,11 @@ bytes express (``ROW_LOG2_RANGE``) drawn often, and :func:`scaled_rows` rows at 
 the writer and gather stages; the attention stages' magnitudes (cache, q and sinks together) are
 in :mod:`dsv4_numerics.strategies_attention`.
 
+Whole cases: :func:`swa_write_cases`, :func:`gather_cases`, :func:`rope_cases` and
+:func:`kv_norm_rope_store_cases` draw complete canonical ``Case`` objects of their stages
+(geometry, slot lists or request windows, tables and positions, magnitudes), ready for
+``run_entry`` or ``dsv4_numerics.judge`` (V4.1 writers: ``strategies_v41.v41_write_cases``).
+
 All tensors are CPU tensors; move them to a device in the test.
 """
 
@@ -209,3 +214,129 @@ def cache_geometries(draw, max_blocks: int = 6, block_sizes=(1, 2, 3, 5, 16, 53,
     bs = draw(st.sampled_from(block_sizes))
     nb = draw(st.integers(1, max_blocks))
     return nb, bs, draw(page_strides(bs))
+
+
+# --------------------------------------------------------------------------- whole cases
+
+
+def _garbage_cache(seed: int, num_blocks: int, page_stride: int) -> torch.Tensor:
+    """uint8 ``[num_blocks, page_stride]`` of seeded random bytes: the stale pages a writer
+    writes into (every byte it must not touch is checked by the judges)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (num_blocks, page_stride), generator=g, dtype=torch.uint8)
+
+
+@st.composite
+def swa_write_cases(draw, block_sizes=(1, 2, 16, 53, 64), max_blocks: int = 4, max_tokens: int = 48,
+                    log2_range: tuple[int, int] = ROW_LOG2_RANGE):
+    """A ``swa_write`` :class:`~dsv4_numerics.reference.cases.Case` (the canonical inputs of the
+    584-byte writers): :func:`scaled_rows` of one drawn magnitude written to distinct slots in a
+    drawn order with ``-1`` padding (:func:`slot_mappings`) of ``1..max_blocks`` stale pages of a
+    drawn ``block_size`` and legal stride (:func:`page_strides`). ``block_sizes``: the page sizes
+    to draw (a writer compiled per page size wants a few)."""
+    from dsv4_numerics.reference.cases import Case
+
+    bs = draw(st.sampled_from(tuple(block_sizes)))
+    nb = draw(st.integers(1, max_blocks))
+    stride = draw(page_strides(bs))
+    slots = draw(slot_mappings(nb, bs, n_tokens=draw(st.integers(1, max(1, min(nb * bs, max_tokens))))))
+    rows, m = draw(scaled_rows(n=int(slots.shape[0]), log2_range=log2_range))
+    cache = _garbage_cache(draw(st.integers(0, 2**31 - 1)), nb, stride)
+    inputs = {"k": rows, "slot_mapping": slots, "block_size": bs, "num_blocks": nb, "page_stride": stride,
+              "cache": cache}
+    params = {"block_size": bs, "page_stride": stride, "num_blocks": nb, "n_tokens": int(slots.shape[0]),
+              "n_written": int((slots >= 0).sum()), "log2_magnitude": m, "drawn": True}
+    return Case(f"drawn-swa-write-bs{bs}-s{stride}-m{m}", "swa_write", inputs, params)
+
+
+@st.composite
+def gather_cases(draw, block_sizes=(1, 2, 16, 53, 64), max_requests: int = 3, max_len: int = 150,
+                 log2_range: tuple[int, int] = ROW_LOG2_RANGE):
+    """A ``gather`` Case (the dequantise-gathers' canonical inputs): ``1..max_requests`` requests
+    of drawn lengths over permuted pages of a drawn ``block_size`` and stride, the whole context
+    or a drawn tail of each gathered (``gather_lens``; a request may gather nothing, one gathers
+    at least a row), spare garbage pages, and the gathered slots written by the reference's
+    ``amax_clamp`` writer from :func:`scaled_rows` of one drawn magnitude."""
+    from dsv4_numerics.reference.caches.model1 import insert
+    from dsv4_numerics.reference.cases import Case
+    from dsv4_numerics.reference.cases.cache import gather_tables
+    from dsv4_numerics.reference.policies import ScaleRule
+
+    bs = draw(st.sampled_from(tuple(block_sizes)))
+    r = draw(st.integers(1, max_requests))
+    seq_lens = draw(st.lists(st.integers(1, max_len), min_size=r, max_size=r))
+    gather_lens = None
+    if draw(st.booleans()):
+        gather_lens = [draw(st.integers(0, n)) for n in seq_lens]
+        gather_lens[0] = max(1, gather_lens[0])
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    table, slots, nb = gather_tables(g, bs, seq_lens, gather_lens, draw(st.integers(0, 2)))
+    stride = draw(page_strides(bs))
+    rows, m = draw(scaled_rows(n=len(slots), log2_range=log2_range))
+    order = torch.randperm(len(slots), generator=g)
+    slot_t = torch.tensor(slots, dtype=torch.int64)[order]
+    cache = insert(_garbage_cache(seed + 1, nb, stride), rows, slot_t, bs, ScaleRule.AMAX_CLAMP)
+    inputs = {"cache": cache, "block_table": table.to(torch.int32),
+              "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+              "gather_lens": None if gather_lens is None else torch.tensor(gather_lens, dtype=torch.int32),
+              "block_size": bs, "num_blocks": nb, "page_stride": stride, "written_slots": slot_t}
+    params = {"block_size": bs, "page_stride": stride, "num_blocks": nb, "seq_lens": seq_lens,
+              "gather_lens": gather_lens, "written_by": "cache_model1.insert(rule=amax_clamp)",
+              "n_written": len(slots), "log2_magnitude": m, "drawn": True}
+    return Case(f"drawn-gather-bs{bs}-r{r}-m{m}", "gather", inputs, params)
+
+
+@st.composite
+def rope_cases(draw, inverse: bool | None = None, max_rows: int = 64, log2_range: tuple[int, int] = (-20, 100)):
+    """A ``rope`` Case (the RoPE stage's canonical inputs, ``reference.cases.attention``): rows of
+    one drawn magnitude as ``[T, 512]`` or ``[T, H, 512]``, positions in a plain (theta 1e4, 4096
+    positions) or YaRN (theta 1.6e5, factor 16, 70000 positions) table with the table's first and
+    last position drawn often, forward or inverse (``inverse`` fixes it: a kernel of one direction)."""
+    from dsv4_numerics.reference.cases import Case
+
+    yarn = draw(st.booleans())
+    table = _rope_table(yarn)
+    max_pos = table.shape[0]
+    t = draw(st.integers(1, max_rows))
+    heads = draw(st.sampled_from([None, 1, 4]))
+    rows, m = draw(scaled_rows(n=t * (heads or 1), log2_range=log2_range))
+    x = rows if heads is None else rows.reshape(t, heads, HEAD_DIM)
+    ends = st.sampled_from([0, 1, max_pos - 1])
+    pos = torch.tensor(draw(st.lists(st.one_of(ends, st.integers(0, max_pos - 1)), min_size=t, max_size=t)),
+                       dtype=torch.int64)
+    inv = draw(st.booleans()) if inverse is None else bool(inverse)
+    params = {"theta": 160000.0 if yarn else 10000.0, "yarn": [16.0, 65536] if yarn else None, "rows": t,
+              "heads": heads, "inverse": inv, "log2_magnitude": m, "drawn": True}
+    return Case(f"drawn-rope-{'yarn' if yarn else 'plain'}-t{t}-h{heads}-m{m}{'-inv' if inv else ''}", "rope",
+                {"x": x, "positions": pos, "cos_sin": table, "inverse": inv}, params)
+
+
+_ROPE_TABLES: dict[bool, torch.Tensor] = {}
+
+
+def _rope_table(yarn: bool) -> torch.Tensor:
+    """The two tables :func:`rope_cases` draws from, built once per process."""
+    if yarn not in _ROPE_TABLES:
+        from dsv4_numerics.reference.pipeline.rope import YarnConfig, cos_sin_cache
+
+        _ROPE_TABLES[yarn] = (cos_sin_cache(70000, theta=160000.0, yarn=YarnConfig(16.0, 65536)) if yarn
+                              else cos_sin_cache(4096, theta=10000.0))
+    return _ROPE_TABLES[yarn]
+
+
+@st.composite
+def kv_norm_rope_store_cases(draw, max_tokens: int = 24, max_rows: int = 96):
+    """A ``kv_norm_rope_store`` Case (``reference.cases.sglang.norm_rope_store_case``): a drawn
+    seed, token count, pool size, kv dtype (bf16 or fp32), and negative slots (``-1``, ``-rows``,
+    ``-3``) or not. The rows are exact-norm (the bytes are a bit-exact contract) and the weight
+    tiles realistic, E4M3-tie, saturating and subnormal, so the magnitudes are the weights'."""
+    from dsv4_numerics.reference.cases.sglang import norm_rope_store_case
+
+    negative = draw(st.booleans())
+    t = draw(st.integers(3 if negative else 1, max_tokens))
+    rows = draw(st.integers(t + 6 if negative else t, max(max_rows, t + 6)))
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return norm_rope_store_case(f"drawn-norm-rope-store-t{t}-r{rows}{'-neg' if negative else ''}", seed, t, rows,
+                                negative=negative, dtype=dtype)

@@ -23,7 +23,8 @@ extra cache (288 B, valid only as ``extra_k_cache`` next to a V4.1 main cache), 
 ``v41_decode_cases`` draws whole ``v41_sparse_decode`` cases (``reference.cases.v41_attention``):
 MXFP8 main cache, no / MXFP8 / NVFP4 extra cache (NVFP4 rows half on E2M1 ties), page sizes,
 page tails, the producer (vLLM interleaved or FlashInfer page-footer), lonely tokens, empty
-extra segments and stale valid ids past the lengths.
+extra segments and stale valid ids past the lengths. ``v41_write_cases`` draws whole
+``v41_write`` cases (record, page size and tail, padded slot lists, magnitudes, E2M1 ties).
 
 Needs hypothesis (``pip install "dsv4-numerics[test]"``). All tensors are CPU tensors.
 """
@@ -53,6 +54,7 @@ __all__ = [
     "v41_geometries",
     "v41_mixed_caches",
     "v41_decode_cases",
+    "v41_write_cases",
 ]
 
 # Midpoints between neighbouring E2M1 magnitudes (0.25 .. 5).
@@ -155,3 +157,36 @@ def v41_decode_cases(draw, max_tokens: int = 4):
         extra=extra, producer=draw(st.sampled_from(("vllm_0.33.0", "flashinfer_0.7.2"))), lonely=lonely,
         empty_extra=empty_extra, stale_past_len=draw(st.booleans()), tail=draw(st.sampled_from((0, 8, 40))),
         edge="drawn")
+
+
+@st.composite
+def v41_write_cases(draw, records=(V41Record.MXFP8, V41Record.NVFP4), block_sizes=(2, 16, 64), max_blocks: int = 4,
+                    max_tokens: int = 48, log2_range: tuple[int, int] = (-20, 100)):
+    """A ``v41_write`` Case (the V4.1 writers' canonical inputs, ``reference.cases.v41``): a drawn
+    record type, page size, page tail (0, or a drawn number of spare bytes after the records),
+    distinct slots in a drawn order with ``-1`` padding, rows of one drawn magnitude
+    (``strategies.scaled_rows``; the range stops below where NVFP4's E4M3 scale saturates), half of
+    the NVFP4 rows' groups on E2M1 ties, and a stale cache."""
+    from dsv4_numerics.reference.cases import Case
+
+    from .strategies import _garbage_cache, scaled_rows, slot_mappings
+
+    record = V41Record(draw(st.sampled_from(tuple(records))))
+    bs = draw(st.sampled_from(tuple(block_sizes)))
+    nb = draw(st.integers(1, max_blocks))
+    tail = draw(st.one_of(st.just(0), st.integers(1, 64)))
+    stride = bs * record_bytes(record) + tail
+    slots = draw(slot_mappings(nb, bs, n_tokens=draw(st.integers(1, max(1, min(nb * bs, max_tokens))))))
+    n = int(slots.shape[0])
+    rows, m = draw(scaled_rows(n=n, log2_range=log2_range))
+    if record is V41Record.NVFP4:
+        for i in range(0, n, 2):  # every other row: one group of E2M1 ties at a known scale
+            group, _ = draw(e2m1_tie_groups())
+            j = draw(st.integers(0, 512 // V41_NVFP4_GROUP - 1)) * V41_NVFP4_GROUP
+            rows[i, j:j + V41_NVFP4_GROUP] = group
+    cache = _garbage_cache(draw(st.integers(0, 2**31 - 1)), nb, stride)
+    inputs = {"k": rows, "slot_mapping": slots, "block_size": bs, "num_blocks": nb, "page_stride": stride,
+              "record": record.value, "cache": cache}
+    params = {"block_size": bs, "page_stride": stride, "num_blocks": nb, "record": record.value, "n_tokens": n,
+              "n_written": int((slots >= 0).sum()), "log2_magnitude": m, "drawn": True}
+    return Case(f"drawn-v41-{record.value}-bs{bs}-t{tail}-m{m}", "v41_write", inputs, params)
