@@ -67,7 +67,7 @@ def _max_examples(ci: bool) -> int:
     return int(raw)
 
 _WANTED = ("flashmla.sparse_decode.sm90", "flashmla.sparse_prefill.sm90", "rocm_triton.sparse_decode",
-           "rocm_triton.sparse_prefill", "sglang.triton_sparse_decode")
+           "rocm_triton.sparse_prefill", "sglang.triton_sparse_decode", "sglang.paged_prefill")
 
 
 def _entries():

@@ -107,6 +107,39 @@ def ring_specs(draw) -> IndexSpec:
                         hca_indices=torch.full((size,), -2, dtype=torch.int32), T=t, win=win, ring_stride=ring)
 
 
+@st.composite
+def swa_token_id_specs(draw) -> IndexSpec:
+    """``build_swa_token_ids`` inputs: 1-4 requests of drawn lengths with extend lengths from a
+    decode (1) to the whole sequence, permuted pool rows of a ``req_to_token`` table holding full
+    token ids, a ``full_to_swa`` map, window 1, 8 or 128."""
+    r = draw(st.integers(1, 4))
+    seq = [draw(st.integers(0, 300)) for _ in range(r)]
+    ext = [draw(st.one_of(st.just(min(1, s)), st.integers(0, s))) for s in seq]
+    rows = r + draw(st.integers(0, 2))
+    width = max(seq + [1]) + draw(st.integers(0, 5))
+    pool = draw(st.permutations(list(range(rows))))[:r]
+    n_full = rows * width + draw(st.integers(0, 50))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    r2t = torch.randperm(n_full, generator=g)[: rows * width].reshape(rows, width).to(torch.int32)
+    f2s = torch.randint(0, 2**20, (n_full,), generator=g, dtype=torch.int64)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return IndexSpec.of("build_swa_token_ids", seq_lens=i32(seq), extend_seq_lens=i32(ext), req_pool_indices=i32(pool),
+                        req_to_token=r2t, full_to_swa=f2s, swa_window=draw(st.sampled_from([1, 8, 128])))
+
+
+@pytest.mark.gpu
+@given(spec=swa_token_id_specs())
+def test_fuzz_swa_token_ids(spec):
+    check("sglang.build_swa_token_ids", "swa_indices", spec)
+
+
+@given(spec=swa_token_id_specs())
+def test_swa_token_id_specs_are_inside_the_builders_contract(spec):
+    # the GPU property above rejects draws the reference refuses: none should be refused
+    out = stages.get("swa_indices").expected(spec.case("swa_indices", "cpu"), {})
+    assert int(out["swa_offsets"][-1]) == out["swa_token_ids"].numel()
+
+
 @pytest.mark.gpu
 @given(spec=sglang_combine_specs())
 def test_fuzz_combine(spec):
