@@ -10,6 +10,8 @@ For kernel authors (judge your own kernel, from your own repository and CI)::
     dn.judge(my_writer, "swa_write")               # -> list[Result], same runner as the matrix
     dn.assert_matches_reference(my_writer, "swa_write")   # AssertionError explaining the diff
     dn.explain(my_writer, "swa_write")             # which declared policy set the kernel matches
+    dn.compare_writers(my_writer, "vllm_cuda.swa_quant_insert")   # byte diffs against another engine's writer
+    dn.read_foreign(my_writer, "flashmla.sparse_decode.sm90")     # a reader judged on my writer's caches
 
 The public API lives in :mod:`dsv4_numerics.testing` (re-exported here, imported lazily so that
 ``import dsv4_numerics.reference`` stays light); hypothesis strategies in
@@ -43,6 +45,8 @@ _LAZY = {
     "judge": "dsv4_numerics.testing",
     "assert_matches_reference": "dsv4_numerics.testing",
     "explain": "dsv4_numerics.testing",
+    "compare_writers": "dsv4_numerics.cross_engine_api",
+    "read_foreign": "dsv4_numerics.cross_engine_api",
     "stages": "dsv4_numerics.testing",
     "Result": "dsv4_numerics.oracles.report",
     "KernelEntry": "dsv4_numerics.kernels.registry",

@@ -40,7 +40,7 @@ from .matrix import expected_outputs, run_entry
 from .report import Result
 
 # where a read case keeps the cache a writer may rewrite: stage -> (cache key, block size key)
-READ_CACHES = {
+READ_STAGES = READ_CACHES = {
     "gather": ("cache", "block_size"),
     "decode": ("swa_cache", "swa_block_size"),
     "prefill": ("swa_cache", "swa_block_size"),
@@ -126,6 +126,19 @@ class WriterComparison:
         return dataclasses.asdict(self)
 
 
+def _val(v: Any) -> str:
+    return str(getattr(v, "value", v))
+
+
+def _unavailable(entry: Any) -> str:
+    """The entry's probe reason ("" when it can run here), prefixed with its name."""
+    try:
+        reason = entry.probe()
+    except Exception as e:  # noqa: BLE001 - a broken probe is a reason, never a crash
+        reason = f"probe raised {type(e).__name__}: {e}"
+    return f"{entry.name}: {reason}" if reason else ""
+
+
 def _cache_out(fn: str, entry: Any, case: Case, device: str | None) -> torch.Tensor:
     dcase = case.to(device) if device is not None else case
     got = entry.call(dcase)
@@ -137,7 +150,8 @@ def _cache_out(fn: str, entry: Any, case: Case, device: str | None) -> torch.Ten
 def compare_writers(writer_a: Any, writer_b: Any, case: Case, device: str | None = None) -> WriterComparison:
     """Run two ``swa_write`` entries on ``case`` and count, explain and locate the bytes they
     write differently (module docstring). A writer that rejects the case (``UnsupportedCase``)
-    gives ``skipped``; one whose own bytes miss its reference is reported through
+    or cannot run here (its probe) gives ``skipped``; one whose own bytes miss its reference is
+    reported through
     ``unexplained_bytes`` (the comparison is then not explained)."""
     fn = "compare_writers"
     _check_entry(fn, "writer_a", writer_a, ("swa_write",))
@@ -146,17 +160,24 @@ def compare_writers(writer_a: Any, writer_b: Any, case: Case, device: str | None
         fail(fn, "case", "must be a swa_write Case", getattr(case, "stage", type(case).__name__))
     out = WriterComparison(case.name, writer_a.name, writer_b.name)
     pa, pb = dict(writer_a.policies or {}), dict(writer_b.policies or {})
-    out.policy_differences = {k: (str(pa.get(k, "-")), str(pb.get(k, "-")))
-                              for k in sorted(set(pa) | set(pb)) if str(pa.get(k)) != str(pb.get(k))}
     spec = st.get("swa_write")
+    # the stage's full policy sets (defaults filled in): a key one entry leaves to the default
+    # differs from the other's declaration only if the values do
+    fa, fb = spec.policies(pa), spec.policies(pb)
+    out.policy_differences = {k: (_val(fa.get(k, "-")), _val(fb.get(k, "-")))
+                              for k in sorted(set(fa) | set(fb)) if _val(fa.get(k, "-")) != _val(fb.get(k, "-"))}
+    why = _unavailable(writer_a) or _unavailable(writer_b)
+    if why:
+        out.skipped = why
+        return out
     try:
         got_a = _cache_out(fn, writer_a, case, device)
         got_b = _cache_out(fn, writer_b, case, device)
     except UnsupportedCase as e:
         out.skipped = str(e)
         return out
-    ref_a = expected_outputs(spec, "swa_write", case, spec.policies(pa))["cache"].view(torch.uint8)
-    ref_b = expected_outputs(spec, "swa_write", case, spec.policies(pb))["cache"].view(torch.uint8)
+    ref_a = expected_outputs(spec, "swa_write", case, fa)["cache"].view(torch.uint8)
+    ref_b = expected_outputs(spec, "swa_write", case, fb)["cache"].view(torch.uint8)
     inp = case.inputs
     bs, stride = int(inp["block_size"]), int(inp["page_stride"])
     slots = st.written_slots(inp["slot_mapping"], inp["k"].shape[0], pa)
@@ -223,11 +244,15 @@ def rewritten_case(writer: Any, case: Case, device: str | None = None) -> tuple[
     """``(case', rewritten, changed)``: ``case`` with the records its reader reaches rewritten by
     ``writer`` (module docstring), the number of records rewritten, and how many of them now
     differ in a defined byte from the case's own (reference-written) bytes. Raises
-    ``UnsupportedCase`` when the writer rejects the geometry or the case reaches no record."""
+    ``UnsupportedCase`` when the writer cannot run here (its probe), rejects the geometry, or
+    the case reaches no record."""
     fn = "rewritten_case"
     _check_entry(fn, "writer", writer, ("swa_write",))
     if not isinstance(case, Case) or case.stage not in READ_CACHES:
         fail(fn, "case", f"must be a Case of stage {', '.join(READ_CACHES)}", getattr(case, "stage", type(case).__name__))
+    why = _unavailable(writer)
+    if why:
+        raise UnsupportedCase(why)
     key, bs_key = READ_CACHES[case.stage]
     if key not in case.inputs or case.inputs[key] is None:
         raise UnsupportedCase(f"case {case.name} has no {key!r}")
