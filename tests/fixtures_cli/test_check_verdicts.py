@@ -262,3 +262,39 @@ def test_interrupted_check_still_writes_what_it_judged(tmp_path, capsys, entries
         assert verdicts[name][0] == "error" and "interrupted" in verdicts[name][1]
     assert "interrupted: 2 kernel entries had no result" in d["failures"]
     assert "interrupted: 2 kernel entries had no result" in cap.err and "fake.ok" in cap.out
+
+
+def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(monkeypatch):
+    """On a GPU host `check` hands an attention entry's cases to the pool in groups of
+    GROUP_CASES (one slow entry spreads over the children); the rows merge the groups back."""
+    from dsv4_numerics import check as check_mod
+    from dsv4_numerics import worker_pool
+    from dsv4_numerics.case_files import load_cases, stage_cases_file
+
+    submitted = {}
+
+    class FakePool:
+        def __init__(self, device, jobs):
+            pass
+
+        def start(self, warm=False):
+            pass
+
+        def submit(self, key, entry, case_names=None, **kw):
+            submitted[key] = (entry, case_names, kw.get("probe"))
+
+        def result(self, key):
+            entry, names, _ = submitted[key]
+            return {n: {"entry": entry, "stage": "decode", "case": n, "verdict": "pass", "rule": "stub"} for n in names}
+
+        def close(self, cancel=False):
+            pass
+
+    monkeypatch.setattr(worker_pool, "IsolatedPool", FakePool)
+    names = [c.name for c in load_cases(stage_cases_file("decode"))]
+    rows, results = check_mod.run_kernels("cuda", ["flashmla.sparse_decode.sm90"], lambda m: None, jobs=2)
+    n = check_mod.GROUP_CASES
+    assert list(submitted) == [f"flashmla.sparse_decode.sm90#{i}" for i in range(-(-len(names) // n))]
+    assert [c for _, cs, _ in submitted.values() for c in cs] == names and all(p for *_, p in submitted.values())
+    (row,) = rows
+    assert row.verdict == "pass" and row.cases == len(names) and [r.case for r in results] == names
