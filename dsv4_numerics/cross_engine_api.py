@@ -14,9 +14,9 @@ the registry's, re-exported as ``dsv4_numerics.compare_writers`` / ``read_foreig
 A writer or reader is a plain callable ``fn(inputs) -> dict`` (as for ``dsv4_numerics.judge``),
 a :class:`~dsv4_numerics.kernels.registry.KernelEntry`, or a registry name. ``policies_*`` declare
 what a callable follows (``reference.policies`` values; for an entry they override its declared
-ones). Writers are ``swa_write`` kernels; readers are ``gather``, ``decode`` or ``prefill``
-kernels (``oracles.cross_engine.READ_CASES``). Bad arguments raise ``InputError`` naming the
-argument.
+ones). Writers are ``swa_write`` kernels; readers are ``gather`` or ``decode`` kernels
+(``oracles.cross_engine.READ_STAGES``; a prefill reads a bf16 workspace, not a paged cache).
+Bad arguments raise ``InputError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def read_foreign(writer: Kernel, reader: Kernel, *, reader_stage: str | None = N
     records it reaches rewritten by ``writer``: one
     :class:`~dsv4_numerics.oracles.cross_engine.ForeignRead` per case (its ``verdict`` and
     ``result`` from the matrix's runner, records rewritten and changed). ``reader_stage``:
-    ``gather`` / ``decode`` / ``prefill`` for a plain-callable reader."""
+    ``gather`` or ``decode`` for a plain-callable reader."""
     fn = "read_foreign"
     reader = _resolve(reader)
     stage = reader_stage if reader_stage is not None else getattr(reader, "stage", None)

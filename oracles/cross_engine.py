@@ -10,7 +10,7 @@ Two questions, each answered with counts and the policies that explain them:
   must be predicted by the reference run under the two entries' declared policies (the reference's
   A-bytes differ from its B-bytes in exactly those positions). ``explained`` is that equality;
   ``policy_differences`` names the policy keys on which the two declarations disagree.
-* :func:`read_foreign` -- a reader's own case (stage ``gather``, ``decode`` or ``prefill``) with
+* :func:`read_foreign` -- a reader's own case (stage ``gather`` or ``decode``) with
   the records its indices reach rewritten by ``writer`` from the bf16 rows those records decode
   to (an exact decode: E4M3 x 2^k and bf16 RoPE lanes are bf16 values), every other byte of the
   case's cache unchanged. The reader is then judged by its own stage on the foreign bytes
@@ -39,11 +39,11 @@ from . import stages as st
 from .matrix import expected_outputs, run_entry
 from .report import Result
 
-# where a read case keeps the cache a writer may rewrite: stage -> (cache key, block size key)
+# where a read case keeps the 584-byte cache a writer may rewrite: stage -> (cache key, block size
+# key). The prefill stage reads a dequantised bf16 workspace, not a paged cache: no reader there.
 READ_STAGES = READ_CACHES = {
     "gather": ("cache", "block_size"),
     "decode": ("swa_cache", "swa_block_size"),
-    "prefill": ("swa_cache", "swa_block_size"),
 }
 
 
@@ -226,11 +226,11 @@ class ForeignRead:
 
 def reached_slots(case: Case) -> torch.Tensor:
     """int64 sorted unique global slots of the cache a read case's kernel reads (its
-    ``READ_CACHES`` cache): the gather's ``written_slots``, the decode's / prefill's valid
-    (``>= 0``) ``swa_indices`` entries."""
+    ``READ_CACHES`` cache): the gather's ``written_slots``, the decode's valid (``>= 0``)
+    ``swa_indices`` entries."""
     if case.stage == "gather":
         s = case.inputs["written_slots"].to(torch.int64).reshape(-1)
-    elif case.stage in ("decode", "prefill"):
+    elif case.stage == "decode":
         idx = case.inputs.get("swa_indices")
         if idx is None:
             return torch.zeros(0, dtype=torch.int64)

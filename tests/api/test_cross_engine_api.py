@@ -61,6 +61,8 @@ def test_bad_arguments_name_the_argument():
         dn.read_foreign(_writer("amax_clamp"), lambda inputs: {})
     with pytest.raises(InputError, match="reader"):
         dn.read_foreign(_writer("amax_clamp"), "vllm_cuda.swa_quant_insert")
+    with pytest.raises(InputError, match="prefill"):  # a prefill reads a bf16 workspace, no paged cache
+        dn.read_foreign(_writer("amax_clamp"), "flashmla.sparse_prefill.sm90")
     with pytest.raises(InputError, match="device"):
         dn.compare_writers(_writer("amax_clamp"), _writer("amax_clamp"), device="warp-drive")
     with pytest.raises(InputError, match="policies"):
