@@ -261,6 +261,7 @@ def rewritten_case(writer: Any, case: Case, device: str | None = None) -> tuple[
     nb, stride = int(cache.shape[0]), int(cache.reshape(cache.shape[0], -1).shape[1])
     cache = cache.reshape(nb, stride)
     slots = reached_slots(case)
+    slots = slots[slots < nb * bs]  # an index past the cache is an invalid entry (index rules), not a record
     if slots.numel() == 0:
         raise UnsupportedCase(f"case {case.name} reaches no record of its {key!r}")
     rows = cm.dequantize_slots(cache, slots, bs)  # exact: every decoded record is a bf16 row

@@ -86,6 +86,18 @@ def test_reader_judged_on_a_foreign_engines_cache(writer, reader, record_propert
 # --------------------------------------------------------------------------- CPU
 
 
+def test_cpu_backend_decode_on_caches_its_own_writer_rewrote():
+    """The same plumbing with production kernels on the CPU runners (vLLM's CPU backend, staged by
+    .ci/run): its 584-byte writer rewrites the records each decode case reaches and its decode is
+    judged on them. The bytes differ from the cases' reference-written ones on some records (the
+    rewrite re-derives each tile's scale from the decoded rows); the decode must pass."""
+    _available("vllm_cpu.qnorm_rope_kv_insert", "vllm_cpu.sparse_decode")
+    w, r = registry.get("vllm_cpu.qnorm_rope_kv_insert"), registry.get("vllm_cpu.sparse_decode")
+    rows = [ce.read_foreign(w, r, c) for c in default_cases("decode")[:READ_CASES]]
+    assert all(x.verdict == "pass" for x in rows), [x.line() for x in rows]
+    assert all(0 < x.changed_records <= x.rewritten_records for x in rows), [x.line() for x in rows]
+
+
 def _writer(engine: str, rule: str) -> MutantEntry:
     """The reference writer under one scale rule, named as an entry of ``engine``."""
     ref = reference_entry("swa_write", {"scale_rule": rule})
