@@ -15,7 +15,7 @@ A writer or reader is a plain callable ``fn(inputs) -> dict`` (as for ``dsv4_num
 a :class:`~dsv4_numerics.kernels.registry.KernelEntry`, or a registry name. ``policies_*`` declare
 what a callable follows (``reference.policies`` values; for an entry they override its declared
 ones). Writers are ``swa_write`` kernels; readers are ``gather`` or ``decode`` kernels
-(``oracles.cross_engine.READ_STAGES``; a prefill reads a bf16 workspace, not a paged cache).
+(``oracles.cross_engine.READ_CACHES``; a prefill reads a bf16 workspace, not a paged cache).
 Bad arguments raise ``InputError`` naming the argument.
 """
 
@@ -90,9 +90,9 @@ def read_foreign(writer: Kernel, reader: Kernel, *, reader_stage: str | None = N
     stage = reader_stage if reader_stage is not None else getattr(reader, "stage", None)
     if stage is None:
         raise InputError(f"{fn}: argument 'reader_stage' is required for a plain-callable reader "
-                         f"(one of {list(ce.READ_STAGES)})")
-    if stage not in ce.READ_STAGES:
-        raise InputError(f"{fn}: argument 'reader' must read a cache of stage {' / '.join(ce.READ_STAGES)}, "
+                         f"(one of {list(ce.READ_CACHES)})")
+    if stage not in ce.READ_CACHES:
+        raise InputError(f"{fn}: argument 'reader' must read a cache of stage {' / '.join(ce.READ_CACHES)}, "
                          f"got stage {stage!r}")
     case_list = _case_list(fn, stage, cases)
     r = _kernel(fn, "reader", reader, stage, reader_policies, case_list, reader_name)

@@ -32,7 +32,7 @@ import torch
 
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.caches import model1 as cm
-from dsv4_numerics.reference.constants import DATA_ROW_BYTES, NOPE_DIM, RECORD_BYTES
+from dsv4_numerics.reference.constants import NOPE_DIM, SCALE_ROW_BYTES
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
 
 from . import stages as st
@@ -41,7 +41,7 @@ from .report import Result
 
 # where a read case keeps the 584-byte cache a writer may rewrite: stage -> (cache key, block size
 # key). The prefill stage reads a dequantised bf16 workspace, not a paged cache: no reader there.
-READ_STAGES = READ_CACHES = {
+READ_CACHES = {
     "gather": ("cache", "block_size"),
     "decode": ("swa_cache", "swa_block_size"),
 }
@@ -67,31 +67,16 @@ def _check_entry(fn: str, arg: str, entry: Any, stages: tuple[str, ...]) -> None
         fail(fn, arg, f"must be an entry of stage {' or '.join(stages)}", f"{entry.name} (stage {entry.stage})")
 
 
-def _record_diffs(diff: torch.Tensor, slots: torch.Tensor, block_size: int,
-                  page_stride: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The defined bytes of ``slots`` in a bool page-byte mask ``diff`` ``[num_blocks, page_stride]``:
-    ``(data [S, 576], scale [S, 7])`` (a page holds its data rows, then its scale rows)."""
-    flat = diff.reshape(-1)
-    page, row = slots // block_size, slots % block_size
-    data0 = page * page_stride + row * DATA_ROW_BYTES
-    scale0 = page * page_stride + block_size * DATA_ROW_BYTES + row * (RECORD_BYTES - DATA_ROW_BYTES)
-    data = flat[data0[:, None] + torch.arange(DATA_ROW_BYTES)[None, :]]
-    scale = flat[scale0[:, None] + torch.arange(RECORD_BYTES - DATA_ROW_BYTES - 1)[None, :]]
-    return data, scale
-
-
-def _part_counts(diff: torch.Tensor, slots: torch.Tensor, block_size: int, page_stride: int) -> dict[str, int]:
-    """Differing defined bytes of ``slots`` by record part: ``nope_fp8`` (448 E4M3 codes),
-    ``rope_bf16`` (64 bf16 lanes = 128 bytes), ``scale`` (7 UE8M0 bytes)."""
-    data, scale = _record_diffs(diff, slots, block_size, page_stride)
-    return {"nope_fp8": int(data[:, :NOPE_DIM].sum()), "rope_bf16": int(data[:, NOPE_DIM:].sum()),
-            "scale": int(scale.sum())}
-
-
-def _records_differing(diff: torch.Tensor, slots: torch.Tensor, block_size: int, page_stride: int) -> int:
-    """How many of ``slots`` have a differing defined byte."""
-    data, scale = _record_diffs(diff, slots, block_size, page_stride)
-    return int((data.any(1) | scale.any(1)).sum())
+def _record_diffs(diff: torch.Tensor, slots: torch.Tensor, block_size: int) -> tuple[dict[str, int], int]:
+    """``(by part, records)`` of a bool page-byte mask ``diff`` over the defined bytes of
+    ``slots``: the marked bytes per record part -- ``nope_fp8`` (448 E4M3 codes), ``rope_bf16`` (64
+    bf16 lanes = 128 bytes), ``scale`` (7 UE8M0 bytes; the pad byte is not defined) -- and how many
+    of ``slots`` have any marked byte. The records are addressed by ``cache_model1.read_records``."""
+    data, scales = cm.read_records(diff.to(torch.uint8), slots, block_size)
+    data, scale = data.bool(), scales[:, : SCALE_ROW_BYTES - 1].bool()
+    parts = {"nope_fp8": int(data[:, :NOPE_DIM].sum()), "rope_bf16": int(data[:, NOPE_DIM:].sum()),
+             "scale": int(scale.sum())}
+    return parts, int((data.any(1) | scale.any(1)).sum())
 
 
 @dataclass
@@ -179,7 +164,7 @@ def compare_writers(writer_a: Any, writer_b: Any, case: Case, device: str | None
     ref_a = expected_outputs(spec, "swa_write", case, fa)["cache"].view(torch.uint8)
     ref_b = expected_outputs(spec, "swa_write", case, fb)["cache"].view(torch.uint8)
     inp = case.inputs
-    bs, stride = int(inp["block_size"]), int(inp["page_stride"])
+    bs = int(inp["block_size"])
     slots = st.written_slots(inp["slot_mapping"], inp["k"].shape[0], pa)
     slots = torch.unique(slots[slots >= 0])
     mask = cm.defined_byte_mask(ref_a, slots, bs)
@@ -190,8 +175,7 @@ def compare_writers(writer_a: Any, writer_b: Any, case: Case, device: str | None
     out.predicted_bytes = int(predicted.sum())
     out.unexplained_bytes = int((observed != predicted).sum())
     out.explained = out.unexplained_bytes == 0
-    out.by_part = _part_counts(observed, slots, bs, stride)
-    out.differing_records = _records_differing(observed, slots, bs, stride)
+    out.by_part, out.differing_records = _record_diffs(observed, slots, bs)
     return out
 
 
@@ -274,7 +258,7 @@ def rewritten_case(writer: Any, case: Case, device: str | None = None) -> tuple[
     if why:
         raise UnsupportedCase(str(why))
     new = _cache_out(fn, writer, wcase, device)
-    changed = _records_differing((new != cache) & cm.defined_byte_mask(cache, slots, bs), slots, bs, stride)
+    _, changed = _record_diffs((new != cache) & cm.defined_byte_mask(cache, slots, bs), slots, bs)
     inputs = dict(case.inputs)
     inputs[key] = new.reshape(case.inputs[key].shape) if case.inputs[key].dtype == torch.uint8 else new
     params = dict(case.params, cache_written_by=writer.name)
