@@ -187,3 +187,20 @@ def load_cases(path: str | Path) -> list:
     import torch
 
     return list(torch.load(path, weights_only=False))
+
+
+def grouped_stage(stage: str) -> bool:
+    """Whether :func:`case_groups` splits ``stage``'s cases (the attention stages)."""
+    from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
+
+    return stage in FAST_ORACLE_STAGES
+
+
+def case_groups(stage: str, names: list[str], size: int) -> list[list[str]]:
+    """``names`` (a stage's cases, in order) cut into runs of at most ``size`` cases for the
+    attention stages (``oracles.stages.FAST_ORACLE_STAGES``: the slowest to judge, and kernels
+    that autotune per shape), each run one isolated job, so one slow entry spreads over several
+    children or workers (the pytest matrix, ``check``). Other stages, or ``size < 1``: one run."""
+    if not grouped_stage(stage) or size < 1:
+        return [list(names)]
+    return [list(names[i:i + size]) for i in range(0, len(names), size)] or [[]]

@@ -108,12 +108,11 @@ GROUP_CASES = int(os.environ.get("DSV4_MATRIX_GROUP_CASES", "4") or 4)
 
 
 def case_groups(entry, names: list[str]) -> list[list[str]]:
-    """``names`` (the entry's stage cases, in order) cut into the groups its matrix items run in."""
-    from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
+    """``names`` (the entry's stage cases, in order) cut into the groups its matrix items run in
+    (``case_files.case_groups`` with ``GROUP_CASES``)."""
+    from dsv4_numerics.case_files import case_groups as groups
 
-    if entry.stage not in FAST_ORACLE_STAGES or GROUP_CASES < 1:
-        return [list(names)]
-    return [list(names[i:i + GROUP_CASES]) for i in range(0, len(names), GROUP_CASES)] or [[]]
+    return groups(entry.stage, names, GROUP_CASES)
 
 
 def group_name(entry_name: str, group: int, groups: int) -> str:
