@@ -220,10 +220,11 @@ def cache_geometries(draw, max_blocks: int = 6, block_sizes=(1, 2, 3, 5, 16, 53,
 
 
 def _garbage_cache(seed: int, num_blocks: int, page_stride: int) -> torch.Tensor:
-    """uint8 ``[num_blocks, page_stride]`` of seeded random bytes: the stale pages a writer
-    writes into (every byte it must not touch is checked by the judges)."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (num_blocks, page_stride), generator=g, dtype=torch.uint8)
+    """uint8 ``[num_blocks, page_stride]`` of seeded random bytes (the default cases' stale pages,
+    ``reference.cases.cache``): what a writer writes into (every byte it must not touch is checked)."""
+    from dsv4_numerics.reference.cases.cache import _garbage
+
+    return _garbage(torch.Generator().manual_seed(seed), (num_blocks, page_stride))
 
 
 @st.composite
