@@ -75,6 +75,17 @@ def _child_env() -> dict:
     return env
 
 
+def entry_or_skip(name: str):
+    """The registry entry ``name``, or a skip of the calling test with its probe's reason."""
+    from dsv4_numerics.kernels import registry
+
+    entry = registry.get(name)
+    ok, reason = entry.available()
+    if not ok:
+        pytest.skip(f"{name}: {reason}")
+    return entry
+
+
 @pytest.fixture(scope="session")
 def kernel_session():
     """This xdist worker's long-lived kernel child (``worker_pool.WorkerSession``), closed at

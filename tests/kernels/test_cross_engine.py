@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import cross_engine as ce
@@ -25,6 +24,7 @@ from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import InputError
 
 from ..mutants import MutantEntry, reference_entry
+from .conftest import entry_or_skip
 
 WRITERS = ["sglang.store_jit", "vllm_cuda.swa_quant_insert", "vllm_triton.quantize_and_insert_k_cache"]
 READERS = ["vllm_triton.dequantize_and_gather_k_cache", "sglang.dequantize_k_cache_paged_dsv4",
@@ -43,20 +43,14 @@ def _read_pairs():
     return [(w, r) for w in WRITERS for r in READERS if ce.engine(registry.get(w)) != ce.engine(registry.get(r))]
 
 
-def _available(*names):
-    for n in names:
-        ok, why = registry.get(n).available()
-        if not ok:
-            pytest.skip(f"{n}: {why}")
-
-
 # --------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("a,b", _writer_pairs(), ids=lambda n: n)
 def test_writers_of_two_engines_differ_only_where_their_policies_do(a, b, record_property):
-    _available(a, b)
+    for n in (a, b):
+        entry_or_skip(n)
     rows = [ce.compare_writers(registry.get(a), registry.get(b), c, device="cuda")
             for c in default_cases("swa_write")]
     record_property("cross_engine", json.dumps([r.to_dict() for r in rows]))
@@ -71,7 +65,8 @@ def test_writers_of_two_engines_differ_only_where_their_policies_do(a, b, record
 @pytest.mark.gpu
 @pytest.mark.parametrize("writer,reader", _read_pairs(), ids=lambda n: n)
 def test_reader_judged_on_a_foreign_engines_cache(writer, reader, record_property):
-    _available(writer, reader)
+    for n in (writer, reader):
+        entry_or_skip(n)
     w, r = registry.get(writer), registry.get(reader)
     rows = [ce.read_foreign(w, r, c, device="cuda") for c in default_cases(r.stage)[:READ_CASES]]
     record_property("cross_engine", json.dumps([x.to_dict() for x in rows]))
@@ -91,8 +86,7 @@ def test_cpu_backend_decode_on_caches_its_own_writer_rewrote():
     .ci/run): its 584-byte writer rewrites the records each decode case reaches and its decode is
     judged on them. The bytes differ from the cases' reference-written ones on some records (the
     rewrite re-derives each tile's scale from the decoded rows); the decode must pass."""
-    _available("vllm_cpu.qnorm_rope_kv_insert", "vllm_cpu.sparse_decode")
-    w, r = registry.get("vllm_cpu.qnorm_rope_kv_insert"), registry.get("vllm_cpu.sparse_decode")
+    w, r = entry_or_skip("vllm_cpu.qnorm_rope_kv_insert"), entry_or_skip("vllm_cpu.sparse_decode")
     rows = [ce.read_foreign(w, r, c) for c in default_cases("decode")[:READ_CASES]]
     assert all(x.verdict == "pass" for x in rows), [x.line() for x in rows]
     assert all(0 < x.changed_records <= x.rewritten_records for x in rows), [x.line() for x in rows]

@@ -35,6 +35,7 @@ from dsv4_numerics.strategies import gather_cases, kv_norm_rope_store_cases, rop
 from dsv4_numerics.strategies_v41 import v41_write_cases
 
 from .test_sglang import _sglang_norm_rope_store, _sglang_requant_gather, _sglang_v4_dequant
+from .conftest import entry_or_skip
 
 STORE_PAGES = (16, 64)  # power-of-two pages only (the store's compile-time page size), two compiles
 V41_PAGES = (2, 64)
@@ -49,49 +50,41 @@ def _judged(entry, case, device: str) -> None:
     assert r.verdict == "pass", r.line()
 
 
-def _live(name: str):
-    entry = registry.get(name)
-    ok, why = entry.available()
-    if not ok:
-        pytest.skip(f"{name}: {why}")
-    return entry
-
-
 # --------------------------------------------------------------------------- GPU
 
 
 @pytest.mark.gpu
 @given(case=swa_write_cases(block_sizes=STORE_PAGES))
 def test_store_jit_on_drawn_pages_slots_and_magnitudes(case):
-    _judged(_live("sglang.store_jit"), case, "cuda")
+    _judged(entry_or_skip("sglang.store_jit"), case, "cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", V41_STORES)
 @given(case=v41_write_cases(block_sizes=V41_PAGES))
 def test_v41_stores_on_drawn_records_pages_and_magnitudes(name, case):
-    _judged(_live(name), case, "cuda")
+    _judged(entry_or_skip(name), case, "cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", GATHERS)
 @given(case=gather_cases())
 def test_gathers_on_drawn_tables_windows_and_magnitudes(name, case):
-    _judged(_live(name), case, "cuda")
+    _judged(entry_or_skip(name), case, "cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(ROPES))
 @given(data=st.data())
 def test_rope_on_drawn_tables_positions_and_magnitudes(name, data):
-    entry = _live(name)
+    entry = entry_or_skip(name)
     _judged(entry, data.draw(rope_cases(inverse=ROPES[name])), "cuda")
 
 
 @pytest.mark.gpu
 @given(case=kv_norm_rope_store_cases())
 def test_kv_norm_rope_store_on_drawn_pools_and_slots(case):
-    _judged(_live("sglang.kv_norm_rope_store"), case, "cuda")
+    _judged(entry_or_skip("sglang.kv_norm_rope_store"), case, "cuda")
 
 
 # --------------------------------------------------------------------------- CPU

@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles.bytes_diff import diff_model1
 from dsv4_numerics.reference.caches.model1 import insert
 from dsv4_numerics.reference.cases import Case
@@ -39,6 +38,7 @@ from dsv4_numerics.reference.pipeline.compressor import compressor_boundary
 from dsv4_numerics.reference.constants import HEAD_DIM, NOPE_DIM, RECORD_BYTES, TILE, TINY_TILE_AMAX
 
 from .test_fuzz_writers import CompressorSpec
+from .conftest import entry_or_skip
 
 # Per NoPE tile: the RMSNorm weight factor (normed |x| is up to ~4, so tile amax ~ 4 * factor):
 # a normal tile, then tiles well inside the tiny range, at the 1e-4 floor, and an all-zero tile.
@@ -114,19 +114,11 @@ def test_cross_reference_only_names_scale_rule():
     assert all(min(y[1:]) >= 114 for y in s) and min(min(x[1:]) for x in a) < 114
 
 
-def _entry_or_skip(name: str):
-    e = registry.get(name)
-    ok, reason = e.available()
-    if not ok:
-        pytest.skip(f"{name}: {reason}")
-    return e
-
-
 @pytest.mark.sm90
 @pytest.mark.gpu
 def test_cross_real_compressor_and_swa_writer():
-    comp = _entry_or_skip("cutedsl.compressor")
-    swa = _entry_or_skip("vllm_triton.quantize_and_insert_k_cache")
+    comp = entry_or_skip("cutedsl.compressor")
+    swa = entry_or_skip("vllm_triton.quantize_and_insert_k_cache")
     inputs, dense = _inputs()
     rows, slots = _boundary_rows(inputs, dense, "separate")
     amax = _tile_amax(rows)
