@@ -95,7 +95,7 @@ from dsv4_numerics.reference.policies import (
 
 from .probe import chain, needs_arch
 from .registry import KernelEntry
-from .vllm_cuda import clone_storage
+from .vllm_cuda import clone_storage, identity_cos_sin_cache
 from .vllm_triton import _call_index, _fn, combine_args, flashinfer_mixed_args, gather_args, int32, staged_triton_probe, topk_global_args
 
 __all__ = [
@@ -176,11 +176,6 @@ def _call_qins_mxfp8(case: Case) -> dict:
     return {"cache": a["owner"]}
 
 
-def _identity_cos_sin(device: torch.device) -> torch.Tensor:
-    """fp32 ``[1, 64]``: cos = 1, sin = +0 (RoPE table row for position 0)."""
-    return torch.cat([torch.ones(1, ROPE_DIM // 2), torch.zeros(1, ROPE_DIM // 2)], dim=1).to(device)
-
-
 def _call_rope_insert(record: V41Record) -> Callable[[Case], dict]:
     def call(case: Case) -> dict:
         _record_of("vllm_v41.rope_quant_insert", case, record)
@@ -188,7 +183,7 @@ def _call_rope_insert(record: V41Record) -> Callable[[Case], dict]:
         n = a["k"].shape[0]
         if a["slot_mapping"].numel():
             _fn(V41_COMPRESS, "rope_quant_insert")(
-                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), _identity_cos_sin(a["k"].device),
+                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), identity_cos_sin_cache(1, a["k"].device),
                 a["view"], a["slot_mapping"], compress_ratio=1)
         return {"cache": a["owner"]}
 
