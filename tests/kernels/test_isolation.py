@@ -216,6 +216,22 @@ def test_each_job_gets_the_environment_it_asks_for(tmp_path):
         assert seen[0][1] != seen[1][1] and seen[1][1] == seen[2][1] and sess.starts == 2
 
 
+
+def test_pytests_per_test_variable_never_restarts_the_child(tmp_path):
+    """pytest rewrites PYTEST_CURRENT_TEST before every test: a matrix item asking for "this
+    process's environment" must still find the child the previous item used (it restarted for
+    every item once: ~5-15 s of imports and CUDA context per matrix item on a GPU host)."""
+    path, names = _entry(tmp_path, "p", ["env"])
+    with wp.WorkerSession(workdir=str(tmp_path / "s")) as sess:
+        pids = []
+        for k in range(3):
+            env = dict(os.environ, PYTEST_CURRENT_TEST=f"tests/x.py::test_{k} (call)")
+            run_isolated(FAKE, names, device="cpu", cases_file=path, mode="raw", workdir=str(tmp_path / f"w{k}"),
+                         env=env, session=sess)
+            pids.append(_pids(tmp_path / f"w{k}")[names[0]])
+        assert len(set(pids)) == 1 and sess.starts == 1
+        assert "PYTEST_CURRENT_TEST" not in sess.env
+
 def test_reuse_off_gives_every_entry_a_child_of_its_own(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_KERNEL_REUSE", "0")
     path, names = _entry(tmp_path, "r", ["ok"])
