@@ -162,3 +162,30 @@ if _TIMELINE:
         t0 = _time.time()
         yield
         _timeline_write(t0, _time.time(), "collection", "-")
+
+
+# ----------------------------------------------------------------------------- device faults
+# A kernel launched in this process that faults (an illegal address) is reported by CUDA at the
+# next synchronising call, which may belong to the NEXT test: the culprit passes and an innocent
+# test fails with "an illegal memory access was encountered" at its first `.to("cuda")`, and so
+# does every later GPU test of this xdist worker (the context is lost). Synchronising after each
+# test's call phase, wherever this process has a CUDA context, pins the fault on the test that
+# launched the kernel.
+_DEVICE_FAULT: list[str] = []  # the test after which this process's device faulted
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    torch = __import__("sys").modules.get("torch")
+    if _DEVICE_FAULT or torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return result
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any asynchronous device error
+        _DEVICE_FAULT.append(item.nodeid)
+        raise RuntimeError(f"a device fault surfaced at the end of this test (a kernel it launched "
+                           f"faulted asynchronously; later GPU tests of this process fail with it): "
+                           f"{type(e).__name__}: {e}") from e
+    return result
+

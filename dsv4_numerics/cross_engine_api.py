@@ -16,7 +16,8 @@ a :class:`~dsv4_numerics.kernels.registry.KernelEntry`, or a registry name. ``po
 what a callable follows (``reference.policies`` values; for an entry they override its declared
 ones). Writers are ``swa_write`` kernels; readers are ``gather`` or ``decode`` kernels
 (``oracles.cross_engine.READ_CACHES``; a prefill reads a bf16 workspace, not a paged cache).
-Bad arguments raise ``InputError`` naming the argument.
+``device`` (default): ``cuda`` when a GPU is visible and either side is a GPU entry of the
+registry, else the CPU. Bad arguments raise ``InputError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ def _kernel(fn_name: str, arg: str, fn: Kernel, stage: str, policies: Any, cases
     return _entry(f"{fn_name} ({arg})", _resolve(fn), stage, policies, cases, name)
 
 
-def _device(fn_name: str, device: Any) -> str | None:
+def _device(fn_name: str, device: Any, *kernels: Kernel) -> str | None:
+    """``device`` checked; None: ``cuda`` when a GPU is visible and one of ``kernels`` is an entry
+    of the registry (or entry-like) that runs on a GPU (its ``archs`` not CPU-only), else None
+    (the CPU: plain callables get CPU tensors, as with ``dsv4_numerics.judge``)."""
     if device is None:
-        return None
+        from dsv4_numerics.kernels.probe import runs_on_cpu
+
+        gpu = any(getattr(k, "archs", None) and not runs_on_cpu(k.archs) for k in kernels)
+        return "cuda" if gpu and torch.cuda.is_available() else None
     try:
         return str(torch.device(device))
     except (RuntimeError, TypeError) as e:
@@ -70,9 +77,10 @@ def compare_writers(writer_a: Kernel, writer_b: Kernel, *, policies_a: dict | No
     where a writer refuses the case)."""
     fn = "compare_writers"
     case_list = _case_list(fn, WRITER_STAGE, cases)
+    writer_a, writer_b = _resolve(writer_a), _resolve(writer_b)
     a = _kernel(fn, "writer_a", writer_a, WRITER_STAGE, policies_a, case_list, name_a)
     b = _kernel(fn, "writer_b", writer_b, WRITER_STAGE, policies_b, case_list, name_b)
-    dev = _device(fn, device)
+    dev = _device(fn, device, writer_a, writer_b)
     return [ce.compare_writers(a, b, c, device=dev) for c in case_list]
 
 
@@ -96,8 +104,9 @@ def read_foreign(writer: Kernel, reader: Kernel, *, reader_stage: str | None = N
                          f"got stage {stage!r}")
     case_list = _case_list(fn, stage, cases)
     r = _kernel(fn, "reader", reader, stage, reader_policies, case_list, reader_name)
+    writer = _resolve(writer)
     w = _kernel(fn, "writer", writer, WRITER_STAGE, writer_policies, [], writer_name)
-    dev = _device(fn, device)
+    dev = _device(fn, device, writer, reader)
     return [ce.read_foreign(w, r, c, device=dev) for c in case_list]
 
 

@@ -67,3 +67,16 @@ def test_bad_arguments_name_the_argument():
         dn.compare_writers(_writer("amax_clamp"), _writer("amax_clamp"), device="warp-drive")
     with pytest.raises(InputError, match="policies"):
         dn.compare_writers(_writer("amax_clamp"), _writer("amax_clamp"), policies_a={"scale_rule": "nope"})
+
+
+def test_the_default_device_is_the_gpu_for_a_gpu_entry_and_the_cpu_otherwise(monkeypatch):
+    from dsv4_numerics import cross_engine_api as api
+    from dsv4_numerics.kernels import registry
+
+    gpu_entry, cpu_entry = registry.get("flashmla.sparse_decode.sm90"), reference_entry("gather")
+    monkeypatch.setattr(api.torch.cuda, "is_available", lambda: True)
+    assert api._device("read_foreign", None, _writer("amax_clamp"), gpu_entry) == "cuda"
+    assert api._device("read_foreign", None, _writer("amax_clamp"), cpu_entry) is None
+    assert api._device("read_foreign", "cpu", gpu_entry) == "cpu"
+    monkeypatch.setattr(api.torch.cuda, "is_available", lambda: False)
+    assert api._device("read_foreign", None, gpu_entry) is None  # the entry's probe then skips it
