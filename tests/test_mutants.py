@@ -57,6 +57,7 @@ def _table(rows):
     return "\n".join(lines)
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_every_mutant_is_caught(matrix_results, capsys):
     assert len(MUTANTS) >= 20
     rows, survivors = [], []

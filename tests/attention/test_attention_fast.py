@@ -282,14 +282,32 @@ def test_fast_within_bound_under_hypothesis(prob):
 # ----------------------------------------------------------------------------- verdicts
 
 
-@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
-@pytest.mark.parametrize("stage", ["decode", "prefill"])
-def test_matrix_verdicts_identical_under_both_modes(stage):
+# Each stage's entries (both reference entries, then the stage's mutants) in chunks of at most
+# this many, one test each: the decode stage in one test was the GPU suite's longest (44 s on a
+# loaded 16-core GPU host, 13.6 s alone on a 2-core CPU).
+_VERDICT_CHUNK = 6
+_VERDICT_MEMO: dict[str, dict] = {}  # per stage: reference outputs shared by this process's chunks
+
+
+def _verdict_entries(stage: str) -> list:
+    memo = _VERDICT_MEMO.setdefault(stage, {})  # reference outputs per (case, policies, oracle mode)
+    return ([reference_entry(stage, memo=memo), reference_entry(stage, bf16_p=True, memo=memo)]
+            + [m for m in MUTANTS if m.stage == stage])
+
+
+_VERDICT_PARAMS = [(s, i) for s in ("decode", "prefill")
+                   for i in range(-(-(2 + sum(m.stage == s for m in MUTANTS)) // _VERDICT_CHUNK))]
+
+
+@pytest.mark.slow  # scheduled first under xdist (root conftest): among the suite's longer tests
+@pytest.mark.parametrize("stage,chunk", _VERDICT_PARAMS, ids=[f"{s}-{i}" for s, i in _VERDICT_PARAMS])
+def test_matrix_verdicts_identical_under_both_modes(stage, chunk):
     cases = default_cases(stage)
-    memo: dict = {}  # reference outputs per (case, policies, oracle mode): each computed once
-    entries = [reference_entry(stage, memo=memo), reference_entry(stage, bf16_p=True, memo=memo)]
-    entries += [m for m in MUTANTS if m.stage == stage]
+    memo = _VERDICT_MEMO.setdefault(stage, {})
+    entries = _verdict_entries(stage)
     assert len(entries) >= 3
+    entries = entries[chunk * _VERDICT_CHUNK:(chunk + 1) * _VERDICT_CHUNK]
+    assert entries
     # the reference entries on every case; the sweep mutants on the sweep cases (magnitudes, page
     # sizes, long top-k: params["dimension"]), the other mutants on the layer simulation's (time)
     sweep = [c for c in cases if "dimension" in c.params]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.plugin.test_plugin import _pytest, _suite
 
 SUITE = {
@@ -69,6 +71,7 @@ def _counts(stdout: str) -> dict[str, int]:
     return {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", line)}
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_report_counts_equal_pytests_and_failures_are_never_lost(tmp_path):
     _suite(tmp_path, SUITE)
     r = _pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2")
