@@ -150,6 +150,18 @@ def test_import_and_list_via_cli(tmp_path, toy, capsys):
     assert "6 pinned" in out
 
 
+def _run_here(capsys, *args) -> subprocess.CompletedProcess:
+    """``dsv4-numerics ARGS`` through ``cli.main`` in this process: exit status (argparse's
+    ``SystemExit`` included), stdout and stderr, as :func:`_run` gives them."""
+    capsys.readouterr()
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 2
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), rc, out, err)
+
+
 def _run(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "dsv4_numerics.cli", *args], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
@@ -166,13 +178,15 @@ def _run(*args, cwd=None):
     ("none", ["bench"], "the following arguments are required"),
     ("corrupt-file", ["fixtures", "list", "--root", "{root}"], ""),
 ])
-def test_user_errors_end_in_one_line_without_traceback(tmp_path, setup, args, msg):
+def test_user_errors_end_in_one_line_without_traceback(tmp_path, setup, args, msg, capsys):
+    # in this process (``main`` is what the console script runs; test_version_and_help runs the real
+    # process): a subprocess per case spent ~5 s importing torch on a loaded GPU host
     if setup == "bad-manifest":
         (tmp_path / "manifest.json").write_text('{"schema": 1, "fixtures": ')
     if setup == "corrupt-file":  # list reads only the manifest: it must still work
         golden.regen(tmp_path, toy_catalog())
         _corrupt(tmp_path)
-    r = _run(*[a.format(root=tmp_path) for a in args])
+    r = _run_here(capsys, *[a.format(root=tmp_path) for a in args])
     if setup == "corrupt-file":
         assert r.returncode == 0, r.stderr
         return

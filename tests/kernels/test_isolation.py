@@ -23,6 +23,13 @@ from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
 
 FAKE = "tests.kernels._fake_entries:FAKE"
+
+
+@pytest.fixture(autouse=True)
+def _children_without_a_device_context(monkeypatch):
+    """These fakes run on the CPU: their children skip the CUDA context a GPU host would give each
+    of the ~40 children these tests start (worker_child.CHILD_DEVICE_ENV)."""
+    monkeypatch.setenv(wp.CHILD_DEVICE_ENV, "cpu")
 JUDGE = "tests.kernels._fake_entries:fake_judge"
 
 
