@@ -81,6 +81,11 @@ except ImportError:  # hypothesis is in the `test` extra; the CLI does not need 
 
 def pytest_configure(config):
     _plugin.register_arch_markers(config, "")
+    # keep the collection order (longest_first) when handing scopes out: pytest-xdist's loadscope /
+    # loadgroup scheduler otherwise re-sorts them by test count, so every multi-test group went
+    # before the single long tests, which then ran last (the 2-GPU run's 23 s tail)
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
 
 

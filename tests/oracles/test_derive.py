@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from dsv4_numerics.oracles import derive
@@ -54,6 +55,7 @@ def test_arch_records_are_scoped_overrides(tmp_path):
     assert t.lookup("any.kernel", "out", arch="sm90").kind == "default"
 
 
+@pytest.mark.slow  # scheduled first under xdist (root conftest): 9-11 s on a loaded GPU host
 def test_shipped_records_are_what_derive_gives():
     # tolerances.jsonl must be the output of `derive --seeds 3` (header says so): no hand edits
     import json
