@@ -86,14 +86,30 @@ def entry_or_skip(name: str):
     return entry
 
 
+def _new_session():
+    from dsv4_numerics.worker_pool import WorkerSession
+
+    _SESSION.append(WorkerSession(_child_env(), workdir=_workdir("session")))
+    return _SESSION[0]
+
+
+def pytest_collection_finish(session):
+    """Start this worker's kernel child as soon as its items are known, when any of them runs a
+    kernel in it (the matrix): the child's start-up (torch, the device context, the staged kernels;
+    5-10 s on a loaded GPU host) then overlaps the long tests the worker runs first instead of
+    delaying its first matrix item."""
+    if _SESSION or not any(it.nodeid.startswith("tests/kernels/test_matrix.py::test_kernel_case[")
+                           and not it.get_closest_marker("skip") for it in session.items):
+        return
+    _new_session().warm()
+
+
 @pytest.fixture(scope="session")
 def kernel_session():
     """This xdist worker's long-lived kernel child (``worker_pool.WorkerSession``), closed at
     the end of the session (and by ``worker_pool``'s exit hook if the session is cut short)."""
-    from dsv4_numerics.worker_pool import WorkerSession
-
     if not _SESSION:
-        _SESSION.append(WorkerSession(_child_env(), workdir=_workdir("session")))
+        _new_session()
     yield _SESSION[0]
     _SESSION.pop().close()
 
