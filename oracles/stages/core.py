@@ -363,6 +363,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         q = _e4m3_values(q)
     if _flag(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
+    dsegs = None  # under the fast oracle: the segments on the oracle's device
     if _pol(policies, "oracle", ORDERED) == FAST:
         from dsv4_numerics.reference.attention.fast import fast_sparse_attention
         from dsv4_numerics.reference.attention.ordered import OracleOut
@@ -385,10 +386,16 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
            "_logit_scale": logit_scale(q, segs, inp["scale"]), "_oracle": oracle}
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
-        csegs = [Segment(s.rows.to(q.device), s.idx.to(q.device), None if s.length is None else s.length.to(q.device),
-                         s.rule) for s in segs]  # the ordered oracle runs where q is (the CPU)
-        out["_same_precision"] = sparse_attention(q, csegs, inp["scale"], sink, nan_policy=nan,
-                                                  mode=AttentionMode.BF16_P).out
+        # the same-precision emulation is the ORDERED oracle (bf16 P), whose bits are the same on every
+        # device (tests/attention/test_gpu.py): under the fast oracle it runs where the fast one ran --
+        # on one CPU thread of a kernel child it took 50-78 s per full-set case at batch 321
+        # (top-576 + 2048), on the GPU a fraction of a second
+        where = dsegs[0].rows.device if dsegs else q.device
+        csegs = dsegs if dsegs else [Segment(s.rows.to(where), s.idx.to(where),
+                                             None if s.length is None else s.length.to(where), s.rule) for s in segs]
+        out["_same_precision"] = sparse_attention(q.to(where), csegs, inp["scale"],
+                                                  None if sink is None else sink.to(where), nan_policy=nan,
+                                                  mode=AttentionMode.BF16_P).out.cpu()
     if _flag(policies, "output_inv_roped"):
         out = _inv_roped(case, policies, out)
     return out
