@@ -25,6 +25,7 @@ visibility. ``.ci/gpu-matrix`` relies on it.
 from __future__ import annotations
 
 import os
+import sys
 
 from dsv4_numerics import pytest_plugin as _plugin
 
@@ -182,7 +183,7 @@ _DEVICE_FAULT: list[str] = []  # the test after which this process's device faul
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     result = yield
-    torch = __import__("sys").modules.get("torch")
+    torch = sys.modules.get("torch")  # never imported here: a process without torch has no CUDA work
     if _DEVICE_FAULT or torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return result
     try:

@@ -47,8 +47,9 @@ def _resolve(fn: Kernel) -> Kernel:
 
 def _kernel(fn_name: str, arg: str, fn: Kernel, stage: str, policies: Any, cases: list[Case],
             name: str | None) -> JudgedEntry:
-    """``fn`` (a callable, an entry or a registry name) as the judged entry of ``stage``."""
-    return _entry(f"{fn_name} ({arg})", _resolve(fn), stage, policies, cases, name)
+    """``fn`` (a callable or an entry; a registry name is :func:`_resolve`-d by the caller first) as the
+    judged entry of ``stage``."""
+    return _entry(f"{fn_name} ({arg})", fn, stage, policies, cases, name)
 
 
 def _device(fn_name: str, device: Any, *kernels: Kernel) -> str | None:
