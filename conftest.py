@@ -25,6 +25,7 @@ visibility. ``.ci/gpu-matrix`` relies on it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import sys
 
 from dsv4_numerics import pytest_plugin as _plugin
@@ -87,7 +88,56 @@ def pytest_configure(config):
     # before the single long tests, which then ran last (the 2-GPU run's 23 s tail)
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    _prefer_loadgroup(config)
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
+    _start_kernel_broker(config)
+
+
+def _prefer_loadgroup(config) -> None:
+    """``pytest -n N`` without ``--dist`` runs here as ``--dist loadgroup``. xdist's default
+    ``load`` hands each worker a consecutive quarter of its share first (items 0-263 of 2118 to
+    one worker on 2 CPUs): with the longest units first that worker got every long test and ran
+    199 s while the other was done at 41 s. ``loadgroup`` hands out one unit (a test, or a whole
+    ``xdist_group``: a matrix case group, run in one kernel child) at a time, in collection order."""
+    if getattr(config.option, "dist", "no") != "load":
+        return
+    given = [str(a) for a in config.invocation_params.args] + os.environ.get("PYTEST_ADDOPTS", "").split()
+    given += [str(a) for a in (config.getini("addopts") or [])]
+    if not any(a == "--dist" or a.startswith("--dist=") for a in given):
+        config.option.dist = "loadgroup"
+
+
+# ----------------------------------------------------------------------------- kernel broker
+# Under `pytest -n N` on a GPU host the controller shares a few kernel children per GPU between all
+# workers (dsv4_numerics/worker_broker.py: every CUDA context costs the whole host ~0.3 s of
+# serialised driver time, and one child per worker doubled the contexts). DSV4_KERNEL_BROKER=off
+# gives every worker its own child again.
+_BROKER: list = []
+
+
+def _start_kernel_broker(config) -> None:
+    if hasattr(config, "workerinput") or _BROKER:
+        return  # an xdist worker (it uses the controller's broker), or started already
+    workers = getattr(config.option, "numprocesses", None)
+    if not isinstance(workers, int) or getattr(config.option, "dist", "no") == "no":
+        return
+    from dsv4_numerics import worker_broker
+
+    broker = worker_broker.maybe_start(workers)
+    if broker is not None:
+        _BROKER.append(broker)
+
+
+def pytest_unconfigure(config):
+    while _BROKER:
+        _BROKER.pop().close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    for b in _BROKER:
+        where = f"{len(b.gpus)} GPU(s) ({b.per_gpu} each)" if b.gpus else f"the CPU ({b.per_gpu})"
+        terminalreporter.write_line(f"kernel broker: {b.jobs_served} matrix jobs in {b.children_started} "
+                                    f"kernel children on {where}")
 
 
 def hardware() -> dict:
@@ -109,28 +159,55 @@ def _group(item) -> str | None:
     return (m.kwargs.get("name") or (m.args[0] if m.args else None)) if m else None
 
 
-def longest_first(items) -> None:
+# Measured seconds per scheduling unit (a test, or a whole xdist group as "@GROUP") on a GPU host:
+# ``python -m dsv4_numerics.timeline --durations junit.xml > tests/durations.json`` from a
+# ``.ci/gpu-matrix`` run's junit.xml (README, "GPU runner recipe"). Units under 0.3 s are absent.
+DURATIONS_FILE = Path(__file__).resolve().parent / "tests" / "durations.json"
+SLOW_DEFAULT_S = 10.0  # a `slow` test the durations file does not know yet
+
+
+def _durations() -> dict[str, float]:
+    import json
+
+    try:
+        data = json.loads(DURATIONS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float))}
+
+
+def longest_first(items, durations: dict[str, float] | None = None) -> None:
     """Schedule the long units first (in place, deterministic): pytest-xdist hands scopes out in
-    collection order, and a 30 s test or a 6-case kernel group (one child, one worker) that comes
-    last is the run's tail -- on one H200 the last worker finished 26 s after the median one
-    (``.ci/gpu-scaling``'s timeline). Order: tests marked ``slow`` (single tests of 15-35 s on a
-    loaded GPU host); then xdist groups that hold at least one runnable item, largest first;
-    then the rest as collected. Skipped items keep their relative place."""
-    sizes: dict[str, int] = {}
-    for it in items:
-        g = _group(it)
-        if g is not None and not it.get_closest_marker("skip"):
-            sizes[g] = sizes.get(g, 0) + 1
+    collection order (one unit per test, or per ``xdist_group``), so a 12 s test that comes last
+    is the run's tail -- on one H100 the last worker finished 9.8 s after the median one with only
+    the ``slow`` tests first (``.ci/gpu-scaling``'s timeline). Longest processing time first: each
+    unit's seconds from ``durations`` (default: ``tests/durations.json``, measured on a GPU host;
+    :func:`dsv4_numerics.timeline.unit_key`), a ``slow`` test it does not know counts
+    ``SLOW_DEFAULT_S``, an unknown group its runnable items' count times 0.3 s, anything else 0;
+    skipped items count 0. Equal estimates keep the collected order."""
+    from dsv4_numerics.timeline import unit_key
 
-    def key(it):  # list.sort is stable: items of equal key keep their collected order
+    known = _durations() if durations is None else durations
+    first: dict[str, int] = {}
+    est: dict[str, float] = {}
+    for i, it in enumerate(items):
         g = _group(it)
-        if it.get_closest_marker("slow") and not it.get_closest_marker("skip"):
-            return (0, 0, "")
-        if g in sizes:
-            return (1, -sizes[g], g)
-        return (2, 0, "")
-
-    items.sort(key=key)
+        unit = unit_key(it.nodeid, g)
+        first.setdefault(unit, i)
+        if it.get_closest_marker("skip"):
+            est.setdefault(unit, 0.0)
+            continue
+        if unit in known:
+            est[unit] = known[unit]
+        elif it.get_closest_marker("slow"):
+            est[unit] = max(est.get(unit, 0.0), SLOW_DEFAULT_S)
+        elif g is not None:
+            est[unit] = est.get(unit, 0.0) + 0.3
+        else:
+            est.setdefault(unit, 0.0)
+    order = {id(it): (-est[unit_key(it.nodeid, _group(it))], first[unit_key(it.nodeid, _group(it))], i)
+             for i, it in enumerate(items)}
+    items.sort(key=lambda it: order[id(it)])
 
 
 @pytest.fixture

@@ -6,6 +6,10 @@ the run's last test end, minus its test time) and the tail (the last worker's fi
 median worker's), and the longest tests: the breakdown of .ci/gpu-scaling's runs. With
 ``--report REPORT.json``: the judged cases' kernel-call, reference and comparison seconds per
 family and stage (:func:`judged_time`).
+
+``python -m dsv4_numerics.timeline --durations JUNIT.xml [...]`` prints the scheduling units'
+measured seconds as JSON (:func:`unit_durations`): the repository's ``tests/durations.json``,
+which the root conftest's ``longest_first`` reads to hand the longest units out first.
 """
 
 from __future__ import annotations
@@ -98,8 +102,47 @@ def judged_time(report: str | Path, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def unit_key(nodeid: str, group: str | None = None) -> str:
+    """The scheduling unit of a test: ``@GROUP`` for a test of an ``xdist_group`` (the group runs
+    on one worker as one unit), else the node id without any ``@group`` suffix."""
+    return f"@{group}" if group else nodeid.split("@", 1)[0]
+
+
+def unit_durations(junit_paths: list[str | Path], floor_s: float = 0.3) -> dict[str, float]:
+    """``{unit: seconds}`` from pytest JUnit XML files (``--junitxml``): each test's time summed per
+    scheduling unit (:func:`unit_key`; a name's ``@GROUP`` suffix, which pytest-xdist adds to the
+    tests of a group, names the group), the mean over the files where a unit appears in several,
+    rounded to 0.1 s; units under ``floor_s`` are left out (their order does not matter)."""
+    import xml.etree.ElementTree as ET
+
+    runs: dict[str, list[float]] = {}
+    for path in junit_paths:
+        per: dict[str, float] = {}
+        for tc in ET.parse(path).iter("testcase"):
+            name, classname = tc.get("name", ""), tc.get("classname", "")
+            group = name.split("@", 1)[1] if "@" in name else None
+            parts = classname.split(".")
+            # classname "tests.kernels.test_matrix[.Class]": the module is the last test_* part
+            cut = max((i for i, p in enumerate(parts) if p.startswith("test")), default=len(parts) - 1)
+            nodeid = "/".join(parts[:cut + 1]) + ".py::" + "::".join(parts[cut + 1:] + [name])
+            key = unit_key(nodeid, group)
+            per[key] = per.get(key, 0.0) + float(tc.get("time") or 0.0)
+        for key, sec in per.items():
+            runs.setdefault(key, []).append(sec)
+    out = {k: round(sum(v) / len(v), 1) for k, v in runs.items()}
+    return {k: out[k] for k in sorted(out) if out[k] >= floor_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--durations"]:
+        if len(args) < 2:
+            print("usage: python -m dsv4_numerics.timeline --durations JUNIT.xml [JUNIT.xml ...]", file=sys.stderr)
+            return 2
+        import json
+
+        print(json.dumps(unit_durations(args[1:]), indent=0, sort_keys=True))
+        return 0
     if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--report"):
         print("usage: python -m dsv4_numerics.timeline DIR [--report REPORT.json[.gz]]", file=sys.stderr)
         return 2

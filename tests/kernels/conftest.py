@@ -4,15 +4,17 @@
 set ``DSV4_CASES`` selects: default or full; attention entries' cases in groups of
 ``GROUP_CASES``, other stages one group, ``case_groups``) in a child process
 (``dsv4_numerics/worker_pool.py``) the first time it is asked, caches the per-case results for the
-session, and returns ``{case name: result dict}``. Each xdist worker keeps ONE long-lived child
-(``worker_pool.WorkerSession``, fixture ``kernel_session``) for all its entries and batches: it
-pays the child's start-up (imports, CUDA context) once, not once per entry; after a crash, a
-timeout or a device fault the session starts a fresh child; it is closed at the end of the
-pytest session. The cases are built once
+session, and returns ``{case name: result dict}``. Under ``pytest -n N`` on a GPU host the
+workers share the children of the controller's broker (``dsv4_numerics/worker_broker.py``, started
+by the root conftest: a few per GPU, each pinned to its GPU; ``DSV4_KERNEL_BROKER=off`` turns it
+off). Otherwise each xdist worker keeps ONE long-lived child (``worker_pool.WorkerSession``,
+fixture ``kernel_session``) for all its entries and batches. Either way a child pays its start-up
+(imports, CUDA context) once, not once per entry; after a crash, a timeout or a device fault its
+session starts a fresh child; children end with the pytest session. The cases are built once
 (``case_files.stage_cases_file``: an on-disk cache shared by the xdist workers) and handed to
 the child as ``--cases FILE``; children get ``OMP_NUM_THREADS`` = cpus // xdist workers unless set. A kernel crash fails the case that crashed and
-nothing else; the child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU per
-xdist worker), so ``cuda:0`` in the child is this worker's GPU.
+nothing else; a worker's own child inherits ``CUDA_VISIBLE_DEVICES`` (the root conftest pins one GPU
+per xdist worker), a broker's child is pinned by the broker, so ``cuda:0`` in a child is its GPU.
 
 ``run_cases_isolated(entry_name, cases, mode="raw")`` is the same mechanism for an explicit list of
 cases (GPU fuzz tests draw a batch of cases, run them in one child, and compare the outputs in
@@ -101,6 +103,11 @@ def pytest_collection_finish(session):
     if _SESSION or not any(it.nodeid.startswith("tests/kernels/test_matrix.py::test_kernel_case[")
                            and not it.get_closest_marker("skip") for it in session.items):
         return
+    from dsv4_numerics import worker_broker
+
+    if worker_broker.available():  # the controller's shared children (root conftest): warm those
+        worker_broker.warm()
+        return
     _new_session().warm()
 
 
@@ -148,10 +155,14 @@ def group_name(entry_name: str, group: int, groups: int) -> str:
 
 
 @pytest.fixture(scope="session")
-def kernel_results(kernel_session):
+def kernel_results(request):
+    from dsv4_numerics import worker_broker
     from dsv4_numerics.case_files import load_cases, stage_cases_file
     from dsv4_numerics.worker_pool import run_isolated
     from dsv4_numerics.kernels import registry
+
+    def kernel_session():  # this worker's own child, only when there is no broker
+        return request.getfixturevalue("kernel_session")
 
     def get(entry_name: str, group: int | None = None) -> dict[str, dict]:
         """``{case: result}`` of the entry's case group ``group`` (``case_groups``), or of all its
@@ -165,10 +176,12 @@ def kernel_results(kernel_session):
             if group is not None:
                 names = case_groups(entry, names)[group]
             device = "cpu" if _runs_on_cpu(entry) else _device()
-            _CACHE[key] = run_isolated(entry_name, names, device=device, cases_file=path,
-                                       judge=BOTH_MODES if both_modes(entry, device) else None, probe=True,
-                                       workdir=_workdir(key.replace("#", "-")), env=_child_env(),
-                                       session=kernel_session)
+            kw = dict(device=device, cases_file=path, judge=BOTH_MODES if both_modes(entry, device) else None,
+                      probe=True, workdir=_workdir(key.replace("#", "-")))
+            if worker_broker.available():  # a child the xdist workers share (root conftest)
+                _CACHE[key] = worker_broker.run_isolated(entry_name, names, **kw)
+            else:
+                _CACHE[key] = run_isolated(entry_name, names, env=_child_env(), session=kernel_session(), **kw)
         return _CACHE[key]
 
     return get
