@@ -49,6 +49,11 @@ class BrokerError(RuntimeError):
     the broker side's traceback."""
 
 
+class BrokerUnreachable(BrokerError):
+    """No broker answers at :data:`ADDRESS_ENV` (none listens there, or it went away): the job was
+    not run, so the caller may run it elsewhere."""
+
+
 def default_per_gpu(workers: int, gpus: int) -> int:
     """Children per GPU by default: one per four xdist workers on it, at least 2. A matrix case
     group keeps a child busy 0.1-2 s on an H100 once the child is warm, so four workers rarely find
@@ -221,14 +226,14 @@ def _request(req: dict) -> dict:
             try:
                 _CONN[address] = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ[KEY_ENV]))
             except (KeyError, ValueError, OSError) as e:
-                raise BrokerError(f"no kernel broker at {address!r}: {type(e).__name__}: {e}") from e
+                raise BrokerUnreachable(f"no kernel broker at {address!r}: {type(e).__name__}: {e}") from e
         conn = _CONN[address]
         try:
             conn.send(req)
             reply = conn.recv()
         except (OSError, EOFError) as e:
             del _CONN[address]
-            raise BrokerError(f"the kernel broker went away: {type(e).__name__}: {e}") from e
+            raise BrokerUnreachable(f"the kernel broker went away: {type(e).__name__}: {e}") from e
     if not reply.get("ok"):
         raise BrokerError(f"the kernel broker could not run the job:\n{reply.get('error')}")
     return reply

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,8 +107,12 @@ def pytest_collection_finish(session):
     from dsv4_numerics import worker_broker
 
     if worker_broker.available():  # the controller's shared children (root conftest): warm those
-        worker_broker.warm()
-        return
+        try:
+            worker_broker.warm()
+            return
+        except worker_broker.BrokerUnreachable as e:  # kernel_results falls back the same way
+            warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
+            os.environ.pop(worker_broker.ADDRESS_ENV, None)
     _new_session().warm()
 
 
@@ -178,10 +183,15 @@ def kernel_results(request):
             device = "cpu" if _runs_on_cpu(entry) else _device()
             kw = dict(device=device, cases_file=path, judge=BOTH_MODES if both_modes(entry, device) else None,
                       probe=True, workdir=_workdir(key.replace("#", "-")))
+            res = None
             if worker_broker.available():  # a child the xdist workers share (root conftest)
-                _CACHE[key] = worker_broker.run_isolated(entry_name, names, **kw)
-            else:
-                _CACHE[key] = run_isolated(entry_name, names, env=_child_env(), session=kernel_session(), **kw)
+                try:
+                    res = worker_broker.run_isolated(entry_name, names, **kw)
+                except worker_broker.BrokerUnreachable as e:  # this worker's own child instead
+                    warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
+                    os.environ.pop(worker_broker.ADDRESS_ENV, None)
+            _CACHE[key] = res if res is not None else run_isolated(
+                entry_name, names, env=_child_env(), session=kernel_session(), **kw)
         return _CACHE[key]
 
     return get
