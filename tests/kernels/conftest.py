@@ -161,9 +161,7 @@ def group_name(entry_name: str, group: int, groups: int) -> str:
 
 @pytest.fixture(scope="session")
 def kernel_results(request):
-    from dsv4_numerics import worker_broker
     from dsv4_numerics.case_files import load_cases, stage_cases_file
-    from dsv4_numerics.worker_pool import run_isolated
     from dsv4_numerics.kernels import registry
 
     def kernel_session():  # this worker's own child, only when there is no broker
@@ -183,18 +181,27 @@ def kernel_results(request):
             device = "cpu" if _runs_on_cpu(entry) else _device()
             kw = dict(device=device, cases_file=path, judge=BOTH_MODES if both_modes(entry, device) else None,
                       probe=True, workdir=_workdir(key.replace("#", "-")))
-            res = None
-            if worker_broker.available():  # a child the xdist workers share (root conftest)
-                try:
-                    res = worker_broker.run_isolated(entry_name, names, **kw)
-                except worker_broker.BrokerUnreachable as e:  # this worker's own child instead
-                    warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
-                    os.environ.pop(worker_broker.ADDRESS_ENV, None)
-            _CACHE[key] = res if res is not None else run_isolated(
-                entry_name, names, env=_child_env(), session=kernel_session(), **kw)
+            _CACHE[key] = run_group(entry_name, names, kernel_session, **kw)
         return _CACHE[key]
 
     return get
+
+
+def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str, dict]:
+    """One case group's ``{case: result}`` (``worker_pool.run_isolated``'s arguments ``kw``): in a
+    child of the controller's broker when this worker was given one (root conftest), else -- or
+    when the broker cannot be reached, with a warning, and for the rest of the session -- in this
+    worker's own child (``own_session()``: its ``WorkerSession``)."""
+    from dsv4_numerics import worker_broker
+    from dsv4_numerics.worker_pool import run_isolated
+
+    if worker_broker.available():
+        try:
+            return worker_broker.run_isolated(entry_name, names, **kw)
+        except worker_broker.BrokerUnreachable as e:
+            warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
+            os.environ.pop(worker_broker.ADDRESS_ENV, None)
+    return run_isolated(entry_name, names, env=_child_env(), session=own_session(), **kw)
 
 
 @pytest.fixture(scope="session")

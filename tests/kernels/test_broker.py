@@ -158,11 +158,32 @@ def test_an_xdist_run_of_the_matrix_goes_through_the_broker(tmp_path):
     jobs, children = int(line.split()[2]), int(line.split()[6])
     assert jobs >= 1 and children == 1, line
     assert " passed" in out
-    # a stale broker address (a broker that is gone): the worker runs its own child, with a warning
-    env.update({wb.SWITCH_ENV: "off", wb.ADDRESS_ENV: str(tmp_path / "gone.sock"), wb.KEY_ENV: "00"})
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "default",
-                           "tests/kernels/test_matrix.py", "-k", "vllm_cpu.mla_decode"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and " passed" in out, out[-3000:]
-    assert "kernel broker unreachable, this worker runs its own kernel child" in out, out[-3000:]
+
+
+def test_a_worker_whose_broker_is_gone_runs_its_own_child(tmp_path, monkeypatch):
+    """The matrix's group runner (tests/kernels/conftest.py ``run_group``): through the broker when
+    one answers; with a stale address (a broker that is gone), in the worker's own child, with a
+    warning, and without the address for the rest of the session."""
+    from .conftest import run_group
+
+    path, names = _cases(tmp_path, ["ok"])
+    kw = dict(device="cpu", cases_file=path, mode="raw")
+    own: list = []
+
+    def own_session():
+        own.append(wp.WorkerSession(workdir=str(tmp_path / "own")))
+        return own[-1]
+
+    with wb.KernelBroker(1, gpus=[], workdir=str(tmp_path / "children")) as broker:
+        monkeypatch.setenv(wb.ADDRESS_ENV, broker.address)
+        monkeypatch.setenv(wb.KEY_ENV, broker.authkey.hex())
+        res = run_group(FAKE, names, own_session, workdir=str(tmp_path / "w1"), **kw)
+        assert res[names[0]]["verdict"] == "ran" and broker.jobs_served == 1 and not own
+    monkeypatch.setenv(wb.ADDRESS_ENV, str(tmp_path / "gone.sock"))
+    with pytest.warns(UserWarning, match="kernel broker unreachable, this worker runs its own kernel child"):
+        res = run_group(FAKE, names, own_session, workdir=str(tmp_path / "w2"), **kw)
+    try:
+        assert res[names[0]]["verdict"] == "ran" and len(own) == 1 and own[0].starts == 1
+        assert not wb.available()  # the next group goes straight to the worker's own child
+    finally:
+        own[0].close()
