@@ -164,6 +164,10 @@ def _group(item) -> str | None:
 # ``.ci/gpu-matrix`` run's junit.xml (README, "GPU runner recipe"). Units under 0.3 s are absent.
 DURATIONS_FILE = Path(__file__).resolve().parent / "tests" / "durations.json"
 SLOW_DEFAULT_S = 10.0  # a `slow` test the durations file does not know yet
+# Units measured shorter than this keep their collected place: moving them buys nothing for the
+# tail, and interleaving modules re-creates module-scoped fixtures (a module's tests are contiguous
+# in the collected order)
+LPT_MIN_S = 1.0
 
 
 def _durations() -> dict[str, float]:
@@ -182,9 +186,9 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
     is the run's tail -- on one H100 the last worker finished 9.8 s after the median one with only
     the ``slow`` tests first (``.ci/gpu-scaling``'s timeline). Longest processing time first: each
     unit's seconds from ``durations`` (default: ``tests/durations.json``, measured on a GPU host;
-    :func:`dsv4_numerics.timeline.unit_key`), a ``slow`` test it does not know counts
-    ``SLOW_DEFAULT_S``, an unknown group its runnable items' count times 0.3 s, anything else 0;
-    skipped items count 0. Equal estimates keep the collected order."""
+    :func:`dsv4_numerics.timeline.unit_key`; under ``LPT_MIN_S`` they count 0), a ``slow`` test it
+    does not know counts ``SLOW_DEFAULT_S``, an unknown group its runnable items' count times 0.3 s,
+    anything else 0; skipped items count 0. Equal estimates keep the collected order."""
     from dsv4_numerics.timeline import unit_key
 
     known = _durations() if durations is None else durations
@@ -198,7 +202,7 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
             est.setdefault(unit, 0.0)
             continue
         if unit in known:
-            est[unit] = known[unit]
+            est[unit] = known[unit] if known[unit] >= LPT_MIN_S else 0.0
         elif it.get_closest_marker("slow"):
             est[unit] = max(est.get(unit, 0.0), SLOW_DEFAULT_S)
         elif g is not None:

@@ -38,9 +38,10 @@ def test_longest_units_first_groups_as_one_unit_and_skips_count_zero():
     ]
     durations = {"t.py::short": 0.5, "@e#0": 4.0, "t.py::long": 12.0, "t.py::skipped_long": 30.0}
     root.longest_first(items, durations)
+    # short (under LPT_MIN_S) keeps its collected place among the units that count 0
     assert [it.nodeid for it in items] == [
-        "t.py::long", "t.py::unknown_slow", "m.py::case[a]", "m.py::case[b]", "t.py::short",
-        "m.py::case[c]", "t.py::skipped_long", "t.py::unknown"]
+        "t.py::long", "t.py::unknown_slow", "m.py::case[a]", "m.py::case[b]",
+        "m.py::case[c]", "t.py::short", "t.py::skipped_long", "t.py::unknown"]
 
 
 def test_unit_durations_sum_a_group_and_average_runs(tmp_path):
