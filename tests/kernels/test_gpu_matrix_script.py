@@ -86,3 +86,34 @@ def test_gpu_matrix_carry_overlay_lands_in_the_staged_folder(tmp_path):
     env["DSV4_STAGED"] = str(missing)
     subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
     assert not missing.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None or shutil.which("split") is None,
+                    reason="needs bash, tar and split")
+def test_triton_cache_saved_in_parts_and_restored_from_two_calls(tmp_path):
+    """.ci/triton-cache: a warm cache saved as parts under the runner's per-file limit, carried in
+    two folders (two device calls), restored byte for byte into another machine's cache."""
+    script = SCRIPT.parent / "triton-cache"
+    warm = tmp_path / "warm" / "cache"
+    (warm / "ab12").mkdir(parents=True)
+    blob = os.urandom(2_500_000)  # incompressible: three parts of 1 MiB
+    (warm / "ab12" / "kernel.cubin").write_bytes(blob)
+    (warm / "ab12" / "kernel.autotune.json").write_text('{"configs": [1, 2]}')
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(script), "save", str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, TRITON_CACHE_DIR=str(warm), PART_MB="1"))
+    assert r.returncode == 0, r.stderr
+    parts = sorted(out.iterdir())
+    assert [p.name for p in parts] == ["triton-cache.tgz.partaa", "triton-cache.tgz.partab", "triton-cache.tgz.partac"]
+    assert all(p.stat().st_size <= 2**20 for p in parts)
+    call1, call2 = tmp_path / "call1", tmp_path / "call2"
+    call1.mkdir(), call2.mkdir()
+    shutil.copy(parts[0], call1), shutil.copy(parts[1], call2), shutil.copy(parts[2], call2)
+    fresh = tmp_path / "fresh" / "cache"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(fresh))
+    r = subprocess.run(["bash", str(script), "restore", str(call2), str(call1)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (fresh / "ab12" / "kernel.cubin").read_bytes() == blob
+    assert (fresh / "ab12" / "kernel.autotune.json").read_text() == '{"configs": [1, 2]}'
+    bad = subprocess.run(["bash", str(script), "restore", str(tmp_path / "empty")], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "no triton-cache.tgz.part*" in bad.stderr
