@@ -128,9 +128,19 @@ def _start_kernel_broker(config) -> None:
         _BROKER.append(broker)
 
 
+_INTERRUPTED: list = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == pytest.ExitCode.INTERRUPTED:  # SIGINT (a runner's time limit), Ctrl-C
+        _INTERRUPTED.append(True)
+
+
 def pytest_unconfigure(config):
+    # an interrupted run kills the shared kernel children at once: waiting for their running jobs
+    # (up to a case limit of minutes) would outlast the runner's grace period after its SIGINT
     while _BROKER:
-        _BROKER.pop().close()
+        _BROKER.pop().close(cancel=bool(_INTERRUPTED))
 
 
 def pytest_terminal_summary(terminalreporter):

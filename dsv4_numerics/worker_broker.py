@@ -134,14 +134,15 @@ class KernelBroker:
             self.jobs_served += 1
         return out
 
-    def close(self) -> None:
-        """Stop listening, let the running jobs end, end the children, remove the socket. Idempotent."""
+    def close(self, cancel: bool = False) -> None:
+        """Stop listening, let the running jobs end (``cancel``: kill the children now, as after
+        an interrupted run), end the children, remove the socket. Idempotent."""
         self._closing = True
         lst, self._listener = self._listener, None
         if lst is not None:
             with contextlib.suppress(OSError):
                 lst.close()
-        self.pool.close()
+        self.pool.close(cancel=cancel)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "KernelBroker":

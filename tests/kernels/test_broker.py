@@ -187,3 +187,30 @@ def test_a_worker_whose_broker_is_gone_runs_its_own_child(tmp_path, monkeypatch)
         assert not wb.available()  # the next group goes straight to the worker's own child
     finally:
         own[0].close()
+
+
+def test_an_interrupted_run_kills_the_shared_children_at_once(tmp_path):
+    """close(cancel=True) -- what the root conftest does after a SIGINT -- does not wait for a
+    running job (here a hang with a 120 s case limit): the children are killed now."""
+    import time
+
+    path, names = _cases(tmp_path, ["hang"])
+    broker = wb.KernelBroker(1, gpus=[], workdir=str(tmp_path / "children")).start()
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(broker.run(FAKE, names, device="cpu", cases_file=path,
+                                                               mode="raw", case_timeout_s=120,
+                                                               workdir=str(tmp_path / "w"))), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while not (broker.pool.sessions and broker.pool.sessions[0].pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = broker.pool.sessions[0].pid
+    assert pid is not None
+    time.sleep(1.0)  # the job is running: the child has the hang in hand
+    t0 = time.monotonic()
+    broker.close(cancel=True)
+    assert time.monotonic() - t0 < 15
+    t.join(30)
+    assert all(s.pid is None for s in broker.pool.sessions)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
