@@ -171,7 +171,7 @@ def _group(item) -> str | None:
 
 # Measured seconds per scheduling unit (a test, or a whole xdist group as "@GROUP") on a GPU host:
 # ``python -m dsv4_numerics.timeline --durations junit.xml > tests/durations.json`` from a
-# ``.ci/gpu-matrix`` run's junit.xml (README, "GPU runner recipe"). Units under 0.3 s are absent.
+# ``.ci/gpu-matrix`` run's junit.xml (README, "How many workers"). Units under 0.3 s are absent.
 DURATIONS_FILE = Path(__file__).resolve().parent / "tests" / "durations.json"
 SLOW_DEFAULT_S = 10.0  # a `slow` test the durations file does not know yet
 # Units measured shorter than this keep their collected place: moving them buys nothing for the
