@@ -159,8 +159,8 @@ class KernelBroker:
                 return
             try:
                 conn = lst.accept()
-            except (OSError, EOFError):  # closed, or a client that failed authentication
-                continue
+            except Exception:  # noqa: BLE001 - closed (OSError), or a client with a wrong key
+                continue  # (AuthenticationError): the broker keeps serving the others
             threading.Thread(target=self._serve, args=(conn,), daemon=True, name="dsv4-broker-conn").start()
 
     def _serve(self, conn) -> None:

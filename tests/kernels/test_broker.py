@@ -69,6 +69,11 @@ def test_jobs_of_several_workers_share_per_gpu_children_pinned_to_their_gpus(tmp
         assert len(replies) == 4 and all(r["ok"] for r in replies), replies
         outs = [torch.load(r["result"][names[0]]["outputs_file"]) for r in replies]
         assert sorted(int(o["cvd"]) for o in outs) == [3, 3, 5, 5]  # two children per GPU, pinned
+        # a client with a wrong key is refused, and the broker goes on serving the others
+        from multiprocessing import AuthenticationError
+
+        with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
+            Client(broker.address, family="AF_UNIX", authkey=b"not the key")
         # later jobs reuse the same children: no fifth start
         monkeypatch.setenv(wb.ADDRESS_ENV, broker.address)
         monkeypatch.setenv(wb.KEY_ENV, key.hex())
