@@ -298,3 +298,49 @@ def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(monkeypa
     assert [c for _, cs, _ in submitted.values() for c in cs] == names and all(p for *_, p in submitted.values())
     (row,) = rows
     assert row.verdict == "pass" and row.cases == len(names) and [r.case for r in results] == names
+
+
+def test_case_globs_select_the_cases_handed_to_the_children_and_name_a_glob_that_matches_nothing(monkeypatch):
+    """check --case: the isolated jobs carry only the matching names (in groups as before), an
+    entry whose stage has none is a skip row saying so, and a glob matching no case of the
+    selected entries' stages is a one-line usage error."""
+    from dsv4_numerics import check as check_mod
+    from dsv4_numerics import worker_pool
+    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.reference.errors import InputError
+
+    submitted = {}
+
+    class FakePool:
+        def __init__(self, device, jobs):
+            pass
+
+        def start(self, warm=False):
+            pass
+
+        def submit(self, key, entry, case_names=None, **kw):
+            submitted[key] = (entry, case_names)
+
+        def result(self, key):
+            entry, names = submitted[key]
+            return {n: {"entry": entry, "stage": "decode", "case": n, "verdict": "pass", "rule": "stub"} for n in names}
+
+        def close(self, cancel=False):
+            pass
+
+    monkeypatch.setattr(worker_pool, "IsolatedPool", FakePool)
+    names = [c.name for c in load_cases(stage_cases_file("decode"))]
+    want = [n for n in names if n.startswith("sweep-")]
+    assert 0 < len(want) < len(names)
+    other = "vllm_triton.compute_swa_indices_and_lens"  # stage swa_indices: no sweep-* case
+    assert not any(c.name.startswith("sweep-") for c in load_cases(stage_cases_file("swa_indices")))
+    rows, results = check_mod.run_kernels("cuda", ["flashmla.sparse_decode.sm90", other],
+                                          lambda m: None, jobs=2, case_globs=["sweep-*"])
+    assert [c for e, cs in submitted.values() for c in cs] == want
+    decode, skipped = rows
+    assert decode.verdict == "pass" and decode.cases == len(want) and [r.case for r in results] == want
+    assert skipped.entry == other and skipped.verdict == "skip" and "matches --case sweep-*" in skipped.note
+    with pytest.raises(InputError, match="--case 'no-such-\\*' matches no case"):
+        check_mod.run_check(entries=["flashmla.sparse_decode.sm90"], fixtures=False, case_globs=["no-such-*"])
+    with pytest.raises(InputError, match="cannot be combined with --no-kernels"):
+        check_mod.run_check(kernels=False, case_globs=["sweep-*"])
