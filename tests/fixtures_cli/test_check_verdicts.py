@@ -264,14 +264,13 @@ def test_interrupted_check_still_writes_what_it_judged(tmp_path, capsys, entries
     assert "interrupted: 2 kernel entries had no result" in cap.err and "fake.ok" in cap.out
 
 
-def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(monkeypatch):
-    """On a GPU host `check` hands an attention entry's cases to the pool in groups of
-    GROUP_CASES (one slow entry spreads over the children); the rows merge the groups back."""
-    from dsv4_numerics import check as check_mod
+@pytest.fixture
+def pool_jobs(monkeypatch):
+    """``worker_pool.IsolatedPool`` replaced by a recorder: ``{pool key: (entry, case names,
+    probe)}`` of every job ``check`` hands it, each answered with a pass per case."""
     from dsv4_numerics import worker_pool
-    from dsv4_numerics.case_files import load_cases, stage_cases_file
 
-    submitted = {}
+    submitted: dict = {}
 
     class FakePool:
         def __init__(self, device, jobs):
@@ -291,6 +290,16 @@ def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(monkeypa
             pass
 
     monkeypatch.setattr(worker_pool, "IsolatedPool", FakePool)
+    return submitted
+
+
+def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(pool_jobs):
+    """On a GPU host `check` hands an attention entry's cases to the pool in groups of
+    GROUP_CASES (one slow entry spreads over the children); the rows merge the groups back."""
+    from dsv4_numerics import check as check_mod
+    from dsv4_numerics.case_files import load_cases, stage_cases_file
+
+    submitted = pool_jobs
     names = [c.name for c in load_cases(stage_cases_file("decode"))]
     rows, results = check_mod.run_kernels("cuda", ["flashmla.sparse_decode.sm90"], lambda m: None, jobs=2)
     n = check_mod.GROUP_CASES
@@ -300,35 +309,14 @@ def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(monkeypa
     assert row.verdict == "pass" and row.cases == len(names) and [r.case for r in results] == names
 
 
-def test_case_globs_select_the_cases_handed_to_the_children_and_name_a_glob_that_matches_nothing(monkeypatch):
+def test_case_globs_select_the_cases_handed_to_the_children_and_name_a_glob_that_matches_nothing(pool_jobs):
     """check --case: the isolated jobs carry only the matching names (in groups as before), an
     entry whose stage has none is a skip row saying so, and a glob matching no case of the
     selected entries' stages is a one-line usage error."""
     from dsv4_numerics import check as check_mod
-    from dsv4_numerics import worker_pool
     from dsv4_numerics.case_files import load_cases, stage_cases_file
     from dsv4_numerics.reference.errors import InputError
 
-    submitted = {}
-
-    class FakePool:
-        def __init__(self, device, jobs):
-            pass
-
-        def start(self, warm=False):
-            pass
-
-        def submit(self, key, entry, case_names=None, **kw):
-            submitted[key] = (entry, case_names)
-
-        def result(self, key):
-            entry, names = submitted[key]
-            return {n: {"entry": entry, "stage": "decode", "case": n, "verdict": "pass", "rule": "stub"} for n in names}
-
-        def close(self, cancel=False):
-            pass
-
-    monkeypatch.setattr(worker_pool, "IsolatedPool", FakePool)
     names = [c.name for c in load_cases(stage_cases_file("decode"))]
     want = [n for n in names if n.startswith("sweep-")]
     assert 0 < len(want) < len(names)
@@ -336,7 +324,7 @@ def test_case_globs_select_the_cases_handed_to_the_children_and_name_a_glob_that
     assert not any(c.name.startswith("sweep-") for c in load_cases(stage_cases_file("swa_indices")))
     rows, results = check_mod.run_kernels("cuda", ["flashmla.sparse_decode.sm90", other],
                                           lambda m: None, jobs=2, case_globs=["sweep-*"])
-    assert [c for e, cs in submitted.values() for c in cs] == want
+    assert [c for _, cs, _ in pool_jobs.values() for c in cs] == want
     decode, skipped = rows
     assert decode.verdict == "pass" and decode.cases == len(want) and [r.case for r in results] == want
     assert skipped.entry == other and skipped.verdict == "skip" and "matches --case sweep-*" in skipped.note
