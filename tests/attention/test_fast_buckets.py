@@ -14,12 +14,11 @@ import torch
 from dsv4_numerics.reference.attention import fast_graphs
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_attention
-from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.attention.fast_buckets import bucket, pad_call, padded_shapes
 from dsv4_numerics.reference.policies import IndexRule
 
-from .test_attention_fast import _all_cases, _segments, assert_matches_ordered, segments_on
+from .test_attention_fast import N_DEFAULT, _all_cases, _segments, assert_matches_ordered, segments_on
 from .test_fast_graphs import _inputs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
@@ -43,7 +42,7 @@ def _ordered(i):
     return sparse_attention(inp["q"], _segments(case, stage), inp["scale"], inp.get("sink"))
 
 
-N_DEFAULT = len(default_cases("decode")) + len(default_cases("prefill"))  # the held-out cases follow
+# N_DEFAULT (test_attention_fast): the default decode and prefill cases; the held-out cases follow
 
 
 def _bit_equal(a, b) -> bool:
