@@ -199,7 +199,7 @@ def maybe_start(workers: int) -> KernelBroker | None:
     mode = switch()
     if mode == "off" or workers < 1:
         return None
-    gpus = visible_gpus() if mode == "auto" or os.environ.get("CUDA_VISIBLE_DEVICES") is not None else []
+    gpus = visible_gpus()
     if mode == "auto" and not gpus:
         return None
     raw = os.environ.get(PER_GPU_ENV, "").strip()

@@ -110,10 +110,18 @@ def pytest_collection_finish(session):
         try:
             worker_broker.warm()
             return
-        except worker_broker.BrokerUnreachable as e:  # kernel_results falls back the same way
-            warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
-            os.environ.pop(worker_broker.ADDRESS_ENV, None)
+        except worker_broker.BrokerUnreachable as e:
+            _without_broker(e)
     _new_session().warm()
+
+
+def _without_broker(e: Exception) -> None:
+    """The broker cannot be reached: say so, and let this worker run its own kernel child for the
+    rest of the session (``worker_broker.available()`` is False from now on)."""
+    from dsv4_numerics import worker_broker
+
+    warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
+    os.environ.pop(worker_broker.ADDRESS_ENV, None)
 
 
 @pytest.fixture(scope="session")
@@ -199,8 +207,7 @@ def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str,
         try:
             return worker_broker.run_isolated(entry_name, names, **kw)
         except worker_broker.BrokerUnreachable as e:
-            warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
-            os.environ.pop(worker_broker.ADDRESS_ENV, None)
+            _without_broker(e)
     return run_isolated(entry_name, names, env=_child_env(), session=own_session(), **kw)
 
 
