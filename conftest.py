@@ -19,7 +19,9 @@ plugin's functions decide, the same rules as its ``dsv4_*`` markers):
 GPU pinning: ON by default here (the plugin makes it opt-in elsewhere): under ``pytest -n N``
 each xdist worker ``gwK`` gets ``CUDA_VISIBLE_DEVICES`` set to GPU ``K % num_gpus`` at conftest
 import time, before anything initialises CUDA. ``DSV4_NO_GPU_PINNING=1`` keeps the inherited
-visibility. ``.ci/gpu-matrix`` relies on it.
+visibility. ``.ci/gpu-matrix`` relies on it. A pinned worker also starts making its CUDA context
+in a background thread at that moment, overlapping the driver's host-wide serialisation of context
+creation with its collection (``DSV4_WARM_CUDA=0`` turns that off).
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ import os
 from pathlib import Path
 import sys
 
+from dsv4_numerics import cuda_context as _cuda_context
 from dsv4_numerics import pytest_plugin as _plugin
 
-_plugin.pin_xdist_worker_to_gpu()
+if _plugin.pin_xdist_worker_to_gpu() is not None:
+    # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects: the
+    # driver serialises context creation host-wide (dsv4_numerics/cuda_context.py)
+    _cuda_context.warm_primary_context()
 
 
 def _share_cpu_threads_between_xdist_workers() -> None:

@@ -1,0 +1,113 @@
+"""dsv4_numerics.cuda_context: the early CUDA primary context of a pinned xdist worker.
+
+On CPU: the driver calls it makes, in order, and that it stops at the first failure, with a fake
+driver library; when it is off. On a GPU: in a fresh process, the primary context is active after
+the thread ends, before torch initialises CUDA, and torch then runs on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dsv4_numerics import cuda_context
+
+
+class FakeDriver:
+    def __init__(self, fail_at: str | None = None):
+        self.calls: list[tuple] = []
+        self.fail_at = fail_at
+
+    def _call(self, name, *args):
+        self.calls.append((name, *args))
+        return 999 if name == self.fail_at else 0
+
+    def cuInit(self, flags):  # noqa: N802 - the driver's names
+        return self._call("cuInit", flags)
+
+    def cuDeviceGet(self, dev, ordinal):  # noqa: N802
+        return self._call("cuDeviceGet", ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):  # noqa: N802
+        return self._call("cuDevicePrimaryCtxRetain")
+
+
+def test_retains_the_primary_context_of_the_first_visible_device(monkeypatch):
+    fake = FakeDriver()
+    monkeypatch.setattr(cuda_context.ctypes, "CDLL", lambda name: fake)
+    assert cuda_context._retain_primary_context() == 0
+    assert fake.calls == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain",)]
+
+
+@pytest.mark.parametrize("fail_at, made", [("cuInit", 1), ("cuDeviceGet", 2)])
+def test_stops_at_the_first_failing_call_and_returns_its_code(monkeypatch, fail_at, made):
+    fake = FakeDriver(fail_at)
+    monkeypatch.setattr(cuda_context.ctypes, "CDLL", lambda name: fake)
+    assert cuda_context._retain_primary_context() == 999
+    assert len(fake.calls) == made
+
+
+def test_no_driver_library_is_minus_one_and_the_thread_swallows_errors(monkeypatch):
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(cuda_context.ctypes, "CDLL", missing)
+    assert cuda_context._retain_primary_context() == -1
+
+    def broken(name):
+        raise RuntimeError("anything")
+
+    monkeypatch.setattr(cuda_context.ctypes, "CDLL", broken)
+    cuda_context._run()  # an optimisation never raises
+
+
+@pytest.mark.parametrize("env", [{"DSV4_WARM_CUDA": "0", "CUDA_VISIBLE_DEVICES": "0"},
+                                 {"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "-1"}])
+def test_off_or_no_visible_gpu_starts_nothing(monkeypatch, env):
+    monkeypatch.delenv("DSV4_WARM_CUDA", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(cuda_context, "_STARTED", [])
+    assert cuda_context.warm_primary_context() is None
+
+
+def test_starts_once_per_process(monkeypatch):
+    monkeypatch.delenv("DSV4_WARM_CUDA", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(cuda_context, "_STARTED", [])
+    monkeypatch.setattr(cuda_context, "_run", lambda: None)
+    t = cuda_context.warm_primary_context()
+    assert t is not None and t.daemon
+    t.join(5)
+    assert cuda_context.warm_primary_context() is None
+
+
+_ON_GPU = textwrap.dedent("""
+    import ctypes, sys
+    from dsv4_numerics import cuda_context
+    t = cuda_context.warm_primary_context()
+    assert t is not None
+    t.join(120)
+    lib = ctypes.CDLL("libcuda.so.1")
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    assert lib.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+    import torch
+    assert not torch.cuda.is_initialized()
+    print("active", active.value)
+    x = torch.arange(4.0, device="cuda")
+    print("sum", float(x.sum()))
+""")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_primary_context_is_active_before_torch_initialises_cuda():
+    env = dict(os.environ)
+    env.pop("DSV4_WARM_CUDA", None)
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    out = subprocess.run([sys.executable, "-c", _ON_GPU], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "active 1" in out.stdout and "sum 6.0" in out.stdout, out.stdout
