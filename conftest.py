@@ -21,7 +21,8 @@ each xdist worker ``gwK`` gets ``CUDA_VISIBLE_DEVICES`` set to GPU ``K % num_gpu
 import time, before anything initialises CUDA. ``DSV4_NO_GPU_PINNING=1`` keeps the inherited
 visibility. ``.ci/gpu-matrix`` relies on it. A pinned worker also starts making its CUDA context
 in a background thread at that moment, overlapping the driver's host-wide serialisation of context
-creation with its collection (``DSV4_WARM_CUDA=0`` turns that off).
+creation with its collection (``DSV4_WARM_CUDA=0`` turns that off), and at its end skips the
+interpreter's shutdown, CUDA teardown included (``DSV4_FAST_EXIT=0`` turns that off).
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ from dsv4_numerics import cuda_context as _cuda_context
 from dsv4_numerics import pytest_plugin as _plugin
 
 if _plugin.pin_xdist_worker_to_gpu() is not None:
-    # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects: the
-    # driver serialises context creation host-wide (dsv4_numerics/cuda_context.py)
+    # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects (the
+    # driver serialises context creation host-wide), and skips the interpreter's shutdown (and the
+    # CUDA teardown in it) at its end: the controller waits for every worker process to exit
+    # (dsv4_numerics/cuda_context.py)
     _cuda_context.warm_primary_context()
+    _cuda_context.skip_shutdown_at_exit()
 
 
 def _share_cpu_threads_between_xdist_workers() -> None:
@@ -97,6 +101,8 @@ def pytest_configure(config):
     _prefer_loadgroup(config)
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
     _start_kernel_broker(config)
+    if _TIMELINE:
+        config.pluginmanager.register(_TimelineEnd(), "dsv4-timeline-end")
 
 
 def _prefer_loadgroup(config) -> None:
@@ -252,7 +258,21 @@ if _TIMELINE:
         with open(os.path.join(_TIMELINE, f"{worker}.tsv"), "a") as f:
             f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\n")
 
-    _timeline_write(_time.time(), _time.time(), "sessionstart", "-")
+    def _process_start() -> float | None:
+        """This process's start (seconds since the epoch) from /proc, or None off Linux."""
+        try:
+            with open("/proc/self/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+            with open("/proc/stat") as f:
+                btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+            return btime + ticks / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError, StopIteration):
+            return None
+
+    _t_import = _time.time()
+    if _process_start() is not None:  # python start-up and the imports before this line (torch)
+        _timeline_write(min(_process_start(), _t_import), _t_import, "imports", "-")
+    _timeline_write(_t_import, _t_import, "sessionstart", "-")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
@@ -265,6 +285,37 @@ if _TIMELINE:
         t0 = _time.time()
         yield
         _timeline_write(t0, _time.time(), "collection", "-")
+
+    class _TimelineEnd:
+        """The end of a run: each process's ``sessionfinish`` and ``unconfigure`` (in the xdist
+        controller the first waits for every worker process to exit, the second ends the kernel
+        broker's children), the controller's ``nodedown`` (a worker reported its session done) and
+        every process's ``exit`` (the start of its interpreter's shutdown)."""
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            t0 = _time.time()
+            try:
+                return (yield)
+            finally:
+                _timeline_write(t0, _time.time(), "sessionfinish", "-")
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_unconfigure(self, config):
+            t0 = _time.time()
+            try:
+                return (yield)
+            finally:
+                _timeline_write(t0, _time.time(), "unconfigure", "-")
+
+        @pytest.hookimpl(optionalhook=True)
+        def pytest_testnodedown(self, node, error):
+            t = _time.time()
+            _timeline_write(t, t, "nodedown", str(getattr(getattr(node, "gateway", None), "id", "?")))
+
+    import atexit as _atexit
+
+    _atexit.register(lambda: _timeline_write(_time.time(), _time.time(), "exit", "-"))
 
 
 # ----------------------------------------------------------------------------- device faults

@@ -32,14 +32,17 @@ def load(folder: str | Path) -> dict[str, list[tuple[float, float, str, str]]]:
     return out
 
 
+_END_PHASES = ("sessionfinish", "unconfigure", "nodedown", "exit", "imports")  # ends_of_run's rows
+
+
 def breakdown(folder: str | Path, top: int = 10) -> str:
     """The report described in the module docstring, as text."""
     loaded = load(folder)
     data = {w: rows for w, rows in loaded.items() if w != "main" or len(loaded) == 1}
     if not data:
         return f"timeline: no *.tsv under {folder}"
-    t_first = min(r[0] for rows in data.values() for r in rows)
-    t_last = max(r[1] for rows in data.values() for r in rows)
+    t_first = min(r[0] for rows in data.values() for r in rows if r[2] not in _END_PHASES)
+    t_last = max(r[1] for rows in data.values() for r in rows if r[2] not in _END_PHASES)
     lines = [f"timeline of {len(data)} process(es): wall {t_last - t_first:.1f} s (first process start to last test end)"]
     lines.append(f"{'worker':>8} {'startup':>8} {'collect':>8} {'tests':>8} {'busy':>8} {'idle':>8} {'done at':>8}")
     ends, tot = [], {"startup": 0.0, "collect": 0.0, "tests": 0.0, "idle": 0.0}
@@ -62,10 +65,47 @@ def breakdown(folder: str | Path, top: int = 10) -> str:
     lines.append(f"{'mean':>8} {tot['startup'] / n:8.1f} {tot['collect'] / n:8.1f} {'':>8} {tot['tests'] / n:8.1f} "
                  f"{tot['idle'] / n:8.1f} {statistics.median(ends):8.1f} (median)")
     lines.append(f"tail: the last worker finished {max(ends) - statistics.median(ends):.1f} s after the median one")
+    lines += ends_of_run(loaded, t_first, t_last)
     lines.append(f"longest {top} tests:")
     for d, nodeid in sorted(tests_all, reverse=True)[:top]:
         lines.append(f"  {d:7.1f} s  {nodeid}")
     return "\n".join(lines)
+
+
+def ends_of_run(loaded: dict, t_first: float, t_last: float) -> list[str]:
+    """The run's two ends, from the rows the conftest writes around them: how long after the
+    xdist controller (``main``) started its first worker started, and after the last test's end
+    when the workers reported done (``nodedown``), ended their ``unconfigure`` and began their
+    interpreter's shutdown (``exit``), and when the controller's ``sessionfinish`` (it waits for
+    every worker process to exit), ``unconfigure`` (the kernel broker's children end) and
+    ``exit`` ended. Empty without a controller timeline (a plain run, or an older one)."""
+    main = loaded.get("main")
+    workers = [rows for w, rows in loaded.items() if w != "main"]
+    if not main or not workers:
+        return []
+
+    def last(rows, phase, at=1):
+        return max((r[at] for r in rows if r[2] == phase), default=None)
+
+    out = []
+    c0 = min((r[0] for r in main if r[2] == "sessionstart"), default=None)
+    if c0 is not None:
+        imports = [r[1] - r[0] for rows in workers for r in rows if r[2] == "imports"]
+        out.append(f"start: the first worker started {t_first - c0:.1f} s after the controller"
+                   + (f"; a worker's python start-up and imports before it (torch): mean {statistics.mean(imports):.1f} s, "
+                      f"max {max(imports):.1f} s" if imports else ""))
+    marks = [("workers reported done", last(main, "nodedown")),
+             ("workers' unconfigure ended", max((v for v in (last(r, "unconfigure") for r in workers) if v is not None),
+                                                default=None)),
+             ("workers' shutdown began", max((v for v in (last(r, "exit") for r in workers) if v is not None),
+                                             default=None)),
+             ("controller's sessionfinish ended (waits for every worker process to exit)", last(main, "sessionfinish")),
+             ("controller's unconfigure ended (kernel broker's children ended)", last(main, "unconfigure")),
+             ("controller's shutdown began", last(main, "exit"))]
+    shown = [f"{what} +{t - t_last:.1f} s" for what, t in marks if t is not None]
+    if shown:
+        out.append("end, after the last test: " + "; ".join(shown))
+    return out
 
 
 def judged_time(report: str | Path, top: int = 12) -> str:

@@ -296,7 +296,12 @@ def worker_main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, 0)
         os.close(devnull)
         with jobs:
-            return serve(jobs)
+            rc = serve(jobs)
+        from .cuda_context import exit_now, fast_exit_enabled
+
+        if fast_exit_enabled():  # every result is written (fsync'd per event): skip the shutdown
+            exit_now(rc)
+        return rc
     if args.entry is None or args.out is None:
         ap.error("ENTRY and --out are required (or --serve)")
     return run_job(args.entry, args.out, device=args.device, start=args.start, cases=args.cases,

@@ -111,3 +111,43 @@ def test_on_a_gpu_the_primary_context_is_active_before_torch_initialises_cuda():
     out = subprocess.run([sys.executable, "-c", _ON_GPU], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "active 1" in out.stdout and "sum 6.0" in out.stdout, out.stdout
+
+
+# ----------------------------------------------------------------------------- the end
+
+_AT_EXIT = textwrap.dedent("""
+    import atexit, sys
+    atexit.register(lambda: print("registered-before"))
+    from dsv4_numerics import cuda_context as c
+    print("first", c.skip_shutdown_at_exit(), "again", c.skip_shutdown_at_exit())
+    atexit.register(lambda: print("registered-after"))
+    sys.stdout.write("buffered-no-newline")
+    sys.exit(5)
+""")
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k != "DSV4_FAST_EXIT"}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
+
+
+def test_skip_shutdown_runs_later_handlers_skips_earlier_ones_and_flushes():
+    out = _run(_AT_EXIT)
+    assert out.returncode == 0, out.stderr  # an xdist worker's status is read by nobody
+    assert "first True again False" in out.stdout
+    assert "registered-after" in out.stdout and "buffered-no-newline" in out.stdout
+    assert "registered-before" not in out.stdout
+
+
+def test_fast_exit_off_keeps_the_ordinary_shutdown():
+    out = _run(_AT_EXIT, DSV4_FAST_EXIT="0")
+    assert out.returncode == 5
+    assert "first False again False" in out.stdout
+    assert "registered-before" in out.stdout and "registered-after" in out.stdout
+
+
+def test_exit_now_keeps_the_status_and_flushes():
+    out = _run("import sys\nfrom dsv4_numerics.cuda_context import exit_now\n"
+               "sys.stdout.write('out'); sys.stderr.write('err')\nexit_now(3)\nprint('never')")
+    assert (out.returncode, out.stdout, out.stderr) == (3, "out", "err")

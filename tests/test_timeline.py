@@ -49,3 +49,25 @@ def test_judged_time_sums_call_reference_and_judge_per_family_and_stage(tmp_path
     assert timeline.main([str(tmp_path), "--report", str(path)]) == 0
     assert "judged cases: 2;" in capsys.readouterr().out
     assert timeline.main([str(tmp_path), "--rep", str(path)]) == 2
+
+
+def test_ends_of_run_from_the_controller_and_worker_rows(tmp_path):
+    _write(tmp_path, "main", [(98, 98, "sessionstart", "-"), (121, 121, "nodedown", "gw0"),
+                              (121.5, 121.5, "nodedown", "gw1"), (121.5, 124, "sessionfinish", "-"),
+                              (124, 126, "unconfigure", "-"), (126.5, 126.5, "exit", "-")])
+    _write(tmp_path, "gw0", [(98.5, 99.5, "imports", "-"), (100, 100, "sessionstart", "-"), (101, 103, "collection", "-"),
+                             (103, 110, "test", "a"), (110, 121, "sessionfinish", "-"), (121, 122, "unconfigure", "-"), (122.5, 122.5, "exit", "-")])
+    _write(tmp_path, "gw1", [(98.5, 101.5, "imports", "-"), (100.5, 100.5, "sessionstart", "-"),
+                             (101, 104, "collection", "-"), (104, 120, "test", "c"), (120, 121.5, "sessionfinish", "-"), (121.5, 122, "unconfigure", "-"), (123, 123, "exit", "-")])
+    text = timeline.breakdown(tmp_path)
+    assert "wall 20.0 s" in text  # the end rows do not move the last test's end
+    assert "start: the first worker started 2.0 s after the controller; a worker's python start-up and " \
+           "imports before it (torch): mean 2.0 s, max 3.0 s" in text
+    end = next(line for line in text.splitlines() if line.startswith("end, after the last test"))
+    for part in ("workers reported done +1.5 s", "workers' unconfigure ended +2.0 s", "workers' shutdown began +3.0 s",
+                 "sessionfinish ended (waits for every worker process to exit) +4.0 s",
+                 "unconfigure ended (kernel broker's children ended) +6.0 s", "controller's shutdown began +6.5 s"):
+        assert part in end, (part, end)
+    # an older timeline (no controller rows): no such lines
+    (tmp_path / "main.tsv").unlink()
+    assert "end, after the last test" not in timeline.breakdown(tmp_path)
