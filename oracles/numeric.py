@@ -19,7 +19,10 @@ Deliberate departures from kernelkit, because they hide real failures:
   softmax statistics), so a case at magnitude ``2**-40`` is judged as strictly as one at 1 --
   kernelkit's absolute floor (``ref_scale = 1``, the default) rejects every case below ~``2**-20``. A caller
   that expects exact zeros (lonely queries, sink = +inf) passes ``zero_ref="exact"`` and then the
-  all-zero reference demands an all-zero output (rule ``exact_zero``).
+  all-zero reference demands an all-zero output (rule ``exact_zero``). A reference with no finite
+  element at all (``lse = -inf`` where every row attends to nothing) is not degenerate: it is
+  matched exactly by the anomaly-position rule, and an output with the same NaN/+inf/-inf
+  everywhere passes (rule ``all_non_finite``).
 * a kernel output that is all zero where the reference is not fails (rule ``zero_output``) even
   before the cosine rule would.
 
@@ -73,6 +76,7 @@ RULE_ANOMALY = "anomaly_positions"
 RULE_DEGENERATE = "degenerate_reference"
 RULE_ZERO_OUTPUT = "zero_output"
 RULE_EXACT_ZERO = "exact_zero"
+RULE_ALL_NON_FINITE = "all_non_finite"
 RULE_ELEMENT = "elementwise_abs_or_rel"
 RULE_COSINE = "cosine"
 RULE_THREE_OUTPUT = "three_output"
@@ -318,6 +322,13 @@ def compare(
     if n_anom:
         return done(False, RULE_ANOMALY,
                     "NaN/+inf/-inf positions differ: " + ", ".join(f"{k}: {v} positions" for k, v in rep.anomaly_mismatch.items()))
+    if rep.numel and not bool(torch.isfinite(ref).any()):
+        # nothing finite to compare, and every NaN/+inf/-inf of the output is where the
+        # reference has the same one: an exact match (e.g. lse = -inf of a case whose every row
+        # attends to nothing), not a case that cannot discriminate
+        rep.headroom_by_rule = {RULE_ALL_NON_FINITE: math.inf}
+        rep.headroom = math.inf
+        return done(True, RULE_ALL_NON_FINITE, "every reference element is NaN/+inf/-inf; the output has the same ones")
     ref_sumsq = float((r * r).sum())
     got_sumsq = float((a * a).sum())
     trivial = TRIVIAL_SUMSQ * float(ref_scale) ** 2

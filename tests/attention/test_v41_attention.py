@@ -123,6 +123,27 @@ def test_drawn_v41_decode_cases_pass_and_the_fast_bound_holds(case):
     assert matrix.run_entry(_reader(layout), cases=[case])[0].verdict == "pass"
 
 
+def test_a_case_whose_every_token_attends_to_nothing_is_judged_exactly():
+    # found by the `dev` hypothesis profile: one lonely token, so lse and max_logits are -inf
+    # everywhere; that was failed as a reference that "cannot discriminate"
+    case = v41_decode_case("all-lonely", 0, t=1, heads=3, main_bs=16, main_nb=1, main_k=64, extra=None,
+                           producer="vllm_0.33.0", lonely=(0,), empty_extra=(), stale_past_len=False, tail=0,
+                           edge="every token lonely")
+    good = matrix.run_entry(_reader("interleaved"), cases=[case])[0]
+    assert good.verdict == "pass", good.message
+    assert "all_non_finite" in str(good.details), good.details.keys()
+    reader = _reader("interleaved")
+
+    def finite_lse(c):  # a kernel that writes 0 where no token was attended
+        out = reader.call(c)
+        out["lse"] = torch.where(torch.isinf(out["lse"]), torch.zeros_like(out["lse"]), out["lse"])
+        return out
+
+    bad = matrix.run_entry(MutantEntry("reader.finite_lse", "v41_sparse_decode", "lonely lse as 0", finite_lse,
+                                       {"v41_layout": "interleaved"}), cases=[case])[0]
+    assert bad.verdict == "fail" and "anomaly_positions" in bad.rule, (bad.rule, bad.message)
+
+
 def test_case_builder_names_an_unknown_producer():
     with pytest.raises(InputError, match="producer.*flashinfer_0.7.2"):
         v41_decode_case("x", 1, producer="no-such-producer")

@@ -77,6 +77,22 @@ def test_zero_reference_is_degenerate_unless_exact_zero_expected():
     assert not r.passed and r.rule == nm.RULE_DEGENERATE
 
 
+def test_an_all_non_finite_reference_is_matched_exactly_not_degenerate():
+    inf, nan = float("inf"), float("nan")
+    ref = T(-inf, -inf, inf, nan)
+    r = nm.compare(ref.clone(), ref, atol=0.0, rtol=0.0, cos_tol=0.0)
+    assert r.passed and r.rule == nm.RULE_ALL_NON_FINITE and r.headroom == float("inf")
+    # any other value at any position fails: a finite one, or the other infinity
+    for i, v in ((0, 0.0), (1, inf), (2, -inf), (3, 1.0)):
+        got = ref.clone()
+        got[i] = v
+        bad = nm.compare(got, ref, atol=1e9, rtol=1e9, cos_tol=2.0)
+        assert not bad.passed and bad.rule == nm.RULE_ANOMALY, (i, v)
+    # one finite element left: the ordinary rules again (an all-zero finite part stays degenerate)
+    r = nm.compare(T(-inf, 0.0), T(-inf, 0.0), atol=1.0, rtol=1.0, cos_tol=1.0)
+    assert not r.passed and r.rule == nm.RULE_DEGENERATE
+
+
 def test_cosine_rule_decides():
     # every element within atol (9e-4 <= 1e-3), but cos_diff = (1-x)^2/(1+x^2) with x = 1.0009
     # = 8.1e-7 / 2.00180081 = 4.0463e-7 > 1e-7
