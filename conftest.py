@@ -292,21 +292,21 @@ if _TIMELINE:
         broker's children), the controller's ``nodedown`` (a worker reported its session done) and
         every process's ``exit`` (the start of its interpreter's shutdown)."""
 
-        @pytest.hookimpl(wrapper=True)
-        def pytest_sessionfinish(self, session, exitstatus):
+        @staticmethod
+        def _timed(phase: str):
             t0 = _time.time()
             try:
                 return (yield)
             finally:
-                _timeline_write(t0, _time.time(), "sessionfinish", "-")
+                _timeline_write(t0, _time.time(), phase, "-")
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            return (yield from self._timed("sessionfinish"))
 
         @pytest.hookimpl(wrapper=True)
         def pytest_unconfigure(self, config):
-            t0 = _time.time()
-            try:
-                return (yield)
-            finally:
-                _timeline_write(t0, _time.time(), "unconfigure", "-")
+            return (yield from self._timed("unconfigure"))
 
         @pytest.hookimpl(optionalhook=True)
         def pytest_testnodedown(self, node, error):
