@@ -20,7 +20,7 @@ from dsv4_numerics.reference.policies import AttentionMode, MissingLengths, NanP
 
 from .. import bytes_diff as bd
 from .. import numeric as nm
-from ..row_scale import logit_allowance, logit_scale
+from ..row_scale import logit_allowance, logit_scale, pv_abs, pv_allowance
 from ..tolerances import Tolerances, default_tolerances
 
 
@@ -254,7 +254,8 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
             rd = r.to_dict()
             rd["tolerance"] = {"line": tol.line, "tier": tol.tier, "kind": tol.kind, "scope": tol.scope.to_dict(),
                                "atol_unit": tol.atol_unit, "vrms": vr, "logit_ulps": tol.logit_ulps,
-                               "max_logit_allowance": float(allow.max()) if allow is not None and allow.numel() else 0.0,
+                               ("max_pv_allowance" if name == "out" else "max_logit_allowance"):
+                                   float(allow.max()) if allow is not None and allow.numel() else 0.0,
                                "ref_scale": ref_scale}
             reports[name] = rd
             checks.append((f"{name}:{r.rule}", r.passed, r.message, r.headroom, r.max_ulps_rel_regime))
@@ -285,7 +286,9 @@ def _statistic_allowance(name: str, tol, expected: dict, shape: tuple, vr: float
     (kernelkit's absolute floor) where the case has none (0: nothing valid, or not carried)."""
     f = expected.get("_logit_scale")
     if name == "out":
-        return None, (vr if vr is not None and 0 < vr < math.inf else 1.0)
+        sv = expected.get("_pv_abs")  # the bf16-P rounding term (row_scale.pv_abs), per element
+        allow = pv_allowance(sv) if sv is not None and tuple(sv.shape) == tuple(shape) else None
+        return allow, (vr if vr is not None and 0 < vr < math.inf else 1.0)
     if f is None or tuple(f.shape) != tuple(shape):
         return None, 1.0
     fmax = float(f.max()) if f.numel() else 0.0
@@ -385,6 +388,15 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
            "_logit_scale": logit_scale(q, segs, inp["scale"]), "_oracle": oracle}
+    # the bf16-P rounding budget of `out` (row_scale.pv_abs), where the oracle ran; should it fail,
+    # `out` is judged by atol / rtol alone (stricter) and the oracle details say why
+    psegs = dsegs if dsegs else segs
+    try:
+        pq = q.to(psegs[0].rows.device)
+        out["_pv_abs"] = pv_abs(pq, psegs, inp["scale"], None if sink is None else sink.to(pq.device),
+                                d_v=ex.out.shape[-1])
+    except Exception as e:  # noqa: BLE001 - an allowance only: the judgement goes on without it
+        oracle["pv_abs_error"] = f"{type(e).__name__}: {e}"[:300]
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         # the same-precision emulation is the ORDERED oracle (bf16 P), whose bits are the same on every
         # device (tests/attention/test_gpu.py): under the fast oracle it runs where the fast one ran --
@@ -424,6 +436,7 @@ def _inv_roped(case: Case, policies: dict, out: dict) -> dict:
         if k in out:
             rot = inverse_rope_output(out[k].to(torch.float32), inp["positions"], cs, arithmetic=arith)
             out[k] = rot.to(torch.float64)
+    out.pop("_pv_abs", None)  # the rotation mixes the RoPE dims' budgets: those outputs keep atol / rtol alone
     return out
 
 
