@@ -211,6 +211,8 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
     whose reference output is exactly zero (lonely queries, sink = +inf): the kernel must return
     exact zeros there (attention 7 tier A); the tolerance comparison covers the other rows.
     ``expected["_same_precision"]``: the bf16_p oracle output, for the three-output rule.
+    ``expected["_pv_abs"]`` (``row_scale.pv_abs``, ``[T, H, d_v]``): ``out`` is allowed
+    ``2**-8 * _pv_abs`` per element on top of the record's atol / rtol (the bf16 rounding of P).
     """
     reports: dict[str, Any] = {}
     checks: list[tuple[str, bool, str, float, float | None]] = []  # (rule, passed, msg, headroom, ulps)
