@@ -40,6 +40,23 @@ def pytest_configure(config):
     # pytest-xdist registers xdist_group itself; register it too so --strict-markers never
     # rejects the matrix when xdist is absent (plain `pytest tests/kernels`).
     config.addinivalue_line("markers", "xdist_group(name): run all items of a group on one xdist worker")
+    config.addinivalue_line("markers", "needs_entry(name): skip, with the probe's reason, unless registry entry "
+                                       "NAME is available here (checked before hypothesis runs any example)")
+
+
+@pytest.fixture(autouse=True)
+def _skip_unless_entry_available(request):
+    """``@pytest.mark.needs_entry(NAME)``: skip before the test body runs. A skip raised inside a
+    hypothesis test's explicit example is printed as a "Falsifying explicit example" first."""
+    marker = request.node.get_closest_marker("needs_entry")
+    if marker is None:
+        return
+    from dsv4_numerics.kernels import registry
+
+    entry = registry.get(marker.args[0])
+    ok, reason = entry.available()
+    if not ok:
+        pytest.skip(f"{entry.name}: {reason}")
 
 
 _CACHE: dict[str, dict[str, dict]] = {}

@@ -31,6 +31,7 @@ def _cute_geometry(spec: CompressorSpec) -> CompressorSpec:
     return spec
 
 
+@pytest.mark.needs_entry("cutedsl.compressor")
 @given(spec=compressor_specs())
 @example(spec=C4_PROD)
 @example(spec=C128_PROD)

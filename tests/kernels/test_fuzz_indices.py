@@ -200,30 +200,35 @@ RAGGED_MIXED = IndexSpec.of(
     lengths=torch.tensor([5, 4, 0], dtype=torch.int32), num_rows=10)
 
 
+@pytest.mark.needs_entry("vllm_triton.compute_global_topk_indices_and_lens")
 @given(spec=topk_global_specs())
 @example(spec=TOPK_INTERIOR)
 def test_compute_global_topk_indices_and_lens(spec):
     check("vllm_triton.compute_global_topk_indices_and_lens", "topk_global", spec)
 
 
+@pytest.mark.needs_entry("vllm_triton.combine_topk_swa_indices")
 @given(spec=combine_specs())
 @example(spec=COMBINE_MINUS1)
 def test_combine_topk_swa_indices_common(spec):
     check("vllm_triton.combine_topk_swa_indices", "combine_prefill", spec)
 
 
+@pytest.mark.needs_entry("rocm_triton.combine_topk_swa_indices")
 @given(spec=combine_specs("combine_topk_swa_indices_rocm"))
 @example(spec=IndexSpec("combine_topk_swa_indices_rocm", COMBINE_MINUS1.args))
 def test_combine_topk_swa_indices_rocm(spec):
     check("rocm_triton.combine_topk_swa_indices", "combine_prefill", spec)
 
 
+@pytest.mark.needs_entry("rocm_triton.build_ragged_indices_from_dense")
 @given(spec=ragged_dense_specs())
 @example(spec=RAGGED_MIXED)
 def test_build_ragged_indices_from_dense(spec):
     check("rocm_triton.build_ragged_indices_from_dense", "rocm_ragged", spec)
 
 
+@pytest.mark.needs_entry("rocm_triton.build_prefill_topk_ragged_indices")
 @given(spec=prefill_topk_specs())
 def test_build_prefill_topk_ragged_indices(spec):
     check("rocm_triton.build_prefill_topk_ragged_indices", "rocm_ragged", spec)

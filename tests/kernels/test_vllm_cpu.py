@@ -35,6 +35,7 @@ def _need_library() -> None:
         pytest.skip(f"vllm_cpu: {reason}")
 
 
+@pytest.mark.needs_entry(WRITER)
 @given(spec=writer_specs(finite=True))
 @example(spec=TIES)
 @example(spec=TINY)
@@ -43,6 +44,7 @@ def test_cpu_writer_bytes_match_reference_finite(spec: WriterSpec):
     run_writer(WRITER, spec, device="cpu")
 
 
+@pytest.mark.needs_entry(WRITER)
 @given(spec=writer_specs(finite=False))
 @example(spec=NONFINITE)
 def test_cpu_writer_bytes_match_reference_nonfinite(spec: WriterSpec):
@@ -153,6 +155,7 @@ def test_cpu_decode_reads_exponent_zero_codes_as_normals():
         assert [int(c) for c in codes[got != exact]] == list(range(8)) + list(range(0x80, 0x88))
 
 
+@pytest.mark.needs_entry("vllm_cpu.sparse_decode")
 @given(case=decode_cases(max_batch=4, topks=(64, 128, 576)))
 def test_cpu_decode_matches_reference_on_drawn_cases(case):
     """The CPU decode row under hypothesis: drawn page sizes (odd ones and 576), top-k, lengths
