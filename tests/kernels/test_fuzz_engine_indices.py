@@ -6,6 +6,7 @@ skips with the entry's reason where the kernel cannot run."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -29,12 +30,14 @@ def swa_index_specs(draw) -> IndexSpec:
                         window_size=draw(st.sampled_from([1, 4, 16, 128])))
 
 
+@pytest.mark.needs_entry("rocm_triton.compute_global_topk_ragged_indices_and_indptr")
 @given(spec=topk_global_specs())
 @example(spec=TOPK_INTERIOR)
 def test_compute_global_topk_ragged_indices_and_indptr(spec):
     check("rocm_triton.compute_global_topk_ragged_indices_and_indptr", "rocm_ragged", IndexSpec(RAGGED, spec.args))
 
 
+@pytest.mark.needs_entry("vllm_triton.compute_swa_indices_and_lens")
 @given(spec=swa_index_specs())
 def test_compute_swa_indices_and_lens(spec):
     check("vllm_triton.compute_swa_indices_and_lens", "swa_indices", spec)
