@@ -214,11 +214,11 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
     from dsv4_numerics.timeline import unit_key
 
     known = _durations() if durations is None else durations
+    groups = [_group(it) for it in items]
+    units = [unit_key(it.nodeid, g) for it, g in zip(items, groups)]
     first: dict[str, int] = {}
     est: dict[str, float] = {}
-    for i, it in enumerate(items):
-        g = _group(it)
-        unit = unit_key(it.nodeid, g)
+    for i, (it, g, unit) in enumerate(zip(items, groups, units)):
         first.setdefault(unit, i)
         if it.get_closest_marker("skip"):
             est.setdefault(unit, 0.0)
@@ -231,8 +231,7 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
             est[unit] = est.get(unit, 0.0) + 0.3
         else:
             est.setdefault(unit, 0.0)
-    order = {id(it): (-est[unit_key(it.nodeid, _group(it))], first[unit_key(it.nodeid, _group(it))], i)
-             for i, it in enumerate(items)}
+    order = {id(it): (-est[unit], first[unit], i) for i, (it, unit) in enumerate(zip(items, units))}
     items.sort(key=lambda it: order[id(it)])
 
 
@@ -270,8 +269,9 @@ if _TIMELINE:
             return None
 
     _t_import = _time.time()
-    if _process_start() is not None:  # python start-up and the imports before this line (torch)
-        _timeline_write(min(_process_start(), _t_import), _t_import, "imports", "-")
+    _t_process = _process_start()
+    if _t_process is not None:  # python start-up and the imports before this line (torch)
+        _timeline_write(min(_t_process, _t_import), _t_import, "imports", "-")
     _timeline_write(_t_import, _t_import, "sessionstart", "-")
 
     @pytest.hookimpl(hookwrapper=True)

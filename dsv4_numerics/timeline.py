@@ -80,25 +80,23 @@ def ends_of_run(loaded: dict, t_first: float, t_last: float) -> list[str]:
     every worker process to exit), ``unconfigure`` (the kernel broker's children end) and
     ``exit`` ended. Empty without a controller timeline (a plain run, or an older one)."""
     main = loaded.get("main")
-    workers = [rows for w, rows in loaded.items() if w != "main"]
+    workers = [r for w, rows in loaded.items() if w != "main" for r in rows]  # every worker's rows
     if not main or not workers:
         return []
 
-    def last(rows, phase, at=1):
-        return max((r[at] for r in rows if r[2] == phase), default=None)
+    def last(rows, phase):
+        return max((r[1] for r in rows if r[2] == phase), default=None)
 
     out = []
     c0 = min((r[0] for r in main if r[2] == "sessionstart"), default=None)
     if c0 is not None:
-        imports = [r[1] - r[0] for rows in workers for r in rows if r[2] == "imports"]
+        imports = [r[1] - r[0] for r in workers if r[2] == "imports"]
         out.append(f"start: the first worker started {t_first - c0:.1f} s after the controller"
                    + (f"; a worker's python start-up and imports before it (torch): mean {statistics.mean(imports):.1f} s, "
                       f"max {max(imports):.1f} s" if imports else ""))
     marks = [("workers reported done", last(main, "nodedown")),
-             ("workers' unconfigure ended", max((v for v in (last(r, "unconfigure") for r in workers) if v is not None),
-                                                default=None)),
-             ("workers' shutdown began", max((v for v in (last(r, "exit") for r in workers) if v is not None),
-                                             default=None)),
+             ("workers' unconfigure ended", last(workers, "unconfigure")),
+             ("workers' shutdown began", last(workers, "exit")),
              ("controller's sessionfinish ended (waits for every worker process to exit)", last(main, "sessionfinish")),
              ("controller's unconfigure ended (kernel broker's children ended)", last(main, "unconfigure")),
              ("controller's shutdown began", last(main, "exit"))]

@@ -49,14 +49,8 @@ def _skip_unless_entry_available(request):
     """``@pytest.mark.needs_entry(NAME)``: skip before the test body runs. A skip raised inside a
     hypothesis test's explicit example is printed as a "Falsifying explicit example" first."""
     marker = request.node.get_closest_marker("needs_entry")
-    if marker is None:
-        return
-    from dsv4_numerics.kernels import registry
-
-    entry = registry.get(marker.args[0])
-    ok, reason = entry.available()
-    if not ok:
-        pytest.skip(f"{entry.name}: {reason}")
+    if marker is not None:
+        entry_or_skip(marker.args[0])
 
 
 _CACHE: dict[str, dict[str, dict]] = {}
