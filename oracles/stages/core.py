@@ -20,7 +20,7 @@ from dsv4_numerics.reference.policies import AttentionMode, MissingLengths, NanP
 
 from .. import bytes_diff as bd
 from .. import numeric as nm
-from ..row_scale import logit_allowance, logit_scale, pv_abs, pv_allowance
+from ..row_scale import logit_allowance, logit_scale, pv_allowance
 from ..tolerances import Tolerances, default_tolerances
 
 
@@ -211,7 +211,7 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
     whose reference output is exactly zero (lonely queries, sink = +inf): the kernel must return
     exact zeros there (attention 7 tier A); the tolerance comparison covers the other rows.
     ``expected["_same_precision"]``: the bf16_p oracle output, for the three-output rule.
-    ``expected["_pv_abs"]`` (``row_scale.pv_abs``, ``[T, H, d_v]``): ``out`` is allowed
+    ``expected["_pv_abs"]`` (the fast oracle's ``pv_abs``, ``[T, H, d_v]``): ``out`` is allowed
     ``2**-8 * _pv_abs`` per element on top of the record's atol / rtol (the bf16 rounding of P).
     """
     reports: dict[str, Any] = {}
@@ -288,7 +288,7 @@ def _statistic_allowance(name: str, tol, expected: dict, shape: tuple, vr: float
     (kernelkit's absolute floor) where the case has none (0: nothing valid, or not carried)."""
     f = expected.get("_logit_scale")
     if name == "out":
-        sv = expected.get("_pv_abs")  # the bf16-P rounding term (row_scale.pv_abs), per element
+        sv = expected.get("_pv_abs")  # the bf16-P rounding term (FastOracleOut.pv_abs), per element
         allow = pv_allowance(sv) if sv is not None and tuple(sv.shape) == tuple(shape) else None
         return allow, (vr if vr is not None and 0 < vr < math.inf else 1.0)
     if f is None or tuple(f.shape) != tuple(shape):
@@ -377,26 +377,32 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
                  for s in segs]
         fx = fast_sparse_attention(q.to(dev), dsegs, inp["scale"], None if sink is None else sink.to(dev),
-                                   nan_policy=nan)
+                                   nan_policy=nan, want_abs=True)
         ex = OracleOut(*(t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits, fx.n_valid)))
         names = [k for k, b in fx.bound.items() if b.numel()]
         maxima = torch.stack([fx.bound[k].max() for k in names]).tolist() if names else []  # one sync
         oracle = {"mode": FAST, "device": str(dev), "exact_logits": fx.exact_logits,
                   "bound": {k: dict(zip(names, maxima)).get(k, 0.0) for k in fx.bound}}
+        pv = fx.pv_abs
     else:
         sink = None if sink is None else sink.to(q.device)  # the ordered oracle runs where q is
         ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
         oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
+        pv = None
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
            "_logit_scale": logit_scale(q, segs, inp["scale"]), "_oracle": oracle}
-    # the bf16-P rounding budget of `out` (row_scale.pv_abs), where the oracle ran; should it fail,
-    # `out` is judged by atol / rtol alone (stricter) and the oracle details say why
-    psegs = dsegs if dsegs else segs
+    # the bf16-P rounding budget of `out` (row_scale.pv_allowance): the fast oracle's pv_abs, under the
+    # ordered oracle from a fast call where it ran (its GEMMs, not a second ordered pass); should that
+    # fail, `out` is judged by atol / rtol alone (stricter) and the oracle details say why
     try:
-        pq = q.to(psegs[0].rows.device)
-        out["_pv_abs"] = pv_abs(pq, psegs, inp["scale"], None if sink is None else sink.to(pq.device),
-                                d_v=ex.out.shape[-1])
+        if pv is None:
+            from dsv4_numerics.reference.attention.fast import fast_sparse_attention
+
+            pv = fast_sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan, graph=False,
+                                       want_abs=True).pv_abs
+        # non-finite where a row reads NaN/Inf: those outputs are judged by their anomaly positions
+        out["_pv_abs"] = pv.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).cpu()
     except Exception as e:  # noqa: BLE001 - an allowance only: the judgement goes on without it
         oracle["pv_abs_error"] = f"{type(e).__name__}: {e}"[:300]
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:

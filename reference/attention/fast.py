@@ -103,11 +103,13 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 (1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
 Results do not depend on the chunk size beyond the bound.
 
-Speed (the GPU call is launch-bound: the host spends ~10-20 us per kernel launch on the H200's
-hosts, against ~0.9 ms of GPU work at production decode h64/top-512, batch 128): ~80 kernels per
-call. The validation rules that need device values (lengths, -1-only indices, a NaN sink) are
-evaluated on the device and read with the call's one host sync (``_layout``; ``_check_common``
-then raises the precise error). Every segment's rows, a zero row and q's rows form one table
+Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
+work at production decode h64/top-512, batch 128): ~75 kernels per call, issued so that the GPU
+has work queued from the first launch (``_issue``: the table and its row statistics first, the
+slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
+this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
+that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
+read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error). Every segment's rows, a zero row and q's rows form one table
 (``_table``), whose row statistics are one float32 norm and one bits lookup (``_row_stats``,
 written into one ``[3, N]`` tensor) and whose slot rows are one ``index_select`` per chunk
 (gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
@@ -137,7 +139,7 @@ from ..errors import check_enum, check_int, fail
 from ..policies import IndexRule, NanPolicy
 
 __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast", "FAST_BUDGET_BYTES",
-           "BOUND_OUTPUTS", "bound_coefficients"]
+           "BOUND_OUTPUTS", "bound_coefficients", "bf16_abs_factor"]
 
 FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
 _CPU_LOGIT_BYTES = 8 * 2**20
@@ -154,6 +156,7 @@ _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
 _NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
 _STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
 _STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
+_BF16_ABS_MAX_K = 2**20  # pv_abs' bfloat16 GEMM up to this many slots (``bf16_abs_factor``), float64 beyond
 _STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
 # rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
@@ -194,7 +197,14 @@ class FastOracleOut:
     tensors shaped like ``out``/``lse``/``lse_with_sink``/``max_logits``: ``|fast - ordered|``
     bound, 0 where both are exact or lonely; meaningless at non-finite outputs) and
     ``exact_logits``: the fraction of the ``T * H`` (token, head) rows whose logits are proven
-    exact (equal to the ordered oracle's bits; a lonely row, which has none, counts as exact)."""
+    exact (equal to the ordered oracle's bits; a lonely row, which has none, counts as exact).
+    ``pv_abs`` (``want_abs=True`` only, else None): ``[T, H, d_v]`` float64, the output with ``|V|``
+    in place of ``V`` and the same weights, ``f * sum_k (p_k / L) |v_k|`` (``f``: the sink factor;
+    0 on lonely rows and under a ``+inf`` sink; NaN/Inf where the row reads a non-finite value or
+    the sum overflows): an error budget, e.g. the bf16 rounding of ``P`` moves a bf16-P kernel's
+    ``out`` by at most ``2**-8 pv_abs``. From a bfloat16 table it is an upper bound of that value
+    within ``bf16_abs_factor(K)`` (1.2%; one bfloat16 GEMM), from other tables within the ``out``
+    bound of it (the bound's steps 5-6 hold for ``|V|`` as for ``V``: same weights, same ``max |v|``)."""
 
     out: torch.Tensor
     lse: torch.Tensor
@@ -203,6 +213,7 @@ class FastOracleOut:
     n_valid: torch.Tensor
     bound: dict
     exact_logits: float
+    pv_abs: torch.Tensor | None = None
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {"out": self.out, "lse": self.lse, "lse_with_sink": self.lse_with_sink,
@@ -210,7 +221,7 @@ class FastOracleOut:
 
 
 def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int, head_dim: int = 512,
-                             d_v: int = 512, rows_itemsize: int = 2) -> int:
+                             d_v: int = 512, rows_itemsize: int = 2, want_abs: bool = False) -> int:
     """Upper estimate (bytes) of the fast oracle's live tensors for one chunk of ``c`` tokens:
     ``c * (K*D*(b + 8) + 2*H*K*8 + 2*H*(D + d_v)*8 + 64*K + 64*H)``: the gathered rows in the
     table's dtype (``b`` bytes) and as float64, the ``[H, K]`` logits (exponentiated in place) and
@@ -220,13 +231,16 @@ def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int,
     statistics (``<= 24`` bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
     outputs and bounds of all ``T`` tokens (``T * (2 * H * d_v + 12 * H) * 8`` bytes), held until
     the call returns. Production decode (H=128, K=1152, D=d_v=512): 9.95 MiB per token, so the
-    default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk)."""
+    default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk). ``want_abs``: plus the
+    chunk's ``pv_abs`` numerator (bfloat16 and float64) and ``p`` in bfloat16, ``c * H * (10 d_v + 2
+    K)`` (``|V|`` is taken in place of the gathered rows)."""
     for name, v in (("chunk_tokens", chunk_tokens), ("num_heads", num_heads), ("head_dim", head_dim),
                     ("d_v", d_v), ("rows_itemsize", rows_itemsize)):
         check_int("peak_bytes_estimate_fast", name, v, minimum=1)
     check_int("peak_bytes_estimate_fast", "total_topk", total_topk, minimum=0)
     c, H, K, D = chunk_tokens, num_heads, total_topk, head_dim
-    return c * (K * D * (rows_itemsize + 8) + 2 * H * K * 8 + 2 * H * (D + d_v) * 8 + 64 * K + 64 * H)
+    return c * (K * D * (rows_itemsize + 8) + 2 * H * K * 8 + 2 * H * (D + d_v) * 8 + 64 * K + 64 * H
+                + (H * (10 * d_v + 2 * K) if want_abs else 0))
 
 
 # ----------------------------------------------------------------------------- bound constants
@@ -402,14 +416,12 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
 
 
 def _layout(segments, rules, T: int, dev: torch.device):
-    """``(valid, gidx, n_valid, flags, cols)``: validity ``[T, K]`` (bool), table row of every slot
-    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32) and
-    ``flags``, float64 1-D tensors whose values show whether a rule ``_check_common`` enforces is
-    broken: the lengths' ``[S]`` min and max per segment (in ``[0, K_s]``) and, with a -1-only segment,
-    the count ``[1]`` of its in-prefix slots that are neither -1 nor valid (must be 0). No host sync: the caller
-    reads ``flags`` with its one sync after the heavy kernels and then lets ``_check_common`` raise
-    the precise error. Out-of-range slots never reach a gather (they point at the zero row), so a
-    bad input cannot fault the device first."""
+    """``(valid, gidx, n_valid, pending, cols)``: validity ``[T, K]`` (bool), table row of every slot
+    ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32), what
+    ``_flags`` needs for the deferred validation (issued later, so the heavy kernels start sooner)
+    and ``_column_constants``. No host sync: the caller reads the flags with its one sync after the
+    heavy kernels and then lets ``_check_common`` raise the precise error. Out-of-range slots never
+    reach a gather (they point at the zero row), so a bad input cannot fault the device first."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     Ns = tuple(s.rows.shape[0] for s in segments)
     cols = _column_constants(Ks, Ns, tuple(rules), dev)
@@ -425,6 +437,17 @@ def _layout(segments, rules, T: int, dev: torch.device):
         lcol = lts.index_select(1, seg_of_col)  # [T, K]
     in_prefix = pos < lcol
     valid = in_prefix & (idx == idx.clamp(zero, nmax))  # in the prefix and in [0, N_s)
+    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
+    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, in_prefix, idx), cols
+
+
+def _flags(rules, pending, valid, cols) -> list:
+    """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
+    in-prefix mask and the indices ``[T, K]``): float64 1-D tensors, the lengths' ``[S]`` min and max
+    per segment and, with a -1-only segment, the count ``[1]`` of its in-prefix slots that are
+    neither -1 nor valid. Issued after the heavy kernels: the host sync reads them."""
+    lts, in_prefix, idx = pending
+    m1, minus1 = cols[3], cols[7]
     flags = list(torch.aminmax(lts.to(torch.float64), dim=0))
     if any(r == IndexRule.MINUS1_ONLY for r in rules):
         # an in-prefix slot that is not -1 must be valid (valid slots are in-prefix and not -1):
@@ -433,8 +456,7 @@ def _layout(segments, rules, T: int, dev: torch.device):
         if not all(r == IndexRule.MINUS1_ONLY for r in rules):
             bad &= m1.bool()
         flags.append(bad.sum(dtype=torch.float64).view(1))
-    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
-    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), flags, cols
+    return flags
 
 
 def _table_dtype(segments, q: torch.Tensor) -> torch.dtype:
@@ -479,20 +501,36 @@ def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale:
     return acc.mul_(scale)
 
 
-def _gather(table, gflat, c):
-    """The chunk's slot rows ``[c, K, D]`` as float64 (gathered in the table's dtype by the flat
-    ``[c*K]`` table rows ``gflat``, then converted: exact)."""
-    return table.index_select(0, gflat).view(c, -1, table.shape[1]).to(torch.float64)
+def _gather(table, gflat, c, want_abs=False):
+    """``(g, gb)``: the chunk's slot rows ``[c, K, D]`` as float64 (gathered in the table's dtype by
+    the flat ``[c*K]`` table rows ``gflat``, then converted: exact) and, for ``pv_abs``
+    (``want_abs``) from a bfloat16 table, the gathered bfloat16 rows themselves (else None)."""
+    gt = table.index_select(0, gflat).view(c, -1, table.shape[1])
+    keep = want_abs and gt.dtype == torch.bfloat16 and gt.shape[1] < _BF16_ABS_MAX_K
+    return gt.to(torch.float64), (gt if keep else None)
 
 
-def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero):
+def bf16_abs_factor(K: int) -> float:
+    """The factor that makes ``pv_abs``' bfloat16 GEMM an upper bound of its exact value (``K`` slots,
+    ``K < 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
+    ``|v|`` exact (bfloat16 rows), the products of non-negative terms summed in float32 in any
+    order, even with truncating tensor-core alignment (``>= (1 - K 2**-22)`` of the exact sum), the
+    result rounded to bfloat16 (``>= (1 - 2**-8)``): ``1 / ((1 - 2**-8)**2 (1 - K 2**-22))``, times
+    ``1 + 2**-20`` for the float64 scaling; at most 1.2% above 1 for DSv4's ``K <= 2**14``.
+    Underflow (``p_k`` or products below ``2**-126`` flushed) loses at most ``K 2**-126 (1 + max
+    |v|)`` in absolute terms, far below any tolerance's absolute floor."""
+    return 1.0 / ((1.0 - 2.0**-8) ** 2 * (1.0 - K * 2.0**-22)) * (1.0 + 2.0**-20)
+
+
+def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=False):
     """Steps 1-3 and ``N = bmm(p, V)`` for one chunk of ``c`` tokens with the fast logits:
     ``gflat`` ``[c*K]`` table rows of the slots, ``negmask`` ``[c, 1, K]`` float64 ``0`` (valid) /
     ``-inf`` (invalid), ``lonely`` ``[c, 1, 1]`` (no valid slot), ``qc`` the chunk's q ``[c, H,
-    D]``. Returns ``(N [c, H, d_v], m, L)`` (``m``, ``L``: ``[c, H, 1]``; no host sync). Only the
+    D]``. Returns ``(N [c, H, d_v], m, L, Na)`` (``m``, ``L``: ``[c, H, 1]``; ``Na = bmm(p, |V|)``
+    with ``want_abs``, else None; no host sync). Only the
     GEMMs and the softmax passes: issued first, so the GPU runs them while the host issues the
     statistics and bounds (``_row_tests``) that decide whether these logits stand."""
-    g = _gather(table, gflat, qc.shape[0])
+    g, gb = _gather(table, gflat, qc.shape[0], want_abs)
     s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
     # scale and mask in one pass: -inf + fl(scale s) = -inf, 0 + fl(scale s) = fl(scale s) (fused or
     # not; a -0 turns +0, which neither the max nor exp sees). It needs every logit finite: true when
@@ -501,21 +539,33 @@ def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero):
     # It also turns a -0 logit +0 (+0 + -0 = +0), as the ordered oracle's accumulation from +0 does,
     # so the max below needs no canonicalisation.
     torch.add(negmask, s, alpha=scale, out=s)
-    return _softmax_tail(s, g, d_v, lonely, zero, canonical=True)
+    return _softmax_tail(s, g, d_v, lonely, zero, canonical=True, want_abs=want_abs, gb=gb)
 
 
-def _softmax_tail(s, g, d_v, lonely, zero, canonical=False):
+def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=None):
     """Steps 2-3 and ``N = bmm(p, V)`` from masked scaled logits ``s`` ``[c, H, K]`` (consumed);
     ``canonical``: no logit is -0 (else the max is made +0, as the ordered oracle's). A lonely row
     (every logit ``-inf``) keeps ``m = -inf`` and is shifted by 0 instead: ``p = 0``, ``L = 0``,
-    ``N = 0`` (``_finish`` relies on it). ``zero``: a 0-dim float64 0 on the device."""
+    ``N = 0`` (``_finish`` relies on it). ``zero``: a 0-dim float64 0 on the device. Returns ``(N,
+    m, L, Na)``: ``Na`` (``want_abs``, else None) the numerator of ``pv_abs``, ``sum_k p_k |v_k|``:
+    from the bfloat16 rows ``gb`` (consumed) one bfloat16 GEMM of ``bf16(p)`` and ``|V|`` times
+    ``bf16_abs_factor(K)`` (an upper bound within 1.2%, a fraction of the float64 GEMM's memory
+    traffic), else the float64 ``bmm(p, |V|)`` (``g`` consumed)."""
     m = s.amax(dim=2, keepdim=True)
     if not canonical:
         m.add_(0.0)  # -0.0 -> +0.0, as the ordered oracle's max
     p = s.sub_(torch.where(lonely, zero, m)).exp_()  # p = exp(s - m) (torch.exp, one pass, in place)
     L = p.sum(dim=2, keepdim=True)
-    N = torch.bmm(p, g if d_v == g.shape[2] else g[:, :, :d_v])
-    return N, m, L
+    v = g if d_v == g.shape[2] else g[:, :, :d_v]
+    N = torch.bmm(p, v)
+    if not want_abs:
+        return N, m, L, None
+    if gb is not None:  # |V| in place: the rows are not read again
+        vb = gb if d_v == gb.shape[2] else gb[:, :, :d_v]
+        Na = torch.bmm(p.to(torch.bfloat16), vb.abs_()).to(torch.float64).mul_(bf16_abs_factor(gb.shape[1]))
+    else:
+        Na = torch.bmm(p, v.abs_())
+    return N, m, L, Na
 
 
 def _row_tests(stats, gflat, qrows, c, lims):
@@ -538,7 +588,7 @@ def _row_tests(stats, gflat, qrows, c, lims):
     return torch.where(approx, nqb, zero), vk, approx, fast
 
 
-def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero):
+def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero, want_abs=False):
     """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
     recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
     and invalid slots masked to ``-inf`` whatever their logit. ``tests``: the chunk's
@@ -546,7 +596,7 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     over the finite values only (``vfin``: ``_vmax_finite`` of the table)."""
     c, K = gidx.shape
     gflat = gidx.reshape(-1)
-    g = _gather(table, gflat, c)
+    g, gb = _gather(table, gflat, c, want_abs)
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
     x, vk, approx, fast = tests
@@ -554,10 +604,11 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     w = (~fast & valid.unsqueeze(1)).nonzero()
     s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
     s.masked_fill_(~valid.unsqueeze(1), -math.inf)
-    return (*_softmax_tail(s, g, d_v, lonely, zero), x, vmax, approx)
+    N, m, L, Na = _softmax_tail(s, g, d_v, lonely, zero, want_abs=want_abs, gb=gb)
+    return N, m, L, x, vmax, approx, Na
 
 
-def _finish(N, m, L, x, vmax, lonely, sink, coef, one):
+def _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na=None):
     """Steps 4-7 and the bounds for all tokens at once (a fixed number of kernel launches per
     call), with the ordered oracle's lonely-row conventions. ``N``, ``m``, ``L``: ``_softmax_tail``'s
     (``[T, H, d_v]``, ``[T, H, 1]``; ``N`` is divided in place), ``x`` ``[T, H, 1]``, ``vmax``
@@ -571,9 +622,10 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef, one):
     sink), so its bounds are finite; a lonely row has ``lse = -inf``, so every bound of it comes out
     non-finite and is set to 0, as are the bounds of rows whose ``lse`` is NaN/Inf. Bounds at other
     non-finite outputs (NaN/Inf values, a ``+inf`` sink's ``lse_with_sink``: the same values in both
-    modes) are finite and carry no meaning. Returns ``(out, lse, lws, m)`` (``[T, H, d_v]``, then
-    ``[T, H]``) and the bounds ``(b_lse, b_lws, b_max)`` ``[T, H]`` and ``b_out`` ``[T, H, 1]``
-    (``V_j B[t, h]``: the ``out`` bound is its broadcast to ``[T, H, d_v]``)."""
+    modes) are finite and carry no meaning. Returns ``(out, lse, lws, m, pv_abs)`` (``[T, H, d_v]``,
+    then ``[T, H]``, then ``Na`` divided in place by the same ``L (1 + e)``, or None without ``Na``)
+    and the bounds ``(b_lse, b_lws, b_max)`` ``[T, H]`` and ``b_out`` ``[T, H, 1]`` (``V_j B[t,
+    h]``: the ``out`` bound is its broadcast to ``[T, H, d_v]``)."""
     T, H, _ = m.shape
     cx, cl, ce, cs, cb = coef
     lnL = torch.log(L)  # -inf on lonely rows (L = 0)
@@ -587,19 +639,21 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef, one):
         # +-inf sinks enter as 0 ("Evaluation"); a NaN sink is rejected by the caller's validation
         base = torch.addcmul(cb, cs, sk.abs().nan_to_num_(posinf=0.0))  # [4, 1, H, 1]
     out = N.div_(den)
+    pv = None if Na is None else Na.div_(den)
     # B = cb + cs |sink| + cl ln L + ce |lse| + cx x, [4, T, H, 1]; ln L >= 0 but on lonely rows
     # (-inf there: their B is reset below)
     B = torch.addcmul(base, cl, lnL).addcmul_(ce, lse.abs()).addcmul_(cx, x).nan_to_num_(nan=0.0, posinf=0.0)
     b_lse, b_lws, b_max, _ = B.view(4, T, H).unbind(0)
-    return (out, lse.view(T, H), lws.view(T, H), m.view(T, H)), (b_lse, b_lws, b_max, B[3].mul_(vmax))
+    return (out, lse.view(T, H), lws.view(T, H), m.view(T, H), pv), (b_lse, b_lws, b_max, B[3].mul_(vmax))
 
 
 def _finish_parts(parts, lonely, sink, coef, one):
-    """``_finish`` over the chunks' ``(N, m, L, x, vmax, approx)`` (one chunk: its own tensors, ``N``
-    divided in place; several: concatenated), and ``approx`` ``[T, H, 1]`` of all chunks."""
-    cols = [c[0] if len(parts) == 1 else torch.cat(c, dim=0) for c in zip(*parts)]
-    N, m, L, x, vmax, approx = cols
-    return _finish(N, m, L, x, vmax, lonely, sink, coef, one), approx
+    """``_finish`` over the chunks' ``(N, m, L, x, vmax, approx, Na)`` (one chunk: its own tensors,
+    ``N`` divided in place; several: concatenated; ``Na`` None in every chunk or in none), and
+    ``approx`` ``[T, H, 1]`` of all chunks."""
+    cols = [c[0] if len(parts) == 1 or c[0] is None else torch.cat(c, dim=0) for c in zip(*parts)]
+    N, m, L, x, vmax, approx, Na = cols
+    return _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na), approx
 
 
 def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
@@ -648,11 +702,11 @@ class _Issued:
 
 
 def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
-           chunk_tokens: int | None) -> list:
+           chunk_tokens: int | None, want_abs: bool = False) -> list:
     """The chunks ``[(t0, t1)]``: ``chunk_tokens`` per chunk, by default what fits
     ``FAST_BUDGET_BYTES`` (and, on the CPU, an ~8 MiB logit tensor)."""
     if chunk_tokens is None:
-        per = peak_bytes_estimate_fast(1, H, K, D, d_v, itemsize)
+        per = peak_bytes_estimate_fast(1, H, K, D, d_v, itemsize, want_abs)
         chunk_tokens = max(1, FAST_BUDGET_BYTES // per)
         if dev.type == "cpu":
             chunk_tokens = min(chunk_tokens, max(1, _CPU_LOGIT_BYTES // max(1, 8 * H * K)))
@@ -665,17 +719,22 @@ def _part(x: torch.Tensor, t0: int, t1: int, one_chunk: bool) -> torch.Tensor:
     return x if one_chunk else x[t0:t1]
 
 
-def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False) -> _Issued:
+def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
+           want_abs: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
-    (so a CUDA graph can capture it): layout and deferred validation flags, the table, per chunk
-    the GEMMs and softmax passes (issued first: the GPU runs them while the host issues the rest),
-    the row statistics and exactness tests, steps 4-7 and the bounds, and the host vector."""
+    (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
+    (an eager call's host issues ~70 operations at ~10 us each; the GPU work is ~1 ms at
+    production decode shapes): the table and its row statistics (a few long kernels, which the
+    GPU runs while the host issues the slot layout), per chunk the GEMMs and softmax passes
+    (``want_abs``: one more GEMM, ``p |V|``), the deferred validation flags, the exactness tests,
+    steps 4-7 and the bounds, and the host vector."""
     T, H, D = q.shape
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
-    valid, gidx, n_valid, checks, cols = _layout(segments, rules, T, dev)
-    lonely = n_valid.view(T, 1, 1) == 0
     table, Nrows = _table(segments, q, nan_policy)
+    stats = _row_stats(table, d_v)
+    valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
+    lonely = n_valid.view(T, 1, 1) == 0
     q0 = Nrows + 1
     sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
     consts = _constants(K, D, sc, sink is not None, sdt, dev)
@@ -691,13 +750,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
 
     if K == 0:  # every row lonely (m = -inf, as ``_finish`` expects of a lonely row)
         z = torch.zeros(T, H, 1, dtype=torch.float64, device=dev)
-        heavy = [(torch.zeros(T, H, d_v, dtype=torch.float64, device=dev), torch.full_like(z, -math.inf), z)]
+        z3 = torch.zeros(T, H, d_v, dtype=torch.float64, device=dev)
+        heavy = [(z3, torch.full_like(z, -math.inf), z, torch.zeros_like(z3) if want_abs else None)]
         spans = [(0, T)]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
-                             sc, d_v, zero) for t0, t1 in spans]
-    stats = _row_stats(table, d_v)
+                             sc, d_v, zero, want_abs) for t0, t1 in spans]
+    checks = _flags(rules, pending, valid, cols)
     if K == 0:
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         tests = [(z2, z2[:, :1], torch.zeros(T, H, 1, dtype=torch.bool, device=dev),
@@ -705,7 +765,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
                  for t0, t1 in spans]
-    parts = [(*h, *t[:3]) for h, t in zip(heavy, tests)]
+    parts = [(*h[:3], *t[:3], h[3]) for h, t in zip(heavy, tests)]
     res, approx = _finish_parts(parts, lonely, sink, coef, one)
     # the host vector (float64): lengths' min and max per segment, [the -1-only count], the rows
     # with approximate logits, each chunk's count of rows that keep the fast logits, [the sum of
@@ -717,7 +777,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, str(dev))), _BF16_LUT.get(dev))
     packed = None
     if pack:
-        (_, lse, lws, m), (b_lse, b_lws, b_max, b_out) = res
+        (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
     return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed)
 
@@ -727,11 +787,13 @@ def _owned(iss: _Issued) -> tuple:
     sync so that the host's cost of issuing them overlaps the GPU work: ``(res, n_valid)`` as
     ``_Issued.res`` and ``.n_valid`` hold them."""
     lse, lws, m, b_lse, b_lws, b_max, b_out = iss.packed.clone().unbind(0)
-    return ((iss.res[0][0].clone(), lse, lws, m), (b_lse, b_lws, b_max, b_out.unsqueeze(2))), iss.n_valid.clone()
+    out, pv = iss.res[0][0].clone(), iss.res[0][4]
+    return ((out, lse, lws, m, None if pv is None else pv.clone()), (b_lse, b_lws, b_max, b_out.unsqueeze(2))), \
+        iss.n_valid.clone()
 
 
 def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _Issued, host: list,
-              owned=None, orig=None) -> FastOracleOut:
+              owned=None, orig=None, want_abs: bool = False) -> FastOracleOut:
     """Everything after the host sync: the deferred validation (``_check_common`` raises the
     precise error), the chunks whose rows need the ordered logits (run again with them, steps 4-7
     redone), and the result. ``owned``: ``_owned(iss)`` after a graph replay (its static buffers are
@@ -765,24 +827,26 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
         single = len(spans) == 1
         parts = [_chunk_ordered(iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
                                 _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i],
-                                zero)
+                                zero, want_abs)
                  if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, iss.parts))]
         res, approx = _finish_parts(parts, iss.lonely, sink, coef, one)
         n_ap = float(approx.sum())
-    (out, lse, lws, m), (b_lse, b_lws, b_max, b_out) = res
+    (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
     Tr = vq.shape[0]  # padded tokens are lonely rows: they count no approximate logits
-    res = FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / (Tr * H)) if Tr * H else 1.0)
+    res = FastOracleOut(out, lse, lws, m, n_valid, bound, (1.0 - n_ap / (Tr * H)) if Tr * H else 1.0, pv)
     return res if Tr == T else _first_tokens(res, Tr)
 
 
 def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
     """``r`` restricted to its first ``T`` tokens (views; a bucketed call's own tokens)."""
     return FastOracleOut(r.out[:T], r.lse[:T], r.lse_with_sink[:T], r.max_logits[:T], r.n_valid[:T],
-                         {k: v[:T] for k, v in r.bound.items()}, r.exact_logits)
+                         {k: v[:T] for k, v in r.bound.items()}, r.exact_logits,
+                         None if r.pv_abs is None else r.pv_abs[:T])
 
 
-def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, flat) -> int:
+def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, flat,
+                 want_abs: bool = False) -> int:
     """Estimated device bytes a captured call holds (``fast_graphs``): its static inputs, the
     largest chunk's ``peak_bytes_estimate_fast``, and the per-call terms that estimate's docstring
     lists (table, statistics and their temporaries, outputs and bounds)."""
@@ -790,14 +854,14 @@ def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int,
     rows = n_rows + 1 + T * H
     inputs = sum(t.numel() * t.element_size() for t in flat if t is not None)
     stats = 24 * rows + min(_STAT_BYTES, rows * D * (_STAT_PER_ELEM_BF16 if itemsize == 2 else _STAT_PER_ELEM))
-    return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize) + rows * D * itemsize + stats
-            + T * (2 * H * d_v + 12 * H) * 8)
+    return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize, want_abs) + rows * D * itemsize
+            + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8)
 
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
-                          bucket: bool | None = None) -> FastOracleOut:
+                          bucket: bool | None = None, want_abs: bool = False) -> FastOracleOut:
     """Fast judging oracle (module docstring: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
@@ -808,13 +872,16 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     shape bucket (``fast_buckets``: tokens, columns and rows per segment; invalid padding, so the
     result is within the padded call's bound of the ordered oracle of this call) so that nearby
     shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
-    ``True`` always (also on the CPU), ``False`` never."""
+    ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
+    (``FastOracleOut``; one more float64 GEMM per chunk)."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
     for arg, v in (("graph", graph), ("bucket", bucket)):
         if v is not None and not isinstance(v, bool):
             fail(fn, arg, f"must be None, True or False, got {v!r}")
+    if not isinstance(want_abs, bool):
+        fail(fn, "want_abs", f"must be True or False, got {want_abs!r}")
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
@@ -822,7 +889,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         e2 = torch.empty(0, H, dtype=torch.float64, device=dev)
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
-                             {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0)
+                             {"out": e3, "lse": e2, "lse_with_sink": e2, "max_logits": e2}, 1.0,
+                             e3 if want_abs else None)
     if bucket is None:
         bucket = dev.type == "cuda" and graph is not False and (graph is True or fast_graphs.CACHE.enabled)
     orig = None
@@ -831,23 +899,25 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         q, segments = fast_buckets.pad_call(q, segments)
         T, K = q.shape[0], sum(s.idx.shape[1] for s in segments)
     itemsize = _table_dtype(segments, q).itemsize
-    spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens)
+    spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
     if dev.type == "cuda" and graph is not False:
         flat = [q, sink] + [t for s in segments for t in (s.rows, s.idx, s.length)]
-        key = (str(dev), fast_graphs.signature(flat), tuple(rules), sc, d_v, nan_policy, tuple(spans))
+        key = (str(dev), fast_graphs.signature(flat), tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs)
+
         def nbytes():
-            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(s.rows.shape[0] for s in segments), flat)
+            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(s.rows.shape[0] for s in segments), flat,
+                                want_abs)
 
         def issue(st):
             qs, ss = st[0], st[1]
             segs = [Segment(*st[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
-            return _issue(qs, segs, rules, ss, sc, d_v, nan_policy, spans, pack=True)
+            return _issue(qs, segs, rules, ss, sc, d_v, nan_policy, spans, pack=True, want_abs=want_abs)
 
         with fast_graphs.LOCK:
             iss = fast_graphs.CACHE.replay(key, flat, nbytes, issue, always=graph is True)
             if iss is not None:
                 owned = _owned(iss)  # issued before the host sync: they overlap the replay
-                return _complete(*args, iss, iss.host.tolist(), owned=owned, orig=orig)
-    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans)
-    return _complete(*args, iss, iss.host.tolist(), orig=orig)
+                return _complete(*args, iss, iss.host.tolist(), owned=owned, orig=orig, want_abs=want_abs)
+    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs)
+    return _complete(*args, iss, iss.host.tolist(), orig=orig, want_abs=want_abs)

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
-from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite, exact_bits,
-                                                    fast_sparse_attention, norm_factor, peak_bytes_estimate_fast)
+from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite,
+                                                    bf16_abs_factor, exact_bits, fast_sparse_attention, norm_factor,
+                                                    peak_bytes_estimate_fast)
 from dsv4_numerics.case_files import load_cases, stage_cases_file
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
@@ -285,6 +286,89 @@ def problems(draw):
 def test_fast_within_bound_under_hypothesis(prob):
     q, segs, scale, sink, nan, d_v, chunk = prob
     assert_within_bound(q, segs, scale, sink, nan, chunk_tokens=chunk, d_v=d_v)
+
+
+def assert_pv_abs_matches_ordered(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None,
+                                  d_v=None):
+    """``want_abs=True`` leaves every output and bound as they were, and its ``pv_abs`` is the
+    ordered oracle's softmax-weighted ``|V|`` (``ordered._run(want_abs=True)``'s ``A``, times the sink
+    factor): from a bfloat16 table an upper bound of it within ``bf16_abs_factor(K)`` (and the
+    tiny ``out`` bound), from other tables within the ``out`` bound (the bound's steps 5-6 hold for
+    ``|V|`` as for ``V``: same weights, same ``max |v|``); plus 2**-50 relative for this test's own
+    sink factor."""
+    from dsv4_numerics.reference.attention.fast import _table_dtype
+    from dsv4_numerics.reference.attention.ordered import AttentionMode, _run
+
+    kw = dict(nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
+    a = fast_sparse_attention(q, segs, scale, sink, want_abs=True, **kw)
+    b = fast_sparse_attention(q, segs, scale, sink, **kw)
+    assert b.pv_abs is None and a.pv_abs.shape == a.out.shape
+    for name in BOUND_OUTPUTS:
+        assert torch.equal(getattr(a, name).nan_to_num(7.0), getattr(b, name).nan_to_num(7.0)), name
+        assert torch.equal(a.bound[name], b.bound[name]), name
+    _, lse, _, _, n, A = _run("t", q, segs, scale, sink, d_v, AttentionMode.EXACT, nan_policy, None, True)
+    f = torch.ones_like(lse) if sink is None else 1.0 / (1.0 + torch.exp(sink.to(torch.float64) - lse))
+    want = torch.where((n == 0).view(-1, 1, 1), torch.zeros_like(A), A * f.unsqueeze(2))
+    fin = torch.isfinite(want) & torch.isfinite(a.pv_abs)
+    assert bool((a.pv_abs[fin] >= 0).all())
+    slack = (a.bound["out"] + 2.0**-50 * want.abs())[fin]
+    got, want = a.pv_abs[fin], want[fin]
+    uf = 0.0  # the bfloat16 GEMM's underflow: K 2**-126 (1 + max |v|) at most
+    if _table_dtype(segs, q) == torch.bfloat16:  # one bfloat16 GEMM: an upper bound within its factor
+        K = sum(s.idx.shape[1] for s in segs)
+        vmax = max([float(s.rows.double().abs().nan_to_num(0.0, 0.0, 0.0).max()) for s in segs if s.rows.numel()] + [0.0])
+        uf = K * 2.0**-126 * (1 + vmax)
+        low = want - slack - uf
+        assert bool((got >= low).all()), f"pv_abs {float((low - got).max()):.3g} below the exact value"
+        high = (want + slack) * 1.03  # bf16_abs_factor (<= 1.012 at K <= 2**14) and two bf16 roundings
+        assert bool((got <= high).all()), "pv_abs more than 3% above the exact value"
+    else:
+        d = (got - want).abs()
+        assert bool((d <= slack).all()), f"pv_abs off by {float((d - slack).max()):.3g} beyond the out bound"
+    # where out is finite, |out| <= pv_abs up to the same bound (|sum p v| <= sum p |v|)
+    of = torch.isfinite(a.out) & torch.isfinite(a.pv_abs)
+    assert bool((a.out.abs()[of] <= a.pv_abs[of] + 2 * a.bound["out"][of] + uf).all())
+    return a
+
+
+def test_pv_abs_lonely_rows_infinite_sinks_nan_rows_and_chunks():
+    g = torch.Generator().manual_seed(3)
+    T, H, D, N = 3, 2, 8, 5
+    q = torch.randn(T, H, D, generator=g, dtype=torch.float64)
+    rows = torch.randn(N, D, generator=g, dtype=torch.float64)
+    idx = torch.tensor([[0, 1, 2], [3, 4, -1], [-1, -1, -1]], dtype=torch.int32)
+    sink = torch.tensor([0.5, math.inf], dtype=torch.float64)
+    a = assert_pv_abs_matches_ordered(q, [Segment(rows, idx)], 0.7, sink, d_v=6)
+    s = a.pv_abs
+    for t, keys in ((0, [0, 1, 2]), (1, [3, 4])):  # written out for head 0
+        lg = 0.7 * q[t, 0] @ rows[keys].T
+        m = torch.maximum(lg.max(), sink[0])
+        w = torch.exp(lg - m)
+        want0 = (w @ rows[keys, :6].abs()) / (w.sum() + torch.exp(sink[0] - m))
+        assert torch.allclose(s[t, 0], want0, rtol=1e-12, atol=0)
+        assert torch.equal(s[t, 1], torch.zeros(6, dtype=torch.float64))  # sink +inf: exact zeros
+    assert torch.equal(s[2], torch.zeros(H, 6, dtype=torch.float64))  # nothing valid
+    one = fast_sparse_attention(q, [Segment(rows, idx)], 0.7, sink, d_v=6, chunk_tokens=1, want_abs=True)
+    assert torch.allclose(one.pv_abs, s, rtol=1e-14, atol=0)
+    nan_rows = rows.clone()
+    nan_rows[4, 0] = math.nan
+    s2 = fast_sparse_attention(q, [Segment(nan_rows, idx)], 0.7, None, d_v=6, want_abs=True).pv_abs
+    assert bool(torch.isnan(s2[1]).all()) and bool((s2[0] > 0).all())  # token 1 reads the NaN row
+    scrub = fast_sparse_attention(q, [Segment(nan_rows, idx)], 0.7, None, d_v=6, want_abs=True,
+                                  nan_policy=NanPolicy.SCRUB).pv_abs
+    assert bool(torch.isfinite(scrub).all())
+    empty = fast_sparse_attention(q[:0], [Segment(rows, idx[:0])], 0.7, None, want_abs=True)
+    assert empty.pv_abs.shape == (0, H, D)
+    assert 1.0 < bf16_abs_factor(2**14) < 1.012 and bf16_abs_factor(1) < bf16_abs_factor(2**14)
+    with pytest.raises(InputError, match="want_abs"):
+        fast_sparse_attention(q, [Segment(rows, idx)], 0.7, want_abs=1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems())
+def test_pv_abs_within_the_out_bound_of_the_ordered_weighted_abs_v_under_hypothesis(prob):
+    q, segs, scale, sink, nan, d_v, chunk = prob
+    assert_pv_abs_matches_ordered(q, segs, scale, sink, nan, chunk_tokens=chunk, d_v=d_v)
 
 
 # ----------------------------------------------------------------------------- verdicts

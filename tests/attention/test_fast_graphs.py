@@ -141,11 +141,13 @@ def test_a_graph_larger_than_the_cache_is_dropped_and_the_call_stays_correct(mon
 
 
 @cuda
-@pytest.mark.parametrize("variant", ["chunks", "no_topk", "scrub", "no_sink", "no_lengths", "float32_rows", "two_segments"])
+@pytest.mark.parametrize("variant", ["chunks", "no_topk", "scrub", "no_sink", "no_lengths", "float32_rows", "two_segments",
+                                     "want_abs", "want_abs_chunks"])
 def test_every_call_shape_captures(variant, monkeypatch):
     """``_issue`` reads no device value on any of its paths (several chunks, K = 0, NaN scrubbing,
-    no sink, no lengths, a float64 table from mixed dtypes, two segments with mixed rules): the
-    capture succeeds and the replay is within the bound of the ordered oracle."""
+    no sink, no lengths, a float64 table from mixed dtypes, two segments with mixed rules, the
+    ``pv_abs`` GEMM): the capture succeeds and the replay is within the bound of the ordered oracle
+    (``pv_abs``: the eager call's, to float64 rounding)."""
     cache = fast_graphs.GraphCache()
     monkeypatch.setattr(fast_graphs, "CACHE", cache)
     q, segs, sink = _inputs(17, T=6, H=4, N=30, K=10, dev="cuda")
@@ -167,7 +169,19 @@ def test_every_call_shape_captures(variant, monkeypatch):
         segs = [Segment(s.rows.float(), s.idx, s.length, s.rule)]
     elif variant == "two_segments":
         segs = [s, Segment(s.rows[:7], s.idx.remainder(9), s.length.clamp(max=4), IndexRule.ANY_OUT_OF_RANGE_INVALID)]
+    elif variant.startswith("want_abs"):
+        kw["want_abs"] = True
+        if variant.endswith("chunks"):
+            kw["chunk_tokens"] = 4
     f = fast_sparse_attention(q, segs, 0.125, sink, graph=True, **kw)
     st = cache.stats()
     assert st["captures"] == 1 and st["replays"] == 1 and not st["failed"], st
     _check(f, q, segs, 0.125, sink, nan_policy=kw.get("nan_policy", "propagate"))
+    if kw.get("want_abs"):
+        e = fast_sparse_attention(q, segs, 0.125, sink, graph=False, **kw)
+        assert f.pv_abs is not None and f.pv_abs.shape == f.out.shape
+        assert torch.allclose(f.pv_abs, e.pv_abs, rtol=1e-12, atol=0)
+        again = fast_sparse_attention(q, segs, 0.125, sink, graph=True, **kw)  # a replay owns its pv_abs
+        assert again.pv_abs.data_ptr() != f.pv_abs.data_ptr() and torch.equal(again.pv_abs, f.pv_abs)
+    else:
+        assert f.pv_abs is None

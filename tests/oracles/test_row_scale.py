@@ -204,33 +204,6 @@ def test_tensor_core_model_truncates_towards_zero_at_the_largest_operand():
 # ----------------------------------------------------------------------------- out: the bf16-P term
 
 
-def test_pv_abs_is_the_attention_of_abs_v_with_the_same_weights():
-    from dsv4_numerics.oracles.row_scale import pv_abs
-
-    g = torch.Generator().manual_seed(3)
-    T, H, D, N = 3, 2, 8, 5
-    q = torch.randn(T, H, D, generator=g, dtype=torch.float64)
-    rows = torch.randn(N, D, generator=g, dtype=torch.float64)
-    idx = torch.tensor([[0, 1, 2], [3, 4, -1], [-1, -1, -1]], dtype=torch.int32)
-    sink = torch.tensor([0.5, math.inf], dtype=torch.float64)
-    s = pv_abs(q, [Segment(rows, idx)], 0.7, sink, d_v=6)
-    for t, keys in ((0, [0, 1, 2]), (1, [3, 4])):
-        lg = 0.7 * q[t, 0] @ rows[keys].T  # head 0: [k]
-        m = torch.maximum(lg.max(), sink[0])
-        w = torch.exp(lg - m)
-        want0 = (w @ rows[keys, :6].abs()) / (w.sum() + torch.exp(sink[0] - m))
-        assert torch.allclose(s[t, 0], want0, rtol=1e-12, atol=0)
-        assert torch.equal(s[t, 1], torch.zeros(6, dtype=torch.float64))  # sink +inf: exact zeros
-    assert torch.equal(s[2], torch.zeros(H, 6, dtype=torch.float64))  # nothing valid
-    one_token_chunks = pv_abs(q, [Segment(rows, idx)], 0.7, sink, d_v=6, chunk_bytes=1)
-    assert torch.allclose(one_token_chunks, s, rtol=1e-14, atol=0)
-    nan_rows = rows.clone()
-    nan_rows[4, 0] = math.nan
-    s2 = pv_abs(q, [Segment(nan_rows, idx)], 0.7, None, d_v=6)
-    assert torch.equal(s2[1], torch.zeros(H, 6, dtype=torch.float64)) and bool(torch.isfinite(s2).all())
-    assert bool((s2[0] > 0).all())
-
-
 @functools.lru_cache(maxsize=None)
 def _peaked_case():
     # drawn by `prefill_cases` under the dev profile: q x 32 over the sweep rows; one element of the
