@@ -180,7 +180,9 @@ def test_every_call_shape_captures(variant, monkeypatch):
     if kw.get("want_abs"):
         e = fast_sparse_attention(q, segs, 0.125, sink, graph=False, **kw)
         assert f.pv_abs is not None and f.pv_abs.shape == f.out.shape
-        assert torch.allclose(f.pv_abs, e.pv_abs, rtol=1e-12, atol=0)
+        # cuBLAS may pick another bfloat16 GEMM under capture: a bf16 rounding or two apart, both upper
+        # bounds within bf16_abs_factor of the exact value
+        assert torch.allclose(f.pv_abs, e.pv_abs, rtol=2.0**-6, atol=0), (f.pv_abs - e.pv_abs).abs().max()
         again = fast_sparse_attention(q, segs, 0.125, sink, graph=True, **kw)  # a replay owns its pv_abs
         assert again.pv_abs.data_ptr() != f.pv_abs.data_ptr() and torch.equal(again.pv_abs, f.pv_abs)
     else:
