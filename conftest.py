@@ -32,6 +32,7 @@ from pathlib import Path
 import sys
 
 from dsv4_numerics import cuda_context as _cuda_context
+from dsv4_numerics.host_cpus import usable_cpus
 from dsv4_numerics import pytest_plugin as _plugin
 
 if _plugin.pin_xdist_worker_to_gpu() is not None:
@@ -44,7 +45,8 @@ if _plugin.pin_xdist_worker_to_gpu() is not None:
 
 
 def _share_cpu_threads_between_xdist_workers() -> None:
-    """Under ``pytest -n N`` give each worker ``cpus // N`` intra-op threads (at least 1), unless
+    """Under ``pytest -n N`` give each worker ``cpus // N`` intra-op threads (at least 1; ``cpus``: the
+    CPUs this process may run on, ``host_cpus.usable_cpus``), unless
     the user chose (``OMP_NUM_THREADS`` set). N workers each spinning ``cpus`` OpenMP threads
     oversubscribe the machine: building the decode cases took 15.7 s at 2 threads against 0.6 s
     at 1 on a busy 2-core box. Results do not depend on it (the reference has a fixed reduction
@@ -54,7 +56,7 @@ def _share_cpu_threads_between_xdist_workers() -> None:
         return
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(n)))
+    torch.set_num_threads(max(1, usable_cpus() // int(n)))
 
 
 _share_cpu_threads_between_xdist_workers()

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dsv4_numerics.host_cpus import usable_cpus
 
 
 def pytest_configure(config):
@@ -85,7 +86,7 @@ def _child_env() -> dict:
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env:
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // max(1, workers)))
     return env
 
 

@@ -18,6 +18,7 @@ import torch
 
 from dsv4_numerics import case_files as cf
 from dsv4_numerics import worker_pool as wp
+from dsv4_numerics.host_cpus import usable_cpus
 from dsv4_numerics.worker_pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
 from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
@@ -339,7 +340,7 @@ def test_two_entries_run_concurrently_and_an_abort_fails_only_its_own_case(tmp_p
     # concurrent children were spread over the two GPUs, one each
     assert sorted([int(met_a["cvd"]), int(met_b["cvd"])]) == [3, 5]
     # and given a share of the CPUs, not all of them each
-    want = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // 2))
+    want = int(os.environ.get("OMP_NUM_THREADS") or max(1, usable_cpus() // 2))
     assert int(met_a["threads"]) == want and int(met_b["threads"]) == want
 
 
