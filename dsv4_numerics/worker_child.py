@@ -235,10 +235,6 @@ def _warm_up() -> None:
     (when a GPU is visible, unless ``DSV4_WORKER_DEVICE=cpu``), the staged kernels' activation and
     the judge's modules. Failures are left to the job, which reports them as its setup error."""
     with contextlib.suppress(Exception):
-        if os.environ.get(CHILD_DEVICE_ENV) != "cpu":
-            from .cuda_context import set_sync_mode
-
-            set_sync_mode()  # DSV4_CUDA_SYNC, before torch makes the context
         import torch
 
         from dsv4_numerics.kernels import registry, staged  # noqa: F401
