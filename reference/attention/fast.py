@@ -527,9 +527,9 @@ def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=Fa
     ``gflat`` ``[c*K]`` table rows of the slots, ``negmask`` ``[c, 1, K]`` float64 ``0`` (valid) /
     ``-inf`` (invalid), ``lonely`` ``[c, 1, 1]`` (no valid slot), ``qc`` the chunk's q ``[c, H,
     D]``. Returns ``(N [c, H, d_v], m, L, Na)`` (``m``, ``L``: ``[c, H, 1]``; ``Na = bmm(p, |V|)``
-    with ``want_abs``, else None; no host sync). Only the
-    GEMMs and the softmax passes: issued first, so the GPU runs them while the host issues the
-    statistics and bounds (``_row_tests``) that decide whether these logits stand."""
+    with ``want_abs``, else None; no host sync). Only the GEMMs and the softmax passes: issued before
+    the exactness tests and bounds (``_row_tests``, ``_finish``) that decide whether these logits
+    stand, so the GPU runs them while the host issues those."""
     g, gb = _gather(table, gflat, qc.shape[0], want_abs)
     s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
     # scale and mask in one pass: -inf + fl(scale s) = -inf, 0 + fl(scale s) = fl(scale s) (fused or
