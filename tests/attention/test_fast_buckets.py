@@ -162,3 +162,11 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
     assert s["fast_eager_target_met"] and not s["fast_judge_eager_target_met"]
     assert not summarize([rec("h64", 20.2, 20.2, 20.5, 13.3)])["fast_bucketed_first_target_met"]
     assert not summarize([rec("h64", 20.2, 20.2, 20.5, 13.3)])["fast_eager_target_met"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bench's host launch cost)")
+def test_bench_host_launch_cost_is_a_positive_number_of_microseconds():
+    from dsv4_numerics.bench_gpu import host_launch_us
+
+    us = host_launch_us(torch.device("cuda"), n=200)
+    assert 0.1 < us < 10_000, us
