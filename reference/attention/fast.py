@@ -11,93 +11,8 @@ and carries no meaning; 0 on lonely rows and on rows whose ``lse`` is not finite
 bit-identical across devices (cuBLAS/BLAS choose the reduction order); the ordered oracle stays
 the fixture path. Only ``AttentionMode.EXACT`` is provided.
 
-Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, valid slots only):
-
-1. Logits ``s~ = fl(bmm(q, K^T) * scale)``. Each q*k product of a bf16 q and a K value that is an
-   FP8 code times a power of two (NoPE) or bf16 (RoPE, prefill rows) has <= 16 significant bits.
-   If every product is a multiple of ``2**(lq + lk)`` (``lq``, ``lk``: the least-significant-bit
-   exponents, minimum over the row's dims, of q[t,h] and K_k) and ``sum_d |q_d k_d| < 2**(53 + lq
-   + lk)``, every product and partial sum is an exact float64 integer multiple of that unit, so
-   the dot product is EXACT in any order (FMA or not): ``s~_k`` equals the ordered oracle's logit
-   bit for bit. With ``sum |q_d k_d| <= A = ||q||_2 ||K_k||_2`` (Cauchy-Schwarz) the test is per
-   row: ``alpha[t,h] + max_k beta[t,k] < exact_bits(D)`` (53 less the norms' upper-bound factor
-   ``norm_factor(D)`` in bits, less a margin for evaluating the test in float32) with ``alpha =
-   log2 n_q - lq``, ``beta = log2 n_k - lk`` (``n``: the computed norm, ``||x|| <= norm_factor(D)
-   n``; norms and lsb exponents of q and of the table rows are computed once per call, float32
-   for a bfloat16 table, then gathered, ``_row_stats``: every use of a norm below only needs an
-   upper bound, and ``A <= _x_factor(D) x`` for the computed product ``x = fl(n_q max_k n_k)``).
-   Elsewhere both the
-   GEMM and the ordered d-loop are within ``g_D A`` of the exact dot product, and the two scale
-   multiplications add ``u`` each: ``e_k = scale A (2 g_D + 4u)``, bounded per row by
-   ``scale ||q|| max_k ||K_k|| (2 g_D + 4u)``. Logits whose ``A`` may be
-   non-finite or above ``2**1000`` (NaN/Inf in q or a valid row, a bfloat16 value of magnitude
-   ``>= 2**64`` whose float32 square overflows, overflow risk) make their whole (t, h) row
-   recomputed by the ordered d-loop itself (bit-identical, so non-finite logits match), ``e_s =
-   0`` there.
-   ``e_s = max_k e_k``; ``max_logits``: ``|m~ - m| <= e_s`` (max is 1-Lipschitz), 0 if all exact.
-   A (t, h) row whose ``delta`` (step 2) would exceed ``2**-30`` (logits so large that ``g_D A``
-   is not small against 1: extreme magnitudes) takes the ordered logits too (``e_s = 0``), so
-   ``r`` below never exceeds ~``2**-30`` and every bound stays meaningful.
-2. ``p~_k = torch.exp(s~_k - m~)`` (one elementwise pass; the ordered oracle uses ``det_exp``).
-   The fast path uses torch's own float64 ``exp``/``log``/``logaddexp`` everywhere (steps 2, 4, 6,
-   7): CUDA's libdevice ``exp``/``log``/``log1p`` are documented within 1-2 ulps, CPU's (SLEEF
-   1.0-ulp variants or libm) within 1 ulp; ``det_exp``/``det_log`` are within a few ulps
-   (``detmath``). One ulp is at most ``2u = 2**-52`` relative, so ``eps_e = eps_l = 2**-48`` (16
-   ulps) covers either side with margin. Both exps are within ``eps_e`` relative of ``exp``, plus
-   ``eta = 2**-1022`` absolute in the subnormal range. The arguments agree to ``delta = 2 e_s (1 +
-   2u) + 2u (max|d~| + 2 e_s)`` (0 where ``e_s = 0``: the same logits give the same difference),
-   with ``max|d~| <= 2 scale ||q|| max_k ||K_k|| (1 + 2**-40)`` (Cauchy-Schwarz again; no pass
-   over the logits). So ``|p~_k - p_k| <= r p_k + eta`` with
-   ``r = e^delta (1 + eps_e)/(1 - eps_e) - 1 + 2 eps_e/(1 - eps_e)``.
-3. ``L = sum p`` (ordered: sequential; fast: ``torch.sum``): both within ``g_K`` of their exact
-   sums ``S~``, ``S``; ``S <= (S~ + K eta)/(1 - r)``, ``S~ <= L~/(1 - g_K)``:
-   ``|L~ - L| <= rho L~``, ``rho = [g_K + (g_K + r)/(1 - r)]/(1 - g_K) + K eta (1 + (g_K+r)/(1-r))``
-   (``L~ >= 1``: the arg-max slot contributes ``exp(0) = 1`` exactly).
-4. ``lse = m + log(L)`` (ordered: ``det_log``; fast: ``torch.log``): ``e_lse = e_s + rho/(1 - rho)
-   + 2 eps_l (|ln L~| + 1) + 2u (|lse~| + e_s + 1)`` with ``eps_l = 2**-48`` (a few ulps, step 2).
-5. ``O = bmm(p, V) / L`` (fast: ``N = bmm(p, V)``, divided once in step 6): with ``V_j = max |v_kj|``
-   over the token's valid slots k and all dims
-   (finite values only: a non-finite value reaches only outputs that are non-finite in both
-   modes) the same argument as 3 bounds ``|N~ - N| <= rho L~ V_j`` and ``|O| <= V_j (1 + 3 g_K)``,
-   so ``e_O = V_j (2 rho + 2u) (1 + 3 g_K)``.
-6. Sink factor ``f = 1/(1 + exp(sink - lse))`` (``det_exp`` / ``torch.exp``): ``|df/dlse| <=
-   1/4``; each side's rounding is
-   ``<= eps_f f``, ``eps_f = eps_e + u (|sink - lse~| + e_lse) + 3u``: ``e_f = e_lse / 4 + 2
-   eps_f`` (0 for +-inf sinks: ``f`` is exactly 0 or 1 on both sides). ``out = O f``:
-   ``e_out = e_O + V_j (1 + 3 g_K) (e_f + 2u)``. The fast side computes ``out = N / (L + L e)``
-   (``e = exp(sink - lse)``; no sink: ``N / L``): three roundings after ``e`` (product, sum, or
-   one fused, and the division) against the four of ``fl(fl(N/L) fl(1/fl(1 + e)))`` that the
-   terms above allow it, so the same bound holds.
-7. ``lse_with_sink = logaddexp(lse, sink)`` (ordered: ``hi + det_log1p_exp_neg(lo - hi)``; fast:
-   ``torch.logaddexp``, the same ``max + log1p(exp(-|d|))`` form) is 1-Lipschitz in ``lse``; each
-   side rounds ``<= eps_l (1 + |lws|) + 2u |lws|`` (the rounding ``u |d|`` of ``d`` moves
-   ``log1p(exp(-|d|))`` by ``<= u |d| e^-|d| <= u/e``): ``e_lws = e_lse + 2 eps_l (1 + |lws~|) + 4u (|lws~| + e_lse)``
-   (= ``e_lse`` without a sink, 0 with a ``+inf`` sink).
-Every bound is multiplied by ``1 + 2**-20`` (second-order terms, and the few float64 roundings of
-evaluating the bound itself). Magnitude at DSv4 shapes
-(K = 640..1152, D = 512, random FP8 caches): ``e_out <= 2e-10 V`` and ``e_lse <= 1.1e-10`` on rows
-whose logits are not proven exact, ``~1e-13 V`` and ``~1e-13`` on rows that are (the default
-cases: ``<= 3e-11``), against bf16 output tolerances ~4e-3 relative and LSE tolerances ~1e-5
-absolute: at least 1e5 times smaller.
-
-Evaluation (``bound_coefficients``): steps 2-7 are evaluated as one affine function per output of
-the per-row features ``x`` (``||q|| max_k ||K_k||`` on rows whose logits are approximate, else 0:
-``e_s = ck x``, ``delta = cd x``), ``ln L``, ``|lse|`` and ``|sink|``, whose non-negative
-coefficients upper-bound the formulas above on every row the fast logits serve (``delta <=
-2**-30``): ``e^delta - 1 <= delta (1 + 2**-30)``, ``1/(1 - r)`` and ``1/(1 - rho)`` at most their
-values at ``delta = 2**-30``, ``|sink - lse| <= |sink| + |lse|`` and ``|lse_with_sink| <= max(|lse|,
-|sink|) + ln 2``. A ``+-inf`` sink enters as 0: the sink factor is then exactly 1 or 0 in both
-modes (and ``lse_with_sink`` is ``lse`` or ``+inf``), so any non-negative bound holds there. The
-combination is three float64 ``addcmul`` (``ln L``, ``|lse|``, ``x``) and one add (``|sink|``) of
-non-negative terms (relative rounding ``g_5``, inside the ``1 + 2**-20``; an ``addmm`` cost the
-host ~50 us).
-
-Assumes float32 arithmetic per IEEE for the row statistics of a bfloat16 table (any summation
-order or accumulator width; ``log2`` within 1 ulp, as CUDA documents for ``log2f`` and SLEEF for
-its 1-ulp variants).
-
-Assumes IEEE float64 GEMMs (every product and sum correctly rounded or fused; no reduced-precision
-float64 emulation) and denormals not flushed.
+The bound's derivation, step by step, and its coefficients: ``fast_bound``. The row statistics its
+exactness test reads (norms, least-significant-bit exponents, ``max |x|``): ``fast_rows``.
 
 Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAST_BUDGET_BYTES``
 (1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
@@ -109,9 +24,10 @@ has work queued from the first launch (``_issue``: the table and its row statist
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
-read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error). Every segment's rows, a zero row and q's rows form one table
-(``_table``), whose row statistics are one float32 norm and one bits lookup (``_row_stats``,
-written into one ``[3, N]`` tensor) and whose slot rows are one ``index_select`` per chunk
+read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error).
+Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
+are one float32 norm and one bits lookup (``fast_rows._row_stats``, written into one ``[3, N]``
+tensor) and whose slot rows are one ``index_select`` per chunk
 (gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
 (``_finish``: the bounds are three ``addcmul`` on a base that holds the sink term); the host
 values travel as one float64 vector. No ``where`` takes a Python scalar (a cached 0-dim tensor
@@ -131,9 +47,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_buckets
-
-from . import fast_graphs
+from . import fast_buckets, fast_graphs
+from .fast_bound import (_BIG, _DELTA_MAX, _F_LNL, _F_LSE, _F_SINK, _F_X, _delta_coefficient, _x_factor,
+                         bf16_abs_factor, bound_coefficients, exact_bits)
+from .fast_rows import _BF16_LUT, _STAT_BYTES, _STAT_PER_ELEM, _STAT_PER_ELEM_BF16, _row_stats, _vmax_finite
 from .ordered import Segment, _check_common, _check_host
 from ..errors import check_enum, check_int, fail
 from ..policies import IndexRule, NanPolicy
@@ -143,52 +60,8 @@ __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast",
 
 FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
 _CPU_LOGIT_BYTES = 8 * 2**20
-_U = 2.0**-53
-_U32 = 2.0**-24  # float32 unit roundoff (row statistics of a bfloat16 table)
-_EPS_E = 2.0**-48  # exp relative accuracy allowance (det_exp, torch.exp: a few ulps)
-_EPS_L = 2.0**-48  # log accuracy allowance (relative to |ln x| + 1; det_log, torch.log/logaddexp)
-_ETA = 2.0**-1022  # subnormal rounding of one exp value
-_SAFE = 1.0 + 2.0**-20
-_BIG = 2.0**1000
-_DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
-_EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``_row_stats``)
-_NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
-_NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
-_STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
-_STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
 _BF16_ABS_MAX_K = 2**20  # pv_abs' bfloat16 GEMM up to this many slots (``bf16_abs_factor``), float64 beyond
-_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
-# rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
-_B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
-_F_X, _F_LNL, _F_LSE, _F_SINK = range(4)
-
-
-def _gamma(n: int) -> float:
-    return n * _U / (1.0 - n * _U)
-
-
-def norm_factor(D: int) -> float:
-    """``c_D`` with ``||x||_2 <= c_D n`` for the norm ``n`` that ``_row_stats`` computes of a row of
-    ``D`` values (module docstring, step 1; ``_row_stats``): ``1 / ((1 - u32)**3 sqrt(1 - g32_D))``
-    (a float32 sum of exact squares in any order, its rounding to float32 if accumulated wider,
-    the square root, the underflow floor's addition), which also covers the float64 table's ``1 +
-    2**-30``. ``D <= 2**20``."""
-    g32 = D * _U32 / (1.0 - D * _U32)
-    return 1.0 / ((1.0 - _U32) ** 3 * math.sqrt(1.0 - g32)) * (1.0 + 2.0**-40)
-
-
-def _x_factor(D: int) -> float:
-    """Upper bound of ``A / x``: ``x = fl(n_q n_k)`` (float32 or float64, relative ``u32`` at most)
-    and each norm within ``c_D``: ``c_D**2 / (1 - u32)``."""
-    return norm_factor(D) ** 2 / (1.0 - _U32) * (1.0 + 2.0**-40)
-
-
-def exact_bits(D: int) -> float:
-    """The exactness test's threshold (step 1): ``alpha + beta`` below it proves ``sum |q_d k_d| <
-    2**(53 + lq + lk)``: ``53 - 2 log2(c_D)`` (the norms are upper bounds within ``c_D``) less
-    ``_EXACT_MARGIN`` (the float32 evaluation of ``log2(n) - lsb`` and of the sum, ``< 2**-12``)."""
-    return 53.0 - 2.0 * math.log2(norm_factor(D)) - _EXACT_MARGIN
 
 
 @dataclass(frozen=True)
@@ -241,146 +114,6 @@ def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int,
     c, H, K, D = chunk_tokens, num_heads, total_topk, head_dim
     return c * (K * D * (rows_itemsize + 8) + 2 * H * K * 8 + 2 * H * (D + d_v) * 8 + 64 * K + 64 * H
                 + (H * (10 * d_v + 2 * K) if want_abs else 0))
-
-
-# ----------------------------------------------------------------------------- bound constants
-
-def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.Tensor:
-    """float64 ``[4, 5]``: per output row (``lse``, ``lse_with_sink``, ``max_logits``, ``out``
-    divided by ``V_j``) the coefficients of the features ``(x, ln L, |lse|, |sink|, 1)`` whose
-    combination upper-bounds the module docstring's steps 1-7 (section "Evaluation"), ``_SAFE``,
-    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_x_factor(D)`` (``x`` is the computed product of the
-    computed norms; ``A`` is at most ``_x_factor(D)`` times it) included. ``K``: total slots,
-    ``D``: head dim."""
-    u, gK = _U, _gamma(K)
-    ck = scale * (2.0 * _gamma(D) + 4.0 * u)  # e_s = ck x
-    cd = 2.0 * ck * (1 + 2 * u) + 4.0 * u * scale * (1.0 + 2.0**-40) + 4.0 * u * ck  # delta = cd x
-    dmax = _DELTA_MAX * (1.0 + 2.0**-40)
-    r1 = (1.0 + dmax) * (1 + _EPS_E) / (1 - _EPS_E)  # r <= r1 delta + r0 (e^d - 1 <= d (1 + dmax))
-    r0 = 4.0 * _EPS_E / (1 - _EPS_E)
-    w = 1.0 / (1.0 - (r1 * dmax + r0))  # 1/(1 - r)
-    c1 = 1.0 / (1 - gK) + K * _ETA
-    rho1 = r1 * w * c1  # rho <= rho1 delta + rho0
-    rho0 = (r0 + gK) * w * c1 + gK / (1 - gK) + K * _ETA
-    w2 = 1.0 / (1.0 - (rho1 * dmax + rho0))  # 1/(1 - rho)
-    # e_lse = e_s (1 + 2u) + rho/(1 - rho) + 2 eps_l (ln L + 1) + 2u (|lse| + e_s + 1)
-    e_lse = [ck * (1 + 4 * u) + rho1 * cd * w2, 2 * _EPS_L, 2 * u, 0.0, rho0 * w2 + 2 * _EPS_L + 2 * u]
-    e_o = [2 * rho1 * cd, 0.0, 0.0, 0.0, 2 * rho0 + 2 * u]  # 2 rho + 2u
-    if with_sink:
-        # e_f = e_lse (1/4 + 2u) + 2u |d| + 2 eps_e + 6u, |d| <= |sink| + |lse|; out: e_o + e_f + 2u
-        a = 0.25 + 2 * u
-        e_out = [e_o[0] + a * e_lse[0], a * e_lse[1], a * e_lse[2] + 2 * u, 2 * u,
-                 e_o[4] + a * e_lse[4] + 2 * _EPS_E + 8 * u]
-        # e_lws = e_lse (1 + 4u) + (2 eps_l + 4u) |lws| + 2 eps_l, |lws| <= |lse| + |sink| + ln 2
-        b = 2 * _EPS_L + 4 * u
-        e_lws = [e_lse[0] * (1 + 4 * u), e_lse[1] * (1 + 4 * u), e_lse[2] * (1 + 4 * u) + b, b,
-                 e_lse[4] * (1 + 4 * u) + b * math.log(2.0) * (1 + 2.0**-40) + 2 * _EPS_L]
-    else:
-        e_out, e_lws = e_o, e_lse
-    e_max = [ck, 0.0, 0.0, 0.0, 0.0]
-    coef = torch.tensor([e_lse, e_lws, e_max, e_out], dtype=torch.float64) * _SAFE
-    coef[_B_OUT] *= 1 + 3 * gK
-    coef[:, _F_X] *= _x_factor(D)  # x is the computed product of the computed norms, not A
-    return coef
-
-
-def _delta_coefficient(D: int, scale: float) -> float:
-    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_x_factor`` included)."""
-    ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
-    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _x_factor(D)
-
-
-# ----------------------------------------------------------------------------- row statistics
-
-_BF16_LUT: dict = {}
-
-
-def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
-    """int64 exponent of the least significant set bit of each float64 ``x`` (``_NO_LSB`` for
-    zeros; NaN/Inf give garbage and are excluded by the caller's finiteness test)."""
-    bits = x.view(torch.int64) & 0x7FFFFFFFFFFFFFFF
-    ef = bits >> 52
-    man = bits & 0x000FFFFFFFFFFFFF
-    sig = torch.where(ef > 0, man | (1 << 52), man)
-    low = (sig & (-sig)).to(torch.float64)  # a power of two (exact)
-    _, e = torch.frexp(low)
-    lsb = (e.to(torch.int64) - 1) + torch.where(ef > 0, ef - 1075, torch.full_like(ef, -1074))
-    return torch.where(sig == 0, torch.full_like(lsb, _NO_LSB), lsb)
-
-
-def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
-    """int32 lsb exponent of each bfloat16 ``x`` read from its 16 bits: a finite bf16 is
-    ``sig * 2**(ef - 134)`` (normal: ``sig = 0x80 | man``, ``ef >= 1``) or ``man * 2**-133``
-    (subnormal); ``_NO_LSB_BF16`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
-    b = x.view(torch.int16).to(torch.int32) & 0x7FFF
-    ef = b >> 7
-    sig = torch.where(ef > 0, (b & 0x7F) | 0x80, b)
-    _, e = torch.frexp((sig & (-sig)).to(torch.float32))  # a power of two <= 2**7 (exact)
-    lsb = e - 1 + torch.clamp(ef, min=1) - 134
-    return torch.where(sig == 0, _NO_LSB_BF16, lsb)
-
-
-def _bf16_lut(dev: torch.device) -> torch.Tensor:
-    """int16 ``[2**16]``: ``-lsb`` of each bfloat16 bit pattern (as uint16; ``_lsb_exp_bf16_bits``,
-    ``-_NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
-    lut = _BF16_LUT.get(dev)
-    if lut is None:
-        pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        lut = _BF16_LUT[dev] = (-_lsb_exp_bf16_bits(pat)).to(torch.int16).to(dev)
-    return lut
-
-
-def _vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
-    """``[N]`` ``max |x_j|`` over the finite values of the first ``d_v`` dims of each table row
-    (``_chunk_ordered``'s ``V_j``), in pieces of ``_STAT_BYTES`` of temporaries."""
-    step = max(1, _STAT_BYTES // (max(1, d_v) * rows.element_size()))
-    pieces = [torch.linalg.vector_norm(rows[r0:r0 + step, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0),
-                                       ord=math.inf, dim=1) for r0 in range(0, rows.shape[0], step)]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-
-
-def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
-    """``[3, N]`` per row of a 2-D table (read as it is: the caller scrubs NaN where the policy
-    says so), float32 for a bfloat16 table, else float64: a norm ``n`` with ``||x||_2 <= c_D n``
-    (``norm_factor``), ``log2(n) - lsb`` (``lsb``: the least-significant-bit exponent, min over the
-    dims; a zero row gives a very negative value) and ``max_j |x_j|`` over the first ``d_v`` dims
-    (NaN/Inf on a row with a non-finite value, whose norm is non-finite too: every
-    token that reads the row takes the ordered path, ``_chunk_ordered``, which takes ``max |v|``
-    over the finite values of its gathered rows). Pieces of ``_STAT_BYTES`` of temporaries.
-
-    bfloat16 table (one float32 norm, one lookup): ``n = fl32(||x||_fl32 + 2**(ceil(log2 sqrt D)
-    - 75))``. A bfloat16 value squares exactly in float32 (16 significant bits) unless the square
-    is below ``2**-126`` (absolute rounding ``<= 2**-150`` each: the power-of-two floor covers
-    ``sqrt(D) 2**-75``) or overflows (``|x| >= 2**64``: ``n = inf``, the caller takes the ordered
-    path, as for NaN/Inf). Any summation order (float32 or wider, then rounded to float32) is
-    within ``g32_D`` relative, the square root and the floor's addition round once each:
-    ``norm_factor``. The lsb: one lookup of the 16 bits (as uint16) in ``_bf16_lut`` (``-lsb``;
-    the row's ``max`` is ``-min lsb``).
-
-    Other tables (float64 arithmetic): ``torch.linalg.vector_norm(dtype=float64)``, plus ``sqrt(D)
-    2**-537`` (float64 squares can underflow), within ``1 + 2**-30 <= c_D``; the lsb from the
-    float64 bits. NaN/Inf give a non-finite ``n``: the caller then takes the ordered path. Both
-    ``log2(n) - lsb`` evaluations are within ``2**-12`` of their exact values (float32: ``log2`` 1
-    ulp, two roundings), inside ``exact_bits``' margin."""
-    N, D = rows.shape
-    bf16 = rows.dtype == torch.bfloat16
-    step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
-    st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
-    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # bf16: a power of two, exact in float32
-    for r0 in range(0, N, step):
-        x = rows if step >= N else rows[r0:r0 + step]
-        n, beta, vmax = st.unbind(0) if step >= N else st[:, r0:r0 + step].unbind(0)
-        if bf16:
-            torch.linalg.vector_norm(x, dim=1, dtype=torch.float32, out=n).add_(floor)
-            bits = x.view(torch.uint16).to(torch.int32).view(-1)
-            neg_lsb = _bf16_lut(x.device).index_select(0, bits).view(x.shape).amax(dim=1)  # -(min lsb)
-            torch.log2(n, out=beta).add_(neg_lsb)
-        else:
-            x = x.to(torch.float64)
-            torch.linalg.vector_norm(x, dim=1, out=n).add_(math.sqrt(D) * 2.0**-537)
-            torch.log2(n, out=beta).sub_(_lsb_exp(x).amin(dim=1))
-        torch.linalg.vector_norm(x if d_v == D else x[:, :d_v], ord=math.inf, dim=1, dtype=st.dtype, out=vmax)
-    return st
 
 
 # ----------------------------------------------------------------------------- layout
@@ -508,18 +241,6 @@ def _gather(table, gflat, c, want_abs=False):
     gt = table.index_select(0, gflat).view(c, -1, table.shape[1])
     keep = want_abs and gt.dtype == torch.bfloat16 and gt.shape[1] < _BF16_ABS_MAX_K
     return gt.to(torch.float64), (gt if keep else None)
-
-
-def bf16_abs_factor(K: int) -> float:
-    """The factor that makes ``pv_abs``' bfloat16 GEMM an upper bound of its exact value (``K`` slots,
-    ``K < 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
-    ``|v|`` exact (bfloat16 rows), the products of non-negative terms summed in float32 in any
-    order, even with truncating tensor-core alignment (``>= (1 - K 2**-22)`` of the exact sum), the
-    result rounded to bfloat16 (``>= (1 - 2**-8)``): ``1 / ((1 - 2**-8)**2 (1 - K 2**-22))``, times
-    ``1 + 2**-20`` for the float64 scaling; at most 1.2% above 1 for DSv4's ``K <= 2**14``.
-    Underflow (``p_k`` or products below ``2**-126`` flushed) loses at most ``K 2**-126 (1 + max
-    |v|)`` in absolute terms, far below any tolerance's absolute floor."""
-    return 1.0 / ((1.0 - 2.0**-8) ** 2 * (1.0 - K * 2.0**-22)) * (1.0 + 2.0**-20)
 
 
 def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=False):
@@ -862,7 +583,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
                           bucket: bool | None = None, want_abs: bool = False) -> FastOracleOut:
-    """Fast judging oracle (module docstring: derivation of ``bound``). Arguments, validation
+    """Fast judging oracle (``fast_bound``: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
     (shapes, dtypes, rules, scale, options, device) comes again on a CUDA device and graphs are

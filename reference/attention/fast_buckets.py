@@ -14,7 +14,7 @@ every convention of ``attention.py``:
   original call: invalid under ``any_out_of_range_invalid``, an input error under ``minus1_only``)
   is moved to ``N_s'`` (out of range of the padded table), so it keeps its meaning.
 
-Why the result is the same (the bound's claim, ``attention_fast`` module docstring): the ordered
+Why the result is the same (the bound's claim, ``fast_bound``'s module docstring): the ordered
 oracle of the padded call equals the ordered oracle of the original call bit for bit on the
 original tokens -- invalid slots are zeroed and masked before any arithmetic, each token is
 independent, and the padded columns come after the real ones, so the sequential row sum and P.V

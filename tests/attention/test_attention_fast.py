@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as stg
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
-from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, _row_stats, _vmax_finite,
-                                                    bf16_abs_factor, exact_bits, fast_sparse_attention, norm_factor,
+from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, fast_sparse_attention,
                                                     peak_bytes_estimate_fast)
+from dsv4_numerics.reference.attention.fast_bound import bf16_abs_factor, exact_bits, norm_factor
+from dsv4_numerics.reference.attention.fast_rows import _row_stats, _vmax_finite
 from dsv4_numerics.case_files import load_cases, stage_cases_file
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
