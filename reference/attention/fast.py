@@ -48,8 +48,8 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_buckets, fast_graphs
-from .fast_bound import (_BIG, _DELTA_MAX, _F_LNL, _F_LSE, _F_SINK, _F_X, _delta_coefficient, _x_factor,
-                         bf16_abs_factor, bound_coefficients, exact_bits)
+from .fast_bound import (_BF16_ABS_MAX_K, _BIG, _DELTA_MAX, _F_LNL, _F_LSE, _F_SINK, _F_X, _delta_coefficient,
+                         _x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
 from .fast_rows import _BF16_LUT, _STAT_BYTES, _STAT_PER_ELEM, _STAT_PER_ELEM_BF16, _row_stats, _vmax_finite
 from .ordered import Segment, _check_common, _check_host
 from ..errors import check_enum, check_int, fail
@@ -60,7 +60,6 @@ __all__ = ["FastOracleOut", "fast_sparse_attention", "peak_bytes_estimate_fast",
 
 FAST_BUDGET_BYTES = 3 * 2**29  # 1.5 GiB of per-chunk tensors
 _CPU_LOGIT_BYTES = 8 * 2**20
-_BF16_ABS_MAX_K = 2**20  # pv_abs' bfloat16 GEMM up to this many slots (``bf16_abs_factor``), float64 beyond
 BOUND_OUTPUTS = ("out", "lse", "lse_with_sink", "max_logits")
 
 
@@ -171,16 +170,16 @@ def _layout(segments, rules, T: int, dev: torch.device):
     in_prefix = pos < lcol
     valid = in_prefix & (idx == idx.clamp(zero, nmax))  # in the prefix and in [0, N_s)
     gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
-    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, in_prefix, idx), cols
+    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, in_prefix, idx, valid, m1, minus1), cols
 
 
-def _flags(rules, pending, valid, cols) -> list:
+def _flags(rules, pending) -> list:
     """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
-    in-prefix mask and the indices ``[T, K]``): float64 1-D tensors, the lengths' ``[S]`` min and max
-    per segment and, with a -1-only segment, the count ``[1]`` of its in-prefix slots that are
-    neither -1 nor valid. Issued after the heavy kernels: the host sync reads them."""
-    lts, in_prefix, idx = pending
-    m1, minus1 = cols[3], cols[7]
+    in-prefix mask, the indices and the validity ``[T, K]``, the -1-only column flags and the
+    0-dim ``-1``): float64 1-D tensors, the lengths' ``[S]`` min and max per segment and, with a
+    -1-only segment, the count ``[1]`` of its in-prefix slots that are neither -1 nor valid.
+    Issued after the heavy kernels: the host sync reads them."""
+    lts, in_prefix, idx, valid, m1, minus1 = pending
     flags = list(torch.aminmax(lts.to(torch.float64), dim=0))
     if any(r == IndexRule.MINUS1_ONLY for r in rules):
         # an in-prefix slot that is not -1 must be valid (valid slots are in-prefix and not -1):
@@ -478,7 +477,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
-    checks = _flags(rules, pending, valid, cols)
+    checks = _flags(rules, pending)
     if K == 0:
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         tests = [(z2, z2[:, :1], torch.zeros(T, H, 1, dtype=torch.bool, device=dev),

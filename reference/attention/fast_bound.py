@@ -107,6 +107,7 @@ _ETA = 2.0**-1022  # subnormal rounding of one exp value
 _SAFE = 1.0 + 2.0**-20
 _BIG = 2.0**1000
 _DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
+_BF16_ABS_MAX_K = 2**20  # bf16_abs_factor's domain: pv_abs' bfloat16 GEMM below this many slots, float64 beyond
 _EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``_row_stats``)
 # rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
 _B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
@@ -188,7 +189,7 @@ def _delta_coefficient(D: int, scale: float) -> float:
 
 def bf16_abs_factor(K: int) -> float:
     """The factor that makes ``pv_abs``' bfloat16 GEMM an upper bound of its exact value (``K`` slots,
-    ``K < 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
+    ``K < _BF16_ABS_MAX_K = 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
     ``|v|`` exact (bfloat16 rows), the products of non-negative terms summed in float32 in any
     order, even with truncating tensor-core alignment (``>= (1 - K 2**-22)`` of the exact sum), the
     result rounded to bfloat16 (``>= (1 - 2**-8)``): ``1 / ((1 - 2**-8)**2 (1 - K 2**-22))``, times
