@@ -91,29 +91,45 @@ def test_gpu_matrix_carry_overlay_lands_in_the_staged_folder(tmp_path):
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None or shutil.which("split") is None,
                     reason="needs bash, tar and split")
 def test_triton_cache_saved_in_parts_and_restored_from_two_calls(tmp_path):
-    """.ci/triton-cache: a warm cache saved as parts under the runner's per-file limit, carried in
-    two folders (two device calls), restored byte for byte into another machine's cache."""
+    """.ci/triton-cache: the warm Triton and SGLang JIT caches saved as parts under the runner's
+    per-file limit, carried in two folders (two device calls), restored byte for byte into another
+    machine's caches; a machine with only one of them saves and restores that one."""
     script = SCRIPT.parent / "triton-cache"
-    warm = tmp_path / "warm" / "cache"
+    warm, jit = tmp_path / "warm" / "cache", tmp_path / "warm" / "sglang-jit"
     (warm / "ab12").mkdir(parents=True)
+    (jit / "store_v41" / "k9").mkdir(parents=True)
     blob = os.urandom(2_500_000)  # incompressible: three parts of 1 MiB
     (warm / "ab12" / "kernel.cubin").write_bytes(blob)
     (warm / "ab12" / "kernel.autotune.json").write_text('{"configs": [1, 2]}')
+    so = os.urandom(300_000)
+    (jit / "store_v41" / "k9" / "store_v41.so").write_bytes(so)
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(script), "save", str(out)], capture_output=True, text=True,
-                       env=dict(os.environ, TRITON_CACHE_DIR=str(warm), PART_MB="1"))
+                       env=dict(os.environ, TRITON_CACHE_DIR=str(warm), SGLANG_JIT_CACHE_DIR=str(jit), PART_MB="1"))
     assert r.returncode == 0, r.stderr
     parts = sorted(out.iterdir())
-    assert [p.name for p in parts] == ["triton-cache.tgz.partaa", "triton-cache.tgz.partab", "triton-cache.tgz.partac"]
+    assert [p.name for p in parts] == ["sglang-jit.tgz.partaa", "triton-cache.tgz.partaa", "triton-cache.tgz.partab",
+                                       "triton-cache.tgz.partac"]
     assert all(p.stat().st_size <= 2**20 for p in parts)
     call1, call2 = tmp_path / "call1", tmp_path / "call2"
     call1.mkdir(), call2.mkdir()
-    shutil.copy(parts[0], call1), shutil.copy(parts[1], call2), shutil.copy(parts[2], call2)
-    fresh = tmp_path / "fresh" / "cache"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(fresh))
+    shutil.copy(parts[1], call1), shutil.copy(parts[2], call2), shutil.copy(parts[3], call2)
+    shutil.copy(parts[0], call2)
+    fresh, fresh_jit = tmp_path / "fresh" / "cache", tmp_path / "fresh" / "jit"
+    env = dict(os.environ, TRITON_CACHE_DIR=str(fresh), SGLANG_JIT_CACHE_DIR=str(fresh_jit))
     r = subprocess.run(["bash", str(script), "restore", str(call2), str(call1)], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert (fresh / "ab12" / "kernel.cubin").read_bytes() == blob
     assert (fresh / "ab12" / "kernel.autotune.json").read_text() == '{"configs": [1, 2]}'
+    assert (fresh_jit / "store_v41" / "k9" / "store_v41.so").read_bytes() == so
+    # only a Triton cache on the warm machine: only its parts, and they restore alone
+    out2 = tmp_path / "out2"
+    r = subprocess.run(["bash", str(script), "save", str(out2)], capture_output=True, text=True,
+                       env=dict(os.environ, TRITON_CACHE_DIR=str(warm), SGLANG_JIT_CACHE_DIR=str(tmp_path / "none")))
+    assert r.returncode == 0 and "no sglang-jit cache" in r.stdout, r.stderr
+    assert [p.name for p in out2.iterdir()] == ["triton-cache.tgz.partaa"]
+    none = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "n1"), SGLANG_JIT_CACHE_DIR=str(tmp_path / "n2"))
+    empty = subprocess.run(["bash", str(script), "save", str(tmp_path / "out3")], capture_output=True, text=True, env=none)
+    assert empty.returncode == 2 and "no cache at" in empty.stderr
     bad = subprocess.run(["bash", str(script), "restore", str(tmp_path / "empty")], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "no triton-cache.tgz.part*" in bad.stderr
