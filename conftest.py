@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 import sys
+import threading
 
 from dsv4_numerics import cuda_context as _cuda_context
 from dsv4_numerics.host_cpus import usable_cpus
@@ -140,25 +141,44 @@ def _start_kernel_broker(config) -> None:
     broker = worker_broker.maybe_start(workers)
     if broker is not None:
         _BROKER.append(broker)
+        _BROKERS_RUN.append(broker)
 
 
 _INTERRUPTED: list = []
+_BROKERS_RUN: list = []  # every broker this process started (the summary line reads them)
+_CLOSING: list = []  # the thread ending the brokers' children while xdist waits for its workers
 
 
+def _close_brokers(cancel: bool) -> None:
+    while _BROKER:
+        _BROKER.pop().close(cancel=cancel)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own sessionfinish, which waits for the workers
 def pytest_sessionfinish(session, exitstatus):
-    if exitstatus == pytest.ExitCode.INTERRUPTED:  # SIGINT (a runner's time limit), Ctrl-C
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED  # SIGINT (a runner's time limit), Ctrl-C
+    if interrupted:
         _INTERRUPTED.append(True)
+    # The controller's sessionfinish comes after its test loop: every worker's results are in and no
+    # worker asks the broker for anything more. Its children end in a thread while xdist waits for
+    # the worker processes to exit (both wait on the driver releasing CUDA contexts, one process at
+    # a time): the run's end overlaps them instead of adding them (pytest_unconfigure joins).
+    if _BROKER and not _CLOSING:
+        t = threading.Thread(target=_close_brokers, args=(interrupted,), daemon=True, name="dsv4-broker-close")
+        t.start()
+        _CLOSING.append(t)
 
 
 def pytest_unconfigure(config):
     # an interrupted run kills the shared kernel children at once: waiting for their running jobs
     # (up to a case limit of minutes) would outlast the runner's grace period after its SIGINT
-    while _BROKER:
-        _BROKER.pop().close(cancel=bool(_INTERRUPTED))
+    while _CLOSING:
+        _CLOSING.pop().join()
+    _close_brokers(bool(_INTERRUPTED))
 
 
 def pytest_terminal_summary(terminalreporter):
-    for b in _BROKER:
+    for b in _BROKERS_RUN:
         where = f"{len(b.gpus)} GPU(s) ({b.per_gpu} each)" if b.gpus else f"the CPU ({b.per_gpu})"
         terminalreporter.write_line(f"kernel broker: {b.jobs_served} matrix jobs in {b.children_started} "
                                     f"kernel children on {where}")
