@@ -6,7 +6,9 @@ them.
 persistent cache, once per machine: the file's name carries a key (:func:`_cases_key`) over the
 package version, the torch version, the stage and the bytes of the ``reference`` sources that
 build the cases; a file that fails to load is rebuilt; files of older keys are pruned once an
-hour old. The cache is shared by concurrent processes (xdist workers, ``check``): files are
+hour old. Beside each file, written after it, a small JSON sidecar holds its case names and byte
+count (:func:`case_names`: what pytest's collection needs in every xdist worker, without loading
+every stage's tensors; a file whose size matches its sidecar is taken as complete). The cache is shared by concurrent processes (xdist workers, ``check``): files are
 written atomically.
 
 Environment: ``DSV4_CASES_CACHE`` (folder of the case cache; default
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 import threading
@@ -68,8 +71,9 @@ def _torch_threads(n: int) -> Iterator[None]:
 
 def _cases_key(stage: str, size: str = "default") -> str:
     """Hash of everything ``stage_cases(stage, size)`` depends on: the package and torch versions,
-    the stage, the size and the source bytes of the ``reference`` package (the case builders and
-    all they call live there, and it imports nothing of this project outside it)."""
+    the stage, the size and the source bytes of every module of the ``reference`` package, its
+    subpackages included (the case builders, ``reference/cases/``, and all they call live there,
+    and it imports nothing of this project outside it)."""
     import torch
 
     from dsv4_numerics import reference
@@ -79,8 +83,8 @@ def _cases_key(stage: str, size: str = "default") -> str:
     for part in (package_version("dsv4-numerics"), torch.__version__, stage) + ((size,) if size != "default" else ()):
         h.update(part.encode() + b"\0")
     root = Path(reference.__file__).resolve().parent
-    for f in sorted(root.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:_KEY_LEN]
 
 
@@ -102,10 +106,47 @@ def _session_dir() -> Path:
         return Path(_SESSION_DIR[0])
 
 
+def _atomic_write(path: Path, write) -> None:
+    """``write(f)`` into a temporary file in ``path``'s folder, then ``os.replace`` it to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _names_path(path: Path) -> Path:
+    """The sidecar of case file ``NAME.pt``: ``NAME.names.json``."""
+    return path.with_name(path.name.removesuffix(".pt") + ".names.json")
+
+
+def _write_names(path: Path, cases: list) -> None:
+    """The sidecar of ``path`` (written after it): its cases' names and its byte count."""
+    doc = {"names": [c.name for c in cases], "bytes": path.stat().st_size}
+    _atomic_write(_names_path(path), lambda f: f.write(json.dumps(doc).encode()))
+
+
+def _read_names(path: Path) -> list[str] | None:
+    """The case names of ``path`` from its sidecar, or None: no sidecar, an unreadable one, or
+    one whose byte count is not the file's (a file changed or cut after it was written)."""
+    try:
+        doc = json.loads(_names_path(path).read_text())
+        if doc["bytes"] == path.stat().st_size and all(isinstance(n, str) for n in doc["names"]):
+            return list(doc["names"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def build_cases_file(stage: str, path: str | Path, size: str = "default") -> list:
     """Build ``stage_cases(stage, size)`` (one torch thread) and ``torch.save`` the list to
-    ``path`` atomically (a temporary file in the same folder, then ``os.replace``); returns the
-    cases."""
+    ``path`` atomically (a temporary file in the same folder, then ``os.replace``), then its
+    names sidecar; returns the cases."""
     import torch
 
     from dsv4_numerics.reference.cases import stage_cases
@@ -113,26 +154,29 @@ def build_cases_file(stage: str, path: str | Path, size: str = "default") -> lis
     with _torch_threads(1):
         cases = stage_cases(stage, size)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(cases, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _atomic_write(path, lambda f: torch.save(cases, f))
+    _write_names(path, cases)
     return cases
 
 
-def _loads(path: Path) -> bool:
+def _valid(path: Path) -> bool:
+    """Whether ``path`` is a complete case file: its sidecar's byte count matches, or (no valid
+    sidecar: an older file, or one cut short) it loads as a list, and then gets its sidecar."""
+    if not path.is_file():
+        return False
+    if _read_names(path) is not None:
+        return True
     import torch
 
     try:
-        return isinstance(torch.load(path, weights_only=False), list)
+        cases = torch.load(path, weights_only=False)
     except Exception:  # noqa: BLE001 - a truncated or foreign file: rebuild it
         return False
+    if not isinstance(cases, list):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        _write_names(path, cases)
+    return True
 
 
 _PRUNE_AFTER_S = 3600.0
@@ -146,6 +190,7 @@ def _prune(cache: Path, stem: str, keep: Path) -> None:
         with contextlib.suppress(OSError):
             if f != keep and now - f.stat().st_mtime > _PRUNE_AFTER_S:
                 f.unlink()
+                _names_path(f).unlink(missing_ok=True)
 
 
 def stage_cases_file(stage: str, size: str | None = None) -> str:
@@ -167,7 +212,7 @@ def stage_cases_file(stage: str, size: str | None = None) -> str:
     path = None
     if cache is not None:
         path = cache / name
-        if not (path.is_file() and _loads(path)):
+        if not _valid(path):
             try:
                 build_cases_file(stage, path, size)
             except OSError:  # read-only home, full disk, ...: this process only
@@ -187,6 +232,15 @@ def load_cases(path: str | Path) -> list:
     import torch
 
     return list(torch.load(path, weights_only=False))
+
+
+def case_names(stage: str, size: str | None = None) -> list[str]:
+    """The names of ``stage``'s cases, in order, as :func:`stage_cases_file` holds them (``size``
+    as there): read from the file's sidecar, so pytest's collection in every xdist worker loads no
+    tensors; a file without a valid sidecar is loaded."""
+    path = stage_cases_file(stage, size)
+    names = _read_names(Path(path))
+    return names if names is not None else [c.name for c in load_cases(path)]
 
 
 def grouped_stage(stage: str) -> bool:

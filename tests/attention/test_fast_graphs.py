@@ -17,7 +17,7 @@ from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_at
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import IndexRule
 
-from .test_attention_fast import HELD_OUT, _all_cases, _segments, assert_matches_ordered, segments_on
+from .test_attention_fast import HELD_OUT, N_DEFAULT, _all_cases, _segments, assert_matches_ordered, segments_on
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 
@@ -61,7 +61,7 @@ def test_cache_refuses_when_disabled_or_not_due():
 
 
 @cuda
-@pytest.mark.parametrize("i", [0, 3, len(_all_cases()) - len(HELD_OUT), len(_all_cases()) - 1])
+@pytest.mark.parametrize("i", [0, 3, N_DEFAULT, N_DEFAULT + len(HELD_OUT) - 1])
 def test_replay_within_bound_and_owned(i):
     """Capture on a case, replay it with another case's data of the same signature (a second
     seed), then check both results against the ordered oracle: the first result must not have

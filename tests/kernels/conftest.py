@@ -181,7 +181,7 @@ def group_name(entry_name: str, group: int, groups: int) -> str:
 
 @pytest.fixture(scope="session")
 def kernel_results(request):
-    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.case_files import case_names, stage_cases_file
     from dsv4_numerics.kernels import registry
 
     def kernel_session():  # this worker's own child, only when there is no broker
@@ -195,7 +195,7 @@ def kernel_results(request):
             entry = registry.get(entry_name)
             # built once (on disk, shared by the xdist workers), never again in the child
             path = stage_cases_file(entry.stage)
-            names = [c.name for c in load_cases(path)]
+            names = case_names(entry.stage)
             if group is not None:
                 names = case_groups(entry, names)[group]
             device = "cpu" if _runs_on_cpu(entry) else _device()

@@ -445,6 +445,46 @@ def test_stage_cases_file_is_built_once_and_rebuilt_when_unreadable(tmp_path, mo
     assert not p3.startswith(str(tmp_path)) and os.path.isfile(p3)
 
 
+def test_case_names_come_from_the_sidecar_and_a_changed_file_is_loaded_again(tmp_path, monkeypatch):
+    """``case_names`` (what pytest's collection reads in every worker) from the JSON sidecar written
+    after the case file; a sidecar whose byte count is not the file's (the file was replaced or cut)
+    is not trusted: the file is validated by loading it (and rebuilt if it does not load)."""
+    monkeypatch.setenv("DSV4_CASES_CACHE", str(tmp_path / "cache"))
+    want = [c.name for c in default_cases("topk_global")]
+    p = Path(cf.stage_cases_file("topk_global"))
+    side = cf._names_path(p)
+    assert side.is_file() and json.loads(side.read_text()) == {"names": want, "bytes": p.stat().st_size}
+    loads = []
+    real_load = cf.load_cases
+    monkeypatch.setattr(cf, "load_cases", lambda path: loads.append(path) or real_load(path))
+    assert cf.case_names("topk_global") == want and not loads  # no tensors loaded
+    side.write_text(json.dumps({"names": ["stale"], "bytes": p.stat().st_size + 1}))
+    assert cf.case_names("topk_global") == want and loads == [str(p)]  # the file itself, not the stale names
+    cf._CASES_FILES.clear()  # a new process: the file loads, so it is kept and gets a fresh sidecar
+    assert cf.stage_cases_file("topk_global") == str(p)
+    assert json.loads(side.read_text())["names"] == want
+
+
+def test_the_case_key_covers_every_reference_module_subpackages_included(tmp_path, monkeypatch):
+    """A change to any module of the ``reference`` package -- the case builders live in its
+    ``cases/`` subpackage -- gives the case files a new key (a stale file is never handed out)."""
+    from dsv4_numerics import reference
+
+    root = Path(reference.__file__).resolve().parent
+    copy = tmp_path / "reference"
+    for f in root.rglob("*.py"):
+        dst = copy / f.relative_to(root)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(f.read_bytes())
+    monkeypatch.setattr(reference, "__file__", str(copy / "__init__.py"))
+    k0 = cf._cases_key("decode")
+    assert cf._cases_key("decode") == k0 and cf._cases_key("prefill") != k0
+    builder = copy / "cases" / "attention.py"
+    assert builder.is_file()
+    builder.write_text(builder.read_text() + "\n# a change\n")
+    assert cf._cases_key("decode") != k0
+
+
 def test_a_warm_pool_starts_its_children_before_the_first_entry(tmp_path):
     """``start(warm=True)`` (what ``check`` does before probing the entries): every session's child
     is started at once, before any entry is submitted, and the entries submitted afterwards run in

@@ -30,7 +30,7 @@ from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.probe import arch_reason, gpu_info
 from dsv4_numerics.worker_pool import UNAVAILABLE
 from dsv4_numerics.oracles.report import Result
-from dsv4_numerics.case_files import load_cases, stage_cases_file
+from dsv4_numerics.case_files import case_names
 
 from .conftest import case_groups, group_name
 
@@ -46,7 +46,7 @@ def collection_reason(entry) -> str | None:
 
 def _params():
     out = []
-    cache: dict[str, list] = {}  # building a stage's cases can take seconds: once per stage
+    cache: dict[str, list] = {}  # a stage's case names (the case file's sidecar): once per stage
     for entry in registry.all_entries():
         marks = [getattr(pytest.mark, m) for m in entry.markers]
         reason = collection_reason(entry)
@@ -54,13 +54,13 @@ def _params():
         try:
             if entry.stage not in cache:
                 # built once, single-threaded, on disk for every xdist worker and kernel child
-                cache[entry.stage] = load_cases(stage_cases_file(entry.stage))
-            cases = cache[entry.stage]
+                cache[entry.stage] = case_names(entry.stage)
+            names = cache[entry.stage]
         except KeyError as e:
             out.append(pytest.param(entry.name, None, 0, id=f"{entry.name}-no-cases",
                                     marks=[pytest.mark.skip(reason=str(e))]))
             continue
-        groups = case_groups(entry, [c.name for c in cases])
+        groups = case_groups(entry, names)
         for g, names in enumerate(groups):
             gmarks = [pytest.mark.xdist_group(group_name(entry.name, g, len(groups)))]
             for name in names:

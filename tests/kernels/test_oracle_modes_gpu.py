@@ -21,13 +21,13 @@ from .conftest import _device, both_modes, case_groups, group_name
 
 
 def _entries():
-    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.case_files import case_names
 
     out = []
     for e in registry.all_entries():
         if e.stage in FAST_ORACLE_STAGES:
             marks = [pytest.mark.gpu] + [getattr(pytest.mark, m) for m in e.markers if m != "gpu"]
-            groups = case_groups(e, [c.name for c in load_cases(stage_cases_file(e.stage))])
+            groups = case_groups(e, case_names(e.stage))
             for g, names in enumerate(groups):
                 out.append(pytest.param(e.name, g, names, id=e.name if len(groups) == 1 else f"{e.name}#{g}",
                                         marks=marks + [pytest.mark.xdist_group(group_name(e.name, g, len(groups)))]))
