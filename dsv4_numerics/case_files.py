@@ -69,6 +69,21 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
+_SOURCES: dict[Path, bytes] = {}  # _sources_digest's memo, per reference tree
+
+
+def _sources_digest(root: Path) -> bytes:
+    """SHA-256 over the relative path and bytes of every ``*.py`` under ``root``, once per process
+    (the cases this process builds come from the modules it imported: their sources as read then)."""
+    hit = _SOURCES.get(root)
+    if hit is None:
+        h = hashlib.sha256()
+        for f in sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix()):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        hit = _SOURCES[root] = h.digest()
+    return hit
+
+
 def _cases_key(stage: str, size: str = "default") -> str:
     """Hash of everything ``stage_cases(stage, size)`` depends on: the package and torch versions,
     the stage, the size and the source bytes of every module of the ``reference`` package, its
@@ -82,9 +97,7 @@ def _cases_key(stage: str, size: str = "default") -> str:
     h = hashlib.sha256()
     for part in (package_version("dsv4-numerics"), torch.__version__, stage) + ((size,) if size != "default" else ()):
         h.update(part.encode() + b"\0")
-    root = Path(reference.__file__).resolve().parent
-    for f in sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(_sources_digest(Path(reference.__file__).resolve().parent))
     return h.hexdigest()[:_KEY_LEN]
 
 

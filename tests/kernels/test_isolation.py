@@ -482,6 +482,8 @@ def test_the_case_key_covers_every_reference_module_subpackages_included(tmp_pat
     builder = copy / "cases" / "attention.py"
     assert builder.is_file()
     builder.write_text(builder.read_text() + "\n# a change\n")
+    assert cf._cases_key("decode") == k0  # hashed once per process: the modules it imported
+    cf._SOURCES.pop(copy)  # the next process
     assert cf._cases_key("decode") != k0
 
 
