@@ -155,7 +155,7 @@ def expected_cache(entry, case: Case) -> torch.Tensor:
 def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, case: Case) -> None:
     bs = case.inputs["block_size"]
     before = page_bytes(case.inputs["cache"].cpu(), bs)
-    got_b, want_b = page_bytes(got.cpu(), bs), page_bytes(want, bs)
+    got_b = page_bytes(got.cpu(), bs)  # the written records are compared decoded, below
     slots = case.inputs["slot_mapping"].cpu()
     mask = defined_byte_mask(before, slots, bs, include_pad=True)
     untouched = ~mask
