@@ -19,12 +19,16 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 Results do not depend on the chunk size beyond the bound.
 
 Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
-work at production decode h64/top-512, batch 128): ~75 kernels per call, issued so that the GPU
+work at production decode h64/top-512, batch 128): ~60 kernels per call (two segments with lengths
+and a sink: 62 dispatched operations, 60 of them kernels, plus 30 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
-read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error).
+read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error):
+the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
+lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``_layout``), and the
+host vector's ``cat`` converts integer flags and counts and the raw sink to float64 (exactly).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
 are one float32 norm and one bits lookup (``fast_rows._row_stats``, written into one ``[3, N]``
 tensor) and whose slot rows are one ``index_select`` per chunk
@@ -35,7 +39,7 @@ instead: half the host cost). The one host sync at the end also finds the rare c
 ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All kernels up to that
 sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
 comes again replays them as one CUDA graph (``fast_graphs``; ``graph=`` of
-``fast_sparse_attention``): the host then issues ~15 operations instead of ~100, and the call
+``fast_sparse_attention``): the host then issues ~15 operations instead of ~90, and the call
 costs about its GPU work. On CUDA a call is first padded to its shape bucket (``fast_buckets``:
 invalid padding, the ordered result unchanged bit for bit, the bound that of the padded call), so
 calls of nearby shapes -- matrix cases, fuzz draws -- share one graph.
@@ -177,7 +181,7 @@ def _layout(segments, rules, T: int, dev: torch.device):
     else:
         K = sum(Ks)
         both = torch.cat([s.idx for s in segments] + [ln.expand(T, k) for ln, k in zip(lens, Ks)] + lens, dim=1)
-        idx, lcol, lts = both.split([K, K, len(segments)], dim=1)
+        idx, lcol, lts = both.split_with_sizes((K, K, len(segments)), dim=1)
     in_prefix = pos < lcol
     c0 = idx.clamp(zero, nmax)
     if any(r == IndexRule.MINUS1_ONLY for r in rules):
@@ -306,8 +310,8 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
 def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
-    the chunk's q rows of the table: ``(x, vmax, exact, fast)``, ``[c, H, 1]`` each but ``vmax``
-    ``[c, 1, 1]``. ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
+    the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
+    ``vmax`` ``[c, 1, 1]`` and ``both``, ``[2, c, H, 1]``: ``exact`` and ``fast``, whose views they are. ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
     logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta``
     exceeds ``_DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
     exact. ``x = fl(n_q max_k n_k)`` on rows not proven exact, else 0 (the bound's feature on the
@@ -316,12 +320,14 @@ def _row_tests(stats, gflat, qrows, c, lims):
     ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
     0-dim tensors of the statistics' dtype (the limits rounded down)."""
     ebits, lim_exact, lim_approx, zero = lims
-    nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True)
-    nq, aq, _ = stats[:, qrows].view(3, c, -1, 1)  # [c, H, 1]
+    nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
+    nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
     nqb = nq * nk  # NaN/inf where a norm is
-    exact = (aq + bk) < ebits
-    fast = nqb < torch.where(exact, lim_exact, lim_approx)  # NaN: False
-    return torch.where(exact, zero, nqb), vk, exact, fast
+    both = torch.empty((2, *nqb.shape), dtype=torch.bool, device=nqb.device)  # one count for the host
+    exact, fast = both.unbind(0)
+    torch.lt(aq + bk, ebits, out=exact)
+    torch.lt(nqb, torch.where(exact, lim_exact, lim_approx), out=fast)  # NaN: False
+    return torch.where(exact, zero, nqb), vk, exact, fast, both
 
 
 def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero, want_abs=False):
@@ -337,7 +343,7 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     g, gb = _gather(table, gflat, c, want_abs)
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    x, vk, exact, fast = tests
+    x, vk, exact, fast, _ = tests
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
@@ -399,7 +405,7 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
     as ``_finish`` takes them (``[4, 1, 1, 1]`` each), ``_row_tests``' ``lims`` (the x limits
     rounded down to the statistics' dtype, and its 0) and the float64 ``(0, -inf, 1)`` of the logit
     mask and the lonely rows (0-dim tensors on the device)."""
-    key = (K, D, scale, with_sink, sdt, str(dev))
+    key = (K, D, scale, with_sink, sdt, dev)
     hit = _COEF.get(key)
     if hit is None:
         if len(_COEF) >= _COLUMNS_MAX:
@@ -461,7 +467,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
            want_abs: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
-    (an eager call's host issues ~70 operations at ~10 us each; the GPU work is ~1 ms at
+    (an eager call's host issues ~60 kernels at ~10-25 us each; the GPU work is ~1 ms at
     production decode shapes): the table and its row statistics (a few long kernels, which the
     GPU runs while the host issues the slot layout), per chunk the GEMMs and softmax passes
     (``want_abs``: one more GEMM, ``p |V|``), the deferred validation flags, the exactness tests,
@@ -498,8 +504,8 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     checks = _flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
-        yes = torch.ones(T, H, 1, dtype=torch.bool, device=dev)
-        tests = [(z2, z2[:, :1], yes, yes)]
+        yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
+        tests = [(z2, z2[:, :1], *yes, yes)]
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
                  for t0, t1 in spans]
@@ -508,7 +514,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     # the host vector (``cat`` converts to float64, exactly): lengths' min and max per segment,
     # [the -1-only range offsets' min and max], per chunk its count of rows with proven-exact
     # logits and its count of rows that keep the fast logits, [the sink values (a NaN is an error)]
-    vals = checks + [t[i].sum(dim=(0, 1)) for i in (2, 3) for t in tests]  # [c, H, 1] -> [1]
+    vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
     if sink is not None:
         vals.append(sink)
     keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), _BF16_LUT.get(dev))
@@ -546,7 +552,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     bad = False
     if iss.gidx.shape[1] and any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only range offsets
         bad, rest = rest[0] < -1 or rest[1] > 0, rest[2:]
-    n_exact, kept, sink_vals = rest[:nc], rest[nc:2 * nc], rest[2 * nc:]
+    n_exact, kept, sink_vals = rest[:2 * nc:2], rest[1:2 * nc:2], rest[2 * nc:]
     # a given length may not pass the caller's K (padded columns must not admit it); with no lengths the
     # issued call's implied length is its own (padded) K
     limits = [s.idx.shape[1] if s.length is not None else p.idx.shape[1] for s, p in zip(segments, issued)]

@@ -482,3 +482,38 @@ def test_deferred_validation_raises_the_ordered_oracles_errors():
     wild = idx.clone()
     wild[0, 0], wild[1, 1] = 10**6, -(10**6)
     assert_within_bound(q, [Segment(rows, wild, ln)], 0.25, sink)
+
+
+def test_minus1_only_rule_edges_and_mixed_rules():
+    """The -1-only rule (read on the device as the in-prefix range offsets' min and max, ``_flags``)
+    at its edges: ``N - 1`` and ``-1`` pass, ``N`` and ``-2`` in the prefix raise the ordered
+    oracle's error, any value outside the prefix passes; in a call with mixed rules only the -1-only
+    segment's prefix is checked (the other segment's wild indices are invalid slots), also with
+    several chunks and a -1-only segment without lengths."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(4, 2, 8, generator=g).to(torch.bfloat16)
+    rows = torch.randn(6, 8, generator=g).to(torch.bfloat16)
+    ln = torch.tensor([3, 0, 5, 2], dtype=torch.int32)
+    m1, anyr = IndexRule.MINUS1_ONLY, IndexRule.ANY_OUT_OF_RANGE_INVALID
+    base = torch.randint(0, 6, (4, 5), generator=g, dtype=torch.int32)
+    wild = torch.tensor([[-7, 6, 10**6, -1, 2]] * 4, dtype=torch.int64)
+    for (t, c), v, ok in [((0, 2), 5, True), ((0, 2), -1, True), ((0, 2), 6, False), ((0, 2), -2, False),
+                          ((2, 4), 10**9, False), ((0, 3), 6, True), ((1, 0), -5, True), ((3, 4), 7, True)]:
+        idx = base.clone()
+        idx[t, c] = v
+        for segs in ([Segment(rows, idx, ln, m1)], [Segment(rows[:4], wild, ln, anyr), Segment(rows, idx, ln, m1)]):
+            for chunk in (None, 2):
+                if ok:
+                    assert_within_bound(q, segs, 0.5, chunk_tokens=chunk)
+                    continue
+                with pytest.raises(InputError) as ordered:
+                    sparse_attention(q, segs, 0.5)
+                with pytest.raises(InputError) as fast:
+                    fast_sparse_attention(q, segs, 0.5, chunk_tokens=chunk)
+                assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
+    full = base.clone()
+    full[1, 4] = -1
+    assert_within_bound(q, [Segment(rows, full, None, m1), Segment(rows[:4], wild, None, anyr)], 0.5)
+    full[2, 0] = 6
+    with pytest.raises(InputError, match="MINUS1_ONLY"):
+        fast_sparse_attention(q, [Segment(rows, full, None, m1), Segment(rows[:4], wild, None, anyr)], 0.5)
