@@ -463,6 +463,20 @@ def _part(x: torch.Tensor, t0: int, t1: int, one_chunk: bool) -> torch.Tensor:
     return x if one_chunk else x[t0:t1]
 
 
+# per float dtype: the integer dtype of its width, its exponent mask (an exponent of all ones and a
+# nonzero mantissa is a NaN) and the mask of its magnitude bits
+_FLOAT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF),
+               torch.float32: (torch.int32, 0x7F800000, 0x7FFFFFFF),
+               torch.float16: (torch.int16, 0x7C00, 0x7FFF),
+               torch.bfloat16: (torch.int16, 0x7F80, 0x7FFF)}
+
+
+def _nan_bits(v: int, dtype: torch.dtype) -> bool:
+    """Whether ``v``, a float of ``dtype`` read as a (sign-extended) integer, is a NaN."""
+    _, exp, mag = _FLOAT_BITS[dtype]
+    return (v & mag) > exp
+
+
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
            want_abs: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
@@ -511,12 +525,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                  for t0, t1 in spans]
     parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
     res = _finish_parts(parts, lonely, sink, coef, one)
-    # the host vector (``cat`` converts to float64, exactly): lengths' min and max per segment,
-    # [the -1-only range offsets' min and max], per chunk its count of rows with proven-exact
-    # logits and its count of rows that keep the fast logits, [the sink values (a NaN is an error)]
+    # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
+    # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
+    # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
+    # rows with proven-exact logits and its count of rows that keep the fast logits, [the sink
+    # values' bits (a view: a NaN is an error, read from its bits)]
     vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
     if sink is not None:
-        vals.append(sink)
+        vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
     keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), _BF16_LUT.get(dev))
     packed = None
     if pack:
@@ -557,7 +573,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     # issued call's implied length is its own (padded) K
     limits = [s.idx.shape[1] if s.length is not None else p.idx.shape[1] for s, p in zip(segments, issued)]
     bad = bad or any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits)) or \
-        any(v != v for v in sink_vals)  # a NaN sink
+        any(_nan_bits(v, sink.dtype) for v in sink_vals)  # a NaN sink
     if bad:
         _check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
