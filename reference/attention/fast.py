@@ -19,12 +19,16 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 Results do not depend on the chunk size beyond the bound.
 
 Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
-work at production decode h64/top-512, batch 128): ~75 kernels per call, issued so that the GPU
+work at production decode h64/top-512, batch 128): ~60 kernels per call (two segments with lengths
+and a sink: 62 dispatched operations, 60 of them kernels, plus 30 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
-read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error).
+read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error):
+the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
+lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``_layout``), and the
+host vector's ``cat`` converts integer flags and counts and the raw sink to float64 (exactly).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
 are one float32 norm and one bits lookup (``fast_rows._row_stats``, written into one ``[3, N]``
 tensor) and whose slot rows are one ``index_select`` per chunk
@@ -35,7 +39,7 @@ instead: half the host cost). The one host sync at the end also finds the rare c
 ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All kernels up to that
 sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
 comes again replays them as one CUDA graph (``fast_graphs``; ``graph=`` of
-``fast_sparse_attention``): the host then issues ~15 operations instead of ~100, and the call
+``fast_sparse_attention``): the host then issues ~15 operations instead of ~90, and the call
 costs about its GPU work. On CUDA a call is first padded to its shape bucket (``fast_buckets``:
 invalid padding, the ordered result unchanged bit for bit, the bound that of the padded call), so
 calls of nearby shapes -- matrix cases, fuzz draws -- share one graph.
@@ -125,22 +129,27 @@ _ZERO_ROWS: dict = {}  # one zero row per (D, dtype, device)
 
 def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> tuple:
     """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
-    segment, its segment's ``N - 1``, the segment's first table row, the -1-only flag, the segment
-    index, the zero row's index ``sum N``; then 0-dim int64 ``0`` and ``-1``. Built on the host,
-    copied once, kept for the next call with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
-    key = (Ks, Ns, rules, str(dev))
+    segment, its segment's ``N - 1``, the segment's first table row; the -1-only columns as a
+    ``[K]`` bool mask where the rules are mixed (else None); 0-dim int64 ``sum N`` (the zero row's
+    index), ``0`` and ``-1``; and per segment a ``[1, 1]`` int64 ``K_s``, the length of a segment
+    without lengths. Built on the host, copied once, kept for the next call with the same layout
+    (at most ``_COLUMNS_MAX`` layouts)."""
+    key = (Ks, Ns, rules, dev)
     hit = _COLUMNS.get(key)
     if hit is not None:
         return hit
-    cols, off = [], 0
-    for i, (k, N, r) in enumerate(zip(Ks, Ns, rules)):
+    K, S, cols, off = sum(Ks), len(Ks), [], 0
+    for k, N, r in zip(Ks, Ns, rules):
         cols.append(torch.stack([torch.arange(k), torch.full((k,), N - 1), torch.full((k,), off),
-                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i),
-                                 torch.full((k,), sum(Ns))]))
+                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY))]))
         off += N
-    ci = torch.cat(cols + [torch.tensor([[0], [-1], [0], [0], [0], [0]])], dim=1).to(dev)
-    *c, tail = ci[:, :sum(Ks)].unbind(0) + (ci[:2, -1],)
-    hit = (*c, *tail.unbind(0))
+    tail = torch.tensor([[sum(Ns), 0, -1, *Ks]] + [[0] * (3 + S)] * 3)  # row 0: the scalars, then the K_s
+    ci = torch.cat(cols + [tail], dim=1).to(dev)
+    pos, nmax, offcol, m1 = ci[:, :K].unbind(0)
+    mixed = len(set(r == IndexRule.MINUS1_ONLY for r in rules)) > 1
+    scalars = ci[0, K:].unbind(0)
+    hit = (pos, nmax, offcol, m1.bool() if mixed else None, *scalars[:3],
+           tuple(t.view(1, 1) for t in scalars[3:]))
     if len(_COLUMNS) >= _COLUMNS_MAX:
         _COLUMNS.pop(next(iter(_COLUMNS)))
     _COLUMNS[key] = hit
@@ -153,41 +162,51 @@ def _layout(segments, rules, T: int, dev: torch.device):
     ``_flags`` needs for the deferred validation (issued later, so the heavy kernels start sooner)
     and ``_column_constants``. No host sync: the caller reads the flags with its one sync after the
     heavy kernels and then lets ``_check_common`` raise the precise error. Out-of-range slots never
-    reach a gather (they point at the zero row), so a bad input cannot fault the device first."""
+    reach a gather (they point at the zero row), so a bad input cannot fault the device first.
+
+    Several segments: one ``cat`` gives the indices ``[T, K]``, each slot's length (its segment's,
+    broadcast over its columns) ``[T, K]`` and the lengths ``[T, S]`` (a segment without lengths
+    reads ``K_s``; ``cat`` promotes the integer dtypes, exactly). With a -1-only segment the
+    in-prefix offset from the segment's range, ``w = idx - clamp(idx, 0, N_s - 1)`` (0 in range,
+    ``idx < 0`` below it, ``> 0`` above it), is set to ``-1`` outside the prefix: a slot is valid
+    iff ``w == 0``, and the -1-only rule holds iff every ``w`` of a -1-only column lies in ``[-1,
+    0]`` (one ``aminmax``, ``_flags``)."""
     Ks = tuple(s.idx.shape[1] for s in segments)
-    Ns = tuple(s.rows.shape[0] for s in segments)
-    cols = _column_constants(Ks, Ns, tuple(rules), dev)
-    pos, nmax, offcol, m1, seg_of_col, zrow, zero, minus1 = cols
-    idx = segments[0].idx if len(segments) == 1 else torch.cat([s.idx for s in segments], dim=1)
-    lens = [s.length if s.length is not None else torch.full((T,), k, dtype=torch.int64, device=dev)
-            for s, k in zip(segments, Ks)]
+    cols = _column_constants(Ks, tuple(s.rows.shape[0] for s in segments), tuple(rules), dev)
+    pos, nmax, offcol, m1, zrow, zero, minus1, kcol = cols
+    lens = [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, kcol)]
     if len(segments) == 1:
-        lts = lens[0].unsqueeze(1)  # [T, 1]
-        lcol = lts
+        idx, lcol = segments[0].idx, lens[0]  # [T, 1] broadcast over the columns
+        lts = lcol
     else:
-        lts = torch.stack(lens, dim=1)  # [T, S]
-        lcol = lts.index_select(1, seg_of_col)  # [T, K]
+        K = sum(Ks)
+        both = torch.cat([s.idx for s in segments] + [ln.expand(T, k) for ln, k in zip(lens, Ks)] + lens, dim=1)
+        idx, lcol, lts = both.split_with_sizes((K, K, len(segments)), dim=1)
     in_prefix = pos < lcol
-    valid = in_prefix & (idx == idx.clamp(zero, nmax))  # in the prefix and in [0, N_s)
-    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
-    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, in_prefix, idx, valid, m1, minus1), cols
-
-
-def _flags(rules, pending) -> list:
-    """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
-    in-prefix mask, the indices and the validity ``[T, K]``, the -1-only column flags and the
-    0-dim ``-1``): float64 1-D tensors, the lengths' ``[S]`` min and max per segment and, with a
-    -1-only segment, the count ``[1]`` of its in-prefix slots that are neither -1 nor valid.
-    Issued after the heavy kernels: the host sync reads them."""
-    lts, in_prefix, idx, valid, m1, minus1 = pending
-    flags = list(torch.aminmax(lts.to(torch.float64), dim=0))
+    c0 = idx.clamp(zero, nmax)
     if any(r == IndexRule.MINUS1_ONLY for r in rules):
-        # an in-prefix slot that is not -1 must be valid (valid slots are in-prefix and not -1):
-        # the count of (in prefix and not -1) XOR valid over -1-only columns must be 0
-        bad = (in_prefix & (idx != minus1)).ne_(valid)
-        if not all(r == IndexRule.MINUS1_ONLY for r in rules):
-            bad &= m1.bool()
-        flags.append(bad.sum(dtype=torch.float64).view(1))
+        w = torch.where(in_prefix, idx - c0, minus1)
+        valid = w == 0  # in the prefix and in [0, N_s)
+    else:
+        w, valid = None, in_prefix & (idx == c0)
+    gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
+    return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, w, m1, zero), cols
+
+
+def _flags(pending) -> list:
+    """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
+    in-prefix range offsets ``w`` ``[T, K]`` (None without a -1-only segment), the -1-only column
+    mask (None unless the rules are mixed) and the 0-dim ``0``): integer 1-D tensors (the host
+    vector's ``cat`` converts them to float64, exactly), the lengths' ``[S]`` min and max per
+    segment and, with a -1-only segment and ``K > 0``, the ``[1]`` min and max of ``w`` over the
+    -1-only columns (``[-1, 0]`` unless a slot breaks the rule). Issued after the heavy kernels:
+    the host sync reads them."""
+    lts, w, m1, zero = pending
+    flags = list(torch.aminmax(lts, dim=0))
+    if w is not None and w.shape[1]:
+        if m1 is not None:
+            w = torch.where(m1, w, zero)
+        flags += torch.aminmax(w.view(1, -1), dim=1)
     return flags
 
 
@@ -206,7 +225,7 @@ def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
     T, H, D = q.shape
     dt = _table_dtype(segments, q)
     Nrows = sum(s.rows.shape[0] for s in segments)
-    zkey = (D, dt, str(q.device))
+    zkey = (D, dt, q.device)
     zero = _ZERO_ROWS.get(zkey)
     if zero is None:
         zero = _ZERO_ROWS[zkey] = torch.zeros(1, D, dtype=dt, device=q.device)
@@ -291,41 +310,46 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
 def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
-    the chunk's q rows of the table: ``(x, vmax, approx, fast)``, ``[c, H, 1]`` each but ``vmax``
-    ``[c, 1, 1]``. ``x = fl(n_q max_k n_k)`` on rows whose logits are approximate (bounded), else
-    0; ``approx``: those rows (the others are proven exact or redone); ``fast``: the row keeps the
-    fast logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its
-    ``delta`` exceeds ``_DELTA_MAX``); ``vmax``: ``max |v|`` over the token's slots. ``lims``:
+    the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
+    ``vmax`` ``[c, 1, 1]`` and ``both``, ``[2, c, H, 1]``: ``exact`` and ``fast``, whose views they are. ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
+    logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta``
+    exceeds ``_DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
+    exact. ``x = fl(n_q max_k n_k)`` on rows not proven exact, else 0 (the bound's feature on the
+    rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
+    ``max |v|`` over the token's slots. ``lims``:
     ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
     0-dim tensors of the statistics' dtype (the limits rounded down)."""
     ebits, lim_exact, lim_approx, zero = lims
     nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
     nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
     nqb = nq * nk  # NaN/inf where a norm is
-    exact = (aq + bk) < ebits
-    fast = nqb < torch.where(exact, lim_exact, lim_approx)  # NaN: False
-    approx = fast > exact  # fast and not exact
-    return torch.where(approx, nqb, zero), vk, approx, fast
+    both = torch.empty((2, *nqb.shape), dtype=torch.bool, device=nqb.device)  # one count for the host
+    exact, fast = both.unbind(0)
+    torch.lt(aq + bk, ebits, out=exact)
+    torch.lt(nqb, torch.where(exact, lim_exact, lim_approx), out=fast)  # NaN: False
+    return torch.where(exact, zero, nqb), vk, exact, fast, both
 
 
 def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero, want_abs=False):
     """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
     recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
     and invalid slots masked to ``-inf`` whatever their logit. ``tests``: the chunk's
-    ``_row_tests``. Returns ``_softmax_pv``'s triple and ``_row_tests``' first three, with ``vmax``
-    over the finite values only (``vfin``: ``_vmax_finite`` of the table)."""
+    ``_row_tests``. Returns the chunk's part for ``_finish_parts``, ``(N, m, L, x, vmax, Na)``
+    (``x`` 0 on the rows that take the ordered logits, ``vmax`` over the finite values only,
+    ``vfin``: ``_vmax_finite`` of the table), and its rows with approximate logits ``[c, H, 1]``
+    (those that keep the fast logits and are not proven exact)."""
     c, K = gidx.shape
     gflat = gidx.reshape(-1)
     g, gb = _gather(table, gflat, c, want_abs)
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    x, vk, approx, fast = tests
+    x, vk, exact, fast, _ = tests
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
     s.masked_fill_(~valid.unsqueeze(1), -math.inf)
     N, m, L, Na = _softmax_tail(s, g, d_v, lonely, zero, want_abs=want_abs, gb=gb)
-    return N, m, L, x, vmax, approx, Na
+    return (N, m, L, x.masked_fill(~fast, 0.0), vmax, Na), fast & ~exact
 
 
 def _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na=None):
@@ -368,12 +392,12 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na=None):
 
 
 def _finish_parts(parts, lonely, sink, coef, one):
-    """``_finish`` over the chunks' ``(N, m, L, x, vmax, approx, Na)`` (one chunk: its own tensors,
-    ``N`` divided in place; several: concatenated; ``Na`` None in every chunk or in none), and
-    ``approx`` ``[T, H, 1]`` of all chunks."""
-    cols = [c[0] if len(parts) == 1 or c[0] is None else torch.cat(c, dim=0) for c in zip(*parts)]
-    N, m, L, x, vmax, approx, Na = cols
-    return _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na), approx
+    """``_finish`` over the chunks' ``(N, m, L, x, vmax, Na)`` (one chunk: its own tensors, ``N``
+    divided in place; several: concatenated; ``Na`` None in every chunk or in none)."""
+    if len(parts) == 1:
+        return _finish(*parts[0][:5], lonely, sink, coef, one, parts[0][5])
+    N, m, L, x, vmax, Na = [c[0] if c[0] is None else torch.cat(c, dim=0) for c in zip(*parts)]
+    return _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na)
 
 
 def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
@@ -381,7 +405,7 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
     as ``_finish`` takes them (``[4, 1, 1, 1]`` each), ``_row_tests``' ``lims`` (the x limits
     rounded down to the statistics' dtype, and its 0) and the float64 ``(0, -inf, 1)`` of the logit
     mask and the lonely rows (0-dim tensors on the device)."""
-    key = (K, D, scale, with_sink, sdt, str(dev))
+    key = (K, D, scale, with_sink, sdt, dev)
     hit = _COEF.get(key)
     if hit is None:
         if len(_COEF) >= _COLUMNS_MAX:
@@ -439,11 +463,25 @@ def _part(x: torch.Tensor, t0: int, t1: int, one_chunk: bool) -> torch.Tensor:
     return x if one_chunk else x[t0:t1]
 
 
+# per float dtype: the integer dtype of its width, its exponent mask (an exponent of all ones and a
+# nonzero mantissa is a NaN) and the mask of its magnitude bits
+_FLOAT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFFFF),
+               torch.float32: (torch.int32, 0x7F800000, 0x7FFFFFFF),
+               torch.float16: (torch.int16, 0x7C00, 0x7FFF),
+               torch.bfloat16: (torch.int16, 0x7F80, 0x7FFF)}
+
+
+def _nan_bits(v: int, dtype: torch.dtype) -> bool:
+    """Whether ``v``, a float of ``dtype`` read as a (sign-extended) integer, is a NaN."""
+    _, exp, mag = _FLOAT_BITS[dtype]
+    return (v & mag) > exp
+
+
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
            want_abs: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
-    (an eager call's host issues ~70 operations at ~10 us each; the GPU work is ~1 ms at
+    (an eager call's host issues ~60 kernels at ~10-25 us each; the GPU work is ~1 ms at
     production decode shapes): the table and its row statistics (a few long kernels, which the
     GPU runs while the host issues the slot layout), per chunk the GEMMs and softmax passes
     (``want_abs``: one more GEMM, ``p |V|``), the deferred validation flags, the exactness tests,
@@ -477,24 +515,25 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
-    checks = _flags(rules, pending)
-    if K == 0:
+    checks = _flags(pending)
+    if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
-        tests = [(z2, z2[:, :1], torch.zeros(T, H, 1, dtype=torch.bool, device=dev),
-                  torch.ones(T, H, 1, dtype=torch.bool, device=dev))]
+        yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
+        tests = [(z2, z2[:, :1], *yes, yes)]
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
                  for t0, t1 in spans]
-    parts = [(*h[:3], *t[:3], h[3]) for h, t in zip(heavy, tests)]
-    res, approx = _finish_parts(parts, lonely, sink, coef, one)
-    # the host vector (float64): lengths' min and max per segment, [the -1-only count], the rows
-    # with approximate logits, each chunk's count of rows that keep the fast logits, [the sum of
-    # the sink values: NaN if one is (or if both infinities are: then checked exactly)]
-    vals = checks + [approx.sum(dim=(0, 1), dtype=torch.float64)] + \
-        [t[3].sum(dim=(0, 1), dtype=torch.float64) for t in tests]  # [c, H, 1] -> [1]
+    parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
+    res = _finish_parts(parts, lonely, sink, coef, one)
+    # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
+    # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
+    # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
+    # rows with proven-exact logits and its count of rows that keep the fast logits, [the sink
+    # values' bits (a view: a NaN is an error, read from its bits)]
+    vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
     if sink is not None:
-        vals.append(sink.sum(0, keepdim=True, dtype=torch.float64))
-    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, str(dev))), _BF16_LUT.get(dev))
+        vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
+    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), _BF16_LUT.get(dev))
     packed = None
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
@@ -524,33 +563,38 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     issued = segments  # what the device work ran on (the bucketed padding, if any): its host values
     vq, segments = orig if orig is not None else (q, segments)
     S, spans = len(segments), iss.spans
+    nc = len(spans)
     lmin, lmax, rest = host[:S], host[S:2 * S], host[2 * S:]
-    m1 = None
-    if any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only count
-        m1, rest = rest[0], rest[1:]
-    n_ap, kept = rest[0], rest[1:1 + len(spans)]
+    bad = False
+    if iss.gidx.shape[1] and any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only range offsets
+        bad, rest = rest[0] < -1 or rest[1] > 0, rest[2:]
+    n_exact, kept, sink_vals = rest[:2 * nc:2], rest[1:2 * nc:2], rest[2 * nc:]
     # a given length may not pass the caller's K (padded columns must not admit it); with no lengths the
     # issued call's implied length is its own (padded) K
     limits = [s.idx.shape[1] if s.length is not None else p.idx.shape[1] for s, p in zip(segments, issued)]
-    bad = any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits)) or bool(m1)
-    if sink is not None and rest[-1] != rest[-1]:
-        bad = bad or bool(torch.isnan(sink).any())  # NaN, or +inf and -inf together
+    bad = bad or any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits)) or \
+        any(_nan_bits(v, sink.dtype) for v in sink_vals)  # a NaN sink
     if bad:
         _check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
                              "_check_common accepts")  # pragma: no cover - a bug, not an input error
     res, n_valid = owned if owned is not None else (iss.res, iss.n_valid)
+    # rows with approximate logits: per chunk those that keep the fast logits and are not proven exact
+    n_ap = [(t1 - t0) * H - e for e, (t0, t1) in zip(n_exact, spans)]  # where every row keeps them
     redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
     if any(redo):
         coef, _, (zero, _, one) = iss.keep[0]
         vfin = _vmax_finite(iss.table, d_v)
-        single = len(spans) == 1
-        parts = [_chunk_ordered(iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
-                                _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i],
-                                zero, want_abs)
-                 if redo[i] else p for i, ((t0, t1), p) in enumerate(zip(spans, iss.parts))]
-        res, approx = _finish_parts(parts, iss.lonely, sink, coef, one)
-        n_ap = float(approx.sum())
+        single = nc == 1
+        parts = list(iss.parts)
+        for i, (t0, t1) in enumerate(spans):
+            if redo[i]:
+                parts[i], approx = _chunk_ordered(
+                    iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
+                    _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
+                n_ap[i] = float(approx.sum())
+        res = _finish_parts(parts, iss.lonely, sink, coef, one)
+    n_ap = sum(n_ap)
     (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
     Tr = vq.shape[0]  # padded tokens are lonely rows: they count no approximate logits

@@ -1,6 +1,6 @@
 """CUDA-graph replay of the fast oracle's device work, for call signatures that come again.
 
-The fast oracle (``attention_fast``) issues ~80 small kernels per call; at production decode
+The fast oracle (``attention_fast``) issues ~60 small kernels per call; at production decode
 shapes the host's cost of launching them one by one (10-20 us each on the H200's hosts) is
 larger than the GPU work itself. A CUDA graph replays the same kernels with one launch.
 

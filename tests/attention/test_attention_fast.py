@@ -482,3 +482,87 @@ def test_deferred_validation_raises_the_ordered_oracles_errors():
     wild = idx.clone()
     wild[0, 0], wild[1, 1] = 10**6, -(10**6)
     assert_within_bound(q, [Segment(rows, wild, ln)], 0.25, sink)
+
+
+def test_minus1_only_rule_edges_and_mixed_rules():
+    """The -1-only rule (read on the device as the in-prefix range offsets' min and max, ``_flags``)
+    at its edges: ``N - 1`` and ``-1`` pass, ``N`` and ``-2`` in the prefix raise the ordered
+    oracle's error, any value outside the prefix passes; in a call with mixed rules only the -1-only
+    segment's prefix is checked (the other segment's wild indices are invalid slots), also with
+    several chunks and a -1-only segment without lengths."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(4, 2, 8, generator=g).to(torch.bfloat16)
+    rows = torch.randn(6, 8, generator=g).to(torch.bfloat16)
+    ln = torch.tensor([3, 0, 5, 2], dtype=torch.int32)
+    m1, anyr = IndexRule.MINUS1_ONLY, IndexRule.ANY_OUT_OF_RANGE_INVALID
+    base = torch.randint(0, 6, (4, 5), generator=g, dtype=torch.int32)
+    wild = torch.tensor([[-7, 6, 10**6, -1, 2]] * 4, dtype=torch.int64)
+    for (t, c), v, ok in [((0, 2), 5, True), ((0, 2), -1, True), ((0, 2), 6, False), ((0, 2), -2, False),
+                          ((2, 4), 10**9, False), ((0, 3), 6, True), ((1, 0), -5, True), ((3, 4), 7, True)]:
+        idx = base.clone()
+        idx[t, c] = v
+        for segs in ([Segment(rows, idx, ln, m1)], [Segment(rows[:4], wild, ln, anyr), Segment(rows, idx, ln, m1)]):
+            for chunk in (None, 2):
+                if ok:
+                    assert_within_bound(q, segs, 0.5, chunk_tokens=chunk)
+                    continue
+                with pytest.raises(InputError) as ordered:
+                    sparse_attention(q, segs, 0.5)
+                with pytest.raises(InputError) as fast:
+                    fast_sparse_attention(q, segs, 0.5, chunk_tokens=chunk)
+                assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
+    full = base.clone()
+    full[1, 4] = -1
+    assert_within_bound(q, [Segment(rows, full, None, m1), Segment(rows[:4], wild, None, anyr)], 0.5)
+    full[2, 0] = 6
+    with pytest.raises(InputError, match="MINUS1_ONLY"):
+        fast_sparse_attention(q, [Segment(rows, full, None, m1), Segment(rows[:4], wild, None, anyr)], 0.5)
+
+
+@pytest.mark.parametrize("sdt", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_the_host_vector_keeps_lengths_counts_and_sink_checks_exact_under_every_sink_dtype(sdt):
+    """The one host read carries integer lengths, counts and the sink's bits together: a sink of
+    any float dtype must not round them (a bfloat16 sink once turned a length 513 into 512, which
+    then passed the ``[0, K]`` check). A length one past ``K = 512`` raises the ordered oracle's
+    error; a NaN sink of either sign raises, +-inf sinks do not; the count of rows with exact logits
+    (257 in the first token, not a bfloat16 value) is the one a float64 sink gives."""
+    g = torch.Generator().manual_seed(11)
+    T, H, D, N, K = 3, 256, 16, 600, 512
+    q = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
+    rows = torch.randn(N, D, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, N, (T, K), generator=g)
+    sink = torch.randn(H, generator=g).to(sdt)
+    for bad in ([K + 1, 3, 0], [5, -1, 2]):
+        segs = [Segment(rows, idx, torch.tensor(bad), IndexRule.MINUS1_ONLY)]
+        with pytest.raises(InputError) as ordered:
+            sparse_attention(q, segs, 0.25, sink)
+        with pytest.raises(InputError) as fast:
+            fast_sparse_attention(q, segs, 0.25, sink)
+        assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
+    segs = [Segment(rows, idx, torch.tensor([K, 7, 0]), IndexRule.MINUS1_ONLY)]
+    ibits, quiet = {torch.float64: (torch.int64, 0x7FF8 << 48), torch.float32: (torch.int32, 0x7FC00000),
+                    torch.float16: (torch.int16, 0x7E00), torch.bfloat16: (torch.int16, 0x7FC0)}[sdt]
+    width = torch.iinfo(ibits).bits
+    signs = []
+    for pattern in (quiet, quiet - (1 << (width - 1))):  # a quiet NaN, then the same with the sign bit set
+        s = sink.clone()
+        s.view(ibits)[H - 1] = pattern
+        assert torch.isnan(s[H - 1])
+        signs.append(bool(torch.signbit(s[H - 1])))
+        with pytest.raises(InputError, match="sink"):
+            fast_sparse_attention(q, segs, 0.25, s)
+    assert signs == [False, True]
+    s = sink.clone()
+    s[0], s[1] = math.inf, -math.inf
+    assert_within_bound(q, segs, 0.25, s)
+    # float32 inputs: zero q rows have exact logits, the others (almost surely) approximate ones;
+    # 257 exact rows is not a bfloat16 value (it rounds to 256)
+    q32 = torch.randn(T, H, D, generator=g)
+    q32[0], q32[1, 0] = 0.0, 0.0
+    rows32 = torch.randn(N, D, generator=g)
+    segs32 = [Segment(rows32, idx, torch.tensor([K, 7, 0]), IndexRule.MINUS1_ONLY)]
+    f, _ = assert_within_bound(q32, segs32, 0.25, sink)
+    ref = fast_sparse_attention(q32, segs32, 0.25, sink.to(torch.float64))
+    n_exact = round(ref.exact_logits * T * H)
+    assert n_exact >= 257 + H and float(torch.tensor(float(n_exact - H)).to(torch.bfloat16)) != n_exact - H
+    assert f.exact_logits == ref.exact_logits
