@@ -8,8 +8,8 @@ package version, the torch version, the stage and the bytes of the ``reference``
 build the cases; a file that fails to load is rebuilt; files of older keys are pruned once an
 hour old. Beside each file, written after it, a small JSON sidecar holds its case names and byte
 count (:func:`case_names`: what pytest's collection needs in every xdist worker, without loading
-every stage's tensors; a file whose size matches its sidecar is taken as complete). The cache is shared by concurrent processes (xdist workers, ``check``): files are
-written atomically.
+every stage's tensors; a file whose size matches its sidecar is taken as complete). The cache is
+shared by concurrent processes (xdist workers, ``check``): files are written atomically.
 
 Environment: ``DSV4_CASES_CACHE`` (folder of the case cache; default
 ``$XDG_CACHE_HOME/dsv4-numerics/cases`` or ``~/.cache/dsv4-numerics/cases``; ``off`` keeps the

@@ -57,12 +57,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
-import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import pytest
+
+from dsv4_numerics.host_gpus import visible_gpu_ids  # noqa: F401 - also this plugin's own name for it
 
 MARKER_PREFIX = "dsv4_"
 ARCH_REASONS = {
@@ -81,24 +81,6 @@ JUDGED = ("pass", "fail", "error")
 
 
 # ----------------------------------------------------------------------------- GPU pinning
-def visible_gpu_ids() -> list[str]:
-    """GPU ids visible to this process, found without initialising CUDA (and without torch)."""
-    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if inherited is not None:
-        return [d for d in inherited.split(",") if d.strip() != ""]
-    try:
-        nodes = sorted(n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n))
-    except OSError:
-        nodes = []
-    if nodes:
-        return [str(i) for i in range(len(nodes))]
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-        return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
 def pin_xdist_worker_to_gpu() -> str | None:
     """In xdist worker ``gwK``: set ``CUDA_VISIBLE_DEVICES`` to visible GPU ``K % n`` (and
     ``DSV4_PINNED_GPU``); returns the id, or None when not a worker, no GPU is visible, or
