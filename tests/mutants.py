@@ -370,9 +370,31 @@ def _ring_not_wrapped(case: Case) -> dict:
 # --------------------------------------------------------------------------- attention
 
 
+_PLAIN: dict[int, tuple[Case, Any]] = {}  # id(case) -> (case, the ordered oracle on its own segments)
+
+
+def _copy(r):
+    return type(r)(**{k: v.clone() for k, v in r.as_dict().items()})
+
+
 def _oracle(case: Case, segs: list, **kw: Any):
+    """The ordered oracle on ``case`` with ``segs`` (and ``kw``: ``scale``, ``sink``, ``sparse_attention``'s
+    options). The plain call -- the case's own segments (``_segs``), nothing overridden -- is what
+    most attention mutants start from: it runs once per case and process, and each caller gets its
+    own copies of the outputs (a mutant may change them in place)."""
     inp = case.inputs
-    return sparse_attention(inp["q"], segs, kw.pop("scale", inp["scale"]), kw.pop("sink", inp.get("sink")), **kw)
+    hit = _SEGS.get(id(case))
+    plain = not kw and hit is not None and hit[0] is case and segs is hit[1]
+    if plain:
+        memo = _PLAIN.get(id(case))
+        if memo is not None and memo[0] is case:
+            return _copy(memo[1])
+    res = sparse_attention(inp["q"], segs, kw.pop("scale", inp["scale"]), kw.pop("sink", inp.get("sink")), **kw)
+    if plain:
+        if len(_PLAIN) >= 64:  # bounded as _SEGS
+            _PLAIN.clear()
+        _PLAIN[id(case)] = (case, _copy(res))
+    return res
 
 
 def _attn_out(res, lse: torch.Tensor | None = None) -> dict:
