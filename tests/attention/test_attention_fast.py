@@ -20,7 +20,7 @@ from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_B
                                                     peak_bytes_estimate_fast)
 from dsv4_numerics.reference.attention.fast_bound import bf16_abs_factor, exact_bits, norm_factor
 from dsv4_numerics.reference.attention.fast_rows import _row_stats, _vmax_finite
-from dsv4_numerics.case_files import case_names
+from dsv4_numerics.case_files import case_names, load_cases, stage_cases_file
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
 from dsv4_numerics.reference.errors import InputError
@@ -87,16 +87,19 @@ HELD_OUT = [
 ]
 
 
-# how many default decode and prefill cases there are, read from the shared case files
-# (case_files: built once per machine) rather than built again at every worker's collection
-# (0.5 s of a 2.7 s collection here; the cases themselves are built by the tests that use them)
+# how many default decode and prefill cases there are, read from the names beside the shared case
+# files (case_files: built once per machine) rather than built again at every worker's collection
+# (0.5 s of a 2.7 s collection here)
 N_DEFAULT = sum(len(case_names(s, "default")) for s in ("decode", "prefill"))
 
 
 @functools.lru_cache(maxsize=None)
 def _all_cases():
-    out = [(s, c) for s in ("decode", "prefill") for c in default_cases(s)]
-    assert len(out) == N_DEFAULT, "the shared case files and default_cases disagree"
+    """The default decode and prefill cases, loaded from the shared case files (``default_cases``
+    saved: building them again took ~1 s in each worker that ran one of these tests), then the
+    held-out ones."""
+    out = [(s, c) for s in ("decode", "prefill") for c in load_cases(stage_cases_file(s, "default"))]
+    assert len(out) == N_DEFAULT, "the case files and their names disagree"
     return tuple(out + [(s, mk()) for s, mk in HELD_OUT])
 
 
