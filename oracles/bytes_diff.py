@@ -610,19 +610,36 @@ def diff_values(
     if describe is None and e.dim() >= 1 and e.shape[-1] == HEAD_DIM:
         describe = lambda idx: _dim_part(idx[-1])  # noqa: E731
     sink = _Sink(max_items)
-    rows = set()
-    for idx in neq.nonzero().tolist():
-        idx = tuple(idx)
-        rows.add(idx[:-1])
+    for idx in _first_differences(neq, sink):
         where = {"index": list(idx), **(describe(idx) if describe else {})}
         ev, gv = e[idx].item(), g[idx].item()
         sink.add(Difference(where, _hex(eb[idx].item(), e.element_size()), _hex(gb[idx].item(), g.element_size()), ev, gv))
-    rep.differing_records = len(rows)
+    rep.differing_records = _records_with_differences(neq)
     rep.differences, rep.truncated = sink.items, sink.dropped
     if not rep.passed and alternatives:
         rep.explanations.extend(match_alternatives(got, alternatives))
         rep.message = _first_explanation(rep)
     return rep
+
+
+def _first_differences(neq: torch.Tensor, sink: _Sink) -> list[tuple[int, ...]]:
+    """The indices (row-major order) of the first ``sink.max_items`` True elements of ``neq``; the
+    others are counted into ``sink.dropped`` without being visited one by one (a kernel that
+    differs everywhere differs in every one of ~10^5-10^6 elements)."""
+    flat = neq.reshape(-1).nonzero().reshape(-1)
+    keep = flat[: max(0, sink.max_items - len(sink.items))]
+    sink.dropped += flat.numel() - keep.numel()
+    if neq.dim() == 0:
+        return [()] * keep.numel()
+    return [tuple(int(i) for i in idx) for idx in torch.stack(torch.unravel_index(keep, neq.shape), dim=1).tolist()]
+
+
+def _records_with_differences(neq: torch.Tensor) -> int:
+    """How many records (every index but the last) hold a differing element; a tensor of rank 0 or
+    1 is one record."""
+    if neq.dim() <= 1:
+        return int(bool(neq.any()))
+    return int(neq.reshape(-1, neq.shape[-1]).any(dim=1).sum())
 
 
 def _hex(v: int, nbytes: int) -> str:
@@ -643,13 +660,10 @@ def diff_plain_rows(expected: torch.Tensor, got: torch.Tensor, *, fp8_scale: flo
         neq = e != g
         rep = BytesReport(layout="plain_fp8", passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
         sink = _Sink(max_items)
-        rows = set()
-        for idx in neq.nonzero().tolist():
-            idx = tuple(idx)
-            rows.add(idx[:-1])
+        for idx in _first_differences(neq, sink):
             sink.add(Difference({"index": list(idx), **_dim_part(idx[-1])}, f"0x{int(e[idx]):02X}", f"0x{int(g[idx]):02X}",
                                 float(decode_fp8(e[idx].reshape(1))) * scale, float(decode_fp8(g[idx].reshape(1))) * scale))
-        rep.differing_records = len(rows)
+        rep.differing_records = _records_with_differences(neq)
         rep.differences, rep.truncated = sink.items, sink.dropped
         return rep
     check_dtype(fn, "expected", expected, (torch.bfloat16,))
@@ -730,12 +744,12 @@ def diff_index(expected: torch.Tensor, got: torch.Tensor, *, name: str = "indice
     neq = e != g
     rep = BytesReport(layout=layout, passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
     sink = _Sink(max_items)
-    toks = set()
-    for idx in neq.nonzero().tolist():
-        where = {"token": idx[0]} if len(idx) == 1 else {"token": idx[0], "column": idx[1]} if len(idx) == 2 else {"index": idx}
-        toks.add(idx[0] if idx else 0)
-        sink.add(Difference(where, int(e[tuple(idx)]), int(g[tuple(idx)])))
-    rep.differing_records = len(toks)
+    for idx in _first_differences(neq, sink):
+        where = {"token": idx[0]} if len(idx) == 1 else {"token": idx[0], "column": idx[1]} if len(idx) == 2 else {"index": list(idx)}
+        sink.add(Difference(where, int(e[idx]), int(g[idx])))
+    # records: the tokens (first index) with a differing entry; a rank-0 tensor is one token
+    rep.differing_records = (int(bool(neq.any())) if neq.dim() == 0 else
+                             int(neq.reshape(neq.shape[0], -1).any(dim=1).sum()) if neq.numel() else 0)
     rep.differences, rep.truncated = sink.items, sink.dropped
     if not rep.passed:
         bad_e = e[neq]

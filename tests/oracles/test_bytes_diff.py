@@ -181,3 +181,35 @@ def test_v32_row_scale_difference():
     rep = bd.diff_v32_rows(rows, got)
     assert rep.differing == 1 and rep.differences[0].where["tile"] == 2
     assert rep.differences[0].got == 0.5
+
+
+def test_many_differences_list_the_first_in_order_and_count_the_rest():
+    """A kernel that differs everywhere: the first ``max_items`` differences in row-major order,
+    every other one counted in ``truncated``, the records (all but the last index; tokens for an
+    index tensor) counted exactly -- the same report an element-by-element walk gives."""
+    g = torch.Generator().manual_seed(3)
+    e = torch.randn(6, 4, 512, generator=g).to(torch.bfloat16)
+    got = e.clone()
+    got[1:4] = got[1:4] * 2 + 1  # rows 4..15 of the 24 differ (wherever the value changes)
+    neq = got.view(torch.int16) != e.view(torch.int16)
+    rep = bd.diff_values(e, got, max_items=7)
+    n = int(neq.sum())
+    assert rep.differing == n and len(rep.differences) == 7 and rep.truncated == n - 7
+    assert rep.differing_records == int(neq.reshape(-1, 512).any(dim=1).sum()) == 12
+    assert [d.where["index"] for d in rep.differences] == neq.nonzero()[:7].tolist()
+    assert all(d.where["part"] == "nope" for d in rep.differences)
+    codes = torch.randint(0, 255, (5, 512), generator=g, dtype=torch.uint8)
+    bad = codes.clone()
+    bad[2, 100:300] ^= 1
+    rep = bd.diff_plain_rows(codes, bad, fp8_scale=0.5, max_items=3)
+    assert rep.differing == 200 and rep.differing_records == 1 and rep.truncated == 197
+    assert [d.where["index"] for d in rep.differences] == [[2, 100], [2, 101], [2, 102]]
+    idx = torch.arange(40).reshape(8, 5)
+    wrong = idx.clone()
+    wrong[[1, 1, 6], [0, 4, 2]] = -1
+    rep = bd.diff_index(idx, wrong, max_items=2)
+    assert rep.differing == 3 and rep.differing_records == 2 and rep.truncated == 1
+    assert [d.where for d in rep.differences] == [{"token": 1, "column": 0}, {"token": 1, "column": 4}]
+    lengths = torch.tensor([3, 0, 5])
+    rep = bd.diff_index(lengths, torch.tensor([3, 1, 4]), max_items=64)
+    assert rep.differing_records == 2 and [d.where for d in rep.differences] == [{"token": 1}, {"token": 2}]
