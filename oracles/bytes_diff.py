@@ -379,7 +379,6 @@ def diff_model1(
     fe, fg = fe.cpu(), fg.cpu()
     pol = _policies(policies)
     s_all = slots.to(torch.int64).cpu()
-    written = s_all >= 0
     # last write wins: token index of the final write of each slot
     last: dict[int, int] = {}
     for t, s in enumerate(s_all.tolist()):
