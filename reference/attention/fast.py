@@ -20,7 +20,7 @@ Results do not depend on the chunk size beyond the bound.
 
 Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
 work at production decode h64/top-512, batch 128): ~60 kernels per call (two segments with lengths
-and a sink: 62 dispatched operations, 60 of them kernels, plus 30 views), issued so that the GPU
+and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
@@ -28,13 +28,14 @@ that need device values (lengths, -1-only indices, a NaN sink) are evaluated on 
 read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error):
 the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
 lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``_layout``), and the
-host vector's ``cat`` converts integer flags and counts and the raw sink to float64 (exactly).
+host vector is one ``cat`` of integers only -- flags, counts and the sink's bits -- so it is int64
+and exact (a float among them would turn every integer into that float).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
 are one float32 norm and one bits lookup (``fast_rows._row_stats``, written into one ``[3, N]``
 tensor) and whose slot rows are one ``index_select`` per chunk
 (gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
 (``_finish``: the bounds are three ``addcmul`` on a base that holds the sink term); the host
-values travel as one float64 vector. No ``where`` takes a Python scalar (a cached 0-dim tensor
+values travel as that one int64 vector. No ``where`` takes a Python scalar (a cached 0-dim tensor
 instead: half the host cost). The one host sync at the end also finds the rare chunks that need
 ordered logits (NaN/Inf, extreme magnitudes), which are then recomputed. All kernels up to that
 sync are issued by ``_issue`` without reading a device value, so on CUDA a call signature that
@@ -426,7 +427,7 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
 @dataclass
 class _Issued:
     """What ``_issue`` leaves for ``_complete``: device tensors only (in a CUDA graph: its static
-    buffers). ``host``: the float64 vector the one host sync reads; ``keep``: the cached constants
+    buffers). ``host``: the int64 vector the one host sync reads; ``keep``: the cached constants
     the work reads (a captured graph must keep them alive); ``packed`` (``pack=True``, for a graph): the
     ``[T, H]`` outputs and bounds stacked ``[7, T, H]`` (``lse``, ``lse_with_sink``, ``max_logits``,
     their bounds, ``out``'s bound), so a replay returns them with one copy."""
