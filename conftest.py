@@ -64,6 +64,10 @@ _share_cpu_threads_between_xdist_workers()
 
 import pytest  # noqa: E402
 
+# under xdist, an item a worker collected but never reported fails the session by name
+# (dsv4_numerics/lost_items.py)
+pytest_plugins = ["dsv4_numerics.lost_items"]
+
 try:
     from hypothesis import HealthCheck, settings
 

@@ -1,0 +1,90 @@
+"""``dsv4_numerics.lost_items`` (loaded by this repository's root conftest): under xdist, an item a
+worker collected but never reported fails the session by name. A foreign suite in a temp dir, run
+in a subprocess; its conftest makes a worker run one chosen item without any report -- what one GPU
+run of this suite did to a case group (README "How many workers")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dsv4_numerics.lost_items import MAX_LISTED, Ledger
+
+pytest.importorskip("xdist")
+
+_CONFTEST = '''
+    import os
+    import pytest
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(item, nextitem):
+        # in a worker: the chosen items are neither run nor reported
+        if os.environ.get("PYTEST_XDIST_WORKER") and item.name in os.environ.get("SWALLOW", "").split(","):
+            return True
+'''
+_TESTS = '''
+    import os
+
+    def test_a():
+        pass
+
+    def test_b():
+        pass
+
+    def test_fails():
+        assert os.environ.get("FAIL") != "1"
+
+    def test_crashes():
+        if os.environ.get("CRASH") == "1":
+            os._exit(3)
+'''
+
+
+def _run(tmp_path, *args, **env):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # pins rootdir: no conftest above is read
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
+    (tmp_path / "test_x.py").write_text(textwrap.dedent(_TESTS))
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DSV4_"))}
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                           "-p", "dsv4_numerics.lost_items", *args],
+                          cwd=tmp_path, capture_output=True, text=True, env=e, timeout=240)
+
+
+def test_a_lost_item_fails_the_session_by_name(tmp_path):
+    lost = _run(tmp_path, SWALLOW="test_b")
+    assert lost.returncode == 1, lost.stdout[-2000:]
+    assert "1 of 4 collected items got no report" in lost.stdout and "test_x.py::test_b" in lost.stdout
+    assert "3 passed" in lost.stdout  # pytest's own counts never saw it
+    fine = _run(tmp_path)
+    assert fine.returncode == 0 and "lost items" not in fine.stdout, fine.stdout[-2000:]
+
+
+def test_failures_crashes_and_early_stops_are_not_losses(tmp_path):
+    crash = _run(tmp_path, CRASH="1")  # xdist reports the crashed item as failed: it has a report
+    assert crash.returncode == 1 and "crashed" in crash.stdout and "lost items" not in crash.stdout
+    stop = _run(tmp_path, "-x", FAIL="1")  # stopped on purpose: the unrun items are not lost
+    assert "lost items" not in stop.stdout and stop.returncode != 0
+
+
+def test_the_ledger_names_the_first_items_in_collection_order():
+    ledger = Ledger()
+    ids = [f"t.py::test_{i}" for i in range(MAX_LISTED + 5)]
+    ledger.collect(ids[:10])
+    ledger.collect(ids)  # every worker sends the same collection
+    assert ledger.message() is not None and ledger.missing() == ids
+    for i in ids[::2]:
+        ledger.report(i)
+    text = ledger.message()
+    assert f"{len(ids[1::2])} of {len(ids)} collected items" in text
+    assert [line.strip() for line in text.splitlines()[1:]] == ids[1::2]
+    for i in ids:
+        ledger.report(i)
+    assert ledger.message() is None
+    big = Ledger()
+    big.collect(ids)
+    assert big.message().splitlines()[-1].strip() == "... and 5 more"
