@@ -56,7 +56,7 @@ from . import fast_buckets, fast_graphs
 from .fast_bound import (_BF16_ABS_MAX_K, _BIG, _DELTA_MAX, _F_LNL, _F_LSE, _F_SINK, _F_X, _delta_coefficient,
                          _x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
 from .fast_rows import _BF16_LUT, _STAT_BYTES, _STAT_PER_ELEM, _STAT_PER_ELEM_BF16, _row_stats, _vmax_finite
-from .ordered import Segment, _check_common, _check_host
+from .ordered import Segment, _check_common, _check_host, _logits
 from ..errors import check_enum, check_int, fail
 from ..policies import IndexRule, NanPolicy
 
@@ -242,15 +242,37 @@ def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
 
 # ----------------------------------------------------------------------------- chunks
 
-def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float) -> torch.Tensor:
+def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float,
+                  piece: int | None = None) -> torch.Tensor:
     """The ordered oracle's logits (d = 0..D-1, multiply then add from +0) for the listed
-    ``(t, h, k)`` positions ``where`` ``[n, 3]``: bit-identical to ``attention._logits``."""
+    ``(t, h, k)`` positions ``where`` ``[n, 3]``: ``ordered._logits`` itself over the tokens that
+    hold them, ``piece`` tokens at a time (default all; ``_redo_piece``), each a ``[tokens, H, K]``
+    accumulator whose K rows the heads share, then picked. Gathering an ``[n, D]`` operand per
+    position instead took ``H`` copies of the rows: 2 GB and 2 s for the 233,664 positions of one
+    drawn sweep case on the CPU (1.2 GB per token at production decode shapes)."""
     t, h, k = where.unbind(1)
-    a, b = qc[t, h], g[t, k]  # [n, D]
-    acc = torch.zeros(a.shape[0], dtype=torch.float64, device=a.device)
-    for d in range(a.shape[1]):
-        acc.add_(a[:, d] * b[:, d])
-    return acc.mul_(scale)
+    toks, inv = torch.unique(t, return_inverse=True)
+    step = toks.numel() if piece is None else max(1, piece)
+    if step >= toks.numel():
+        every = toks.numel() == qc.shape[0]  # every token: no copy
+        full = _logits(qc, g, scale) if every else _logits(qc.index_select(0, toks), g.index_select(0, toks), scale)
+        return full[t if every else inv, h, k]
+    out = torch.empty(t.shape[0], dtype=torch.float64, device=qc.device)
+    for i0 in range(0, toks.numel(), step):
+        sel = ((inv >= i0) & (inv < i0 + step)).nonzero().reshape(-1)
+        tp = toks[i0:i0 + step]
+        full = _logits(qc.index_select(0, tp), g.index_select(0, tp), scale)
+        out[sel] = full[inv[sel] - i0, h[sel], k[sel]]
+    return out
+
+
+def _redo_piece(c: int, H: int, K: int, D: int, itemsize: int) -> int:
+    """Tokens per piece of ``_ordered_dots`` in a chunk of ``c`` tokens: a piece of ``p`` tokens
+    holds ``p * (16 K D + 16 H K)`` bytes (its q and K rows copied and laid out ``[D, ...]`` by
+    ``_logits``, its accumulator and product), which fits the chunk's spare allowance in
+    ``peak_bytes_estimate_fast`` -- one logit-sized tensor and the table-dtype rows, ``c * (8 H K +
+    itemsize * K * D)`` bytes, not live while the logits are redone. At least 1."""
+    return max(1, (c * (8 * H * K + itemsize * K * D)) // (16 * K * D + 16 * H * K))
 
 
 def _gather(table, gflat, c, want_abs=False):
@@ -347,7 +369,8 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     x, vk, exact, fast, _ = tests
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
-    s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale)
+    piece = _redo_piece(c, qc.shape[1], K, qc.shape[2], table.element_size())
+    s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale, piece)
     s.masked_fill_(~valid.unsqueeze(1), -math.inf)
     N, m, L, Na = _softmax_tail(s, g, d_v, lonely, zero, want_abs=want_abs, gb=gb)
     return (N, m, L, x.masked_fill(~fast, 0.0), vmax, Na), fast & ~exact

@@ -569,3 +569,30 @@ def test_the_host_vector_keeps_lengths_counts_and_sink_checks_exact_under_every_
     n_exact = round(ref.exact_logits * T * H)
     assert n_exact >= 257 + H and float(torch.tensor(float(n_exact - H)).to(torch.bfloat16)) != n_exact - H
     assert f.exact_logits == ref.exact_logits
+
+
+@pytest.mark.parametrize("piece", [None, 1, 2, 5])
+def test_ordered_dots_are_the_fixed_order_dot_of_each_position_in_any_piece(piece):
+    """``fast._ordered_dots`` (the logits of rows that must take the ordered oracle's: NaN/Inf or
+    huge products) equals, bit for bit, the definition position by position -- ``acc = +0``, then
+    ``acc = fl(acc + fl(q_d k_d))`` for d = 0..D-1, then ``fl(acc * scale)`` -- for positions in any
+    order, any subset of tokens, NaN and +-Inf products included, whatever the token pieces."""
+    from dsv4_numerics.reference.attention.fast import _ordered_dots
+
+    g = torch.Generator().manual_seed(17)
+    c, H, K, D = 5, 3, 7, 16
+    qc = torch.randn(c, H, D, generator=g, dtype=torch.float64) * 2.0**600
+    rows = torch.randn(c, K, D, generator=g, dtype=torch.float64) * 2.0**500
+    qc[0, 0, 5], rows[1, 3, 2], rows[2, 1, 0], qc[3, 2] = math.nan, math.inf, -math.inf, 0.0
+    every = torch.stack(torch.meshgrid(torch.arange(c), torch.arange(H), torch.arange(K), indexing="ij"), -1)
+    every = every.reshape(-1, 3)
+    perm = torch.randperm(every.shape[0], generator=g)
+    for where in (every, every[perm][::3], every[every[:, 0] == 2], every[:1]):
+        t, h, k = where.unbind(1)
+        want = torch.zeros(where.shape[0], dtype=torch.float64)
+        for d in range(D):
+            want = want + qc[t, h, d] * rows[t, k, d]
+        want = want * 0.125
+        got = _ordered_dots(qc, rows, where, 0.125, piece)
+        assert torch.equal(got.view(torch.int64), want.view(torch.int64))
+    assert bool(torch.isnan(_ordered_dots(qc, rows, every, 0.125, piece)).any())  # the cases are there
