@@ -198,7 +198,7 @@ def _flags(pending) -> list:
     """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
     in-prefix range offsets ``w`` ``[T, K]`` (None without a -1-only segment), the -1-only column
     mask (None unless the rules are mixed) and the 0-dim ``0``): integer 1-D tensors (the host
-    vector's ``cat`` converts them to float64, exactly), the lengths' ``[S]`` min and max per
+    vector stays integer, ``_issue``), the lengths' ``[S]`` min and max per
     segment and, with a -1-only segment and ``K > 0``, the ``[1]`` min and max of ``w`` over the
     -1-only columns (``[-1, 0]`` unless a slot breaks the rule). Issued after the heavy kernels:
     the host sync reads them."""
@@ -253,15 +253,12 @@ def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale:
     t, h, k = where.unbind(1)
     toks, inv = torch.unique(t, return_inverse=True)
     step = toks.numel() if piece is None else max(1, piece)
-    if step >= toks.numel():
-        every = toks.numel() == qc.shape[0]  # every token: no copy
-        full = _logits(qc, g, scale) if every else _logits(qc.index_select(0, toks), g.index_select(0, toks), scale)
-        return full[t if every else inv, h, k]
     out = torch.empty(t.shape[0], dtype=torch.float64, device=qc.device)
     for i0 in range(0, toks.numel(), step):
-        sel = ((inv >= i0) & (inv < i0 + step)).nonzero().reshape(-1)
         tp = toks[i0:i0 + step]
-        full = _logits(qc.index_select(0, tp), g.index_select(0, tp), scale)
+        every = tp.numel() == qc.shape[0]  # every token (then tp is 0..c-1): no copy
+        full = _logits(qc, g, scale) if every else _logits(qc.index_select(0, tp), g.index_select(0, tp), scale)
+        sel = ((inv >= i0) & (inv < i0 + step)).nonzero().reshape(-1)
         out[sel] = full[inv[sel] - i0, h[sel], k[sel]]
     return out
 
@@ -334,7 +331,8 @@ def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
     the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
-    ``vmax`` ``[c, 1, 1]`` and ``both``, ``[2, c, H, 1]``: ``exact`` and ``fast``, whose views they are. ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
+    ``vmax`` ``[c, 1, 1]`` and ``both`` ``[2, c, H, 1]`` (``exact`` and ``fast`` are its views: one
+    count for the host). ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
     logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta``
     exceeds ``_DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
     exact. ``x = fl(n_q max_k n_k)`` on rows not proven exact, else 0 (the bound's feature on the
@@ -661,7 +659,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     result is within the padded call's bound of the ordered oracle of this call) so that nearby
     shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
-    (``FastOracleOut``; one more float64 GEMM per chunk)."""
+    (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64)."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
