@@ -281,18 +281,27 @@ def matrix_results(dsv4_results):
 
 # ----------------------------------------------------------------------------- suite timeline
 # DSV4_TIMELINE=DIR (set by .ci/gpu-scaling): every process (xdist worker or a plain run) appends
-# one line per test phase to DIR/<worker>.tsv -- "<start> <end> <phase> <nodeid>" in seconds since
-# the epoch -- plus "<t> <t> sessionstart -" when it starts, so a run's wall time splits into worker
-# start-up and collection, test time and idle time (python -m dsv4_numerics.timeline DIR).
+# one line per test phase to DIR/<worker>.tsv -- "<start> <end> <phase> <nodeid> <cpu0> <cpu1>
+# <kids0> <kids1>": wall seconds since the epoch, then this process's CPU seconds (user + system) and
+# its waited-for children's (subprocess tests, CLI runs) at the phase's start and end -- plus "<t> <t>
+# sessionstart -" when it starts, so a run's wall time splits into worker start-up and collection,
+# test time and idle time, and its CPU time into the same phases (python -m dsv4_numerics.timeline DIR).
 _TIMELINE = os.environ.get("DSV4_TIMELINE")
 if _TIMELINE:
     import time as _time
 
-    def _timeline_write(start: float, end: float, what: str, nodeid: str) -> None:
+    def _cpu() -> tuple[float, float]:
+        """This process's CPU seconds (user + system) and its waited-for children's."""
+        t = os.times()
+        return t.user + t.system, t.children_user + t.children_system
+
+    def _timeline_write(start: float, end: float, what: str, nodeid: str, cpu0=None, cpu1=None) -> None:
         os.makedirs(_TIMELINE, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        cpu1 = cpu1 or _cpu()
+        cpu0 = cpu0 or cpu1
         with open(os.path.join(_TIMELINE, f"{worker}.tsv"), "a") as f:
-            f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\n")
+            f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\t{cpu0[0]:.3f}\t{cpu1[0]:.3f}\t{cpu0[1]:.3f}\t{cpu1[1]:.3f}\n")
 
     def _process_start() -> float | None:
         """This process's start (seconds since the epoch) from /proc, or None off Linux."""
@@ -308,20 +317,20 @@ if _TIMELINE:
     _t_import = _time.time()
     _t_process = _process_start()
     if _t_process is not None:  # python start-up and the imports before this line (torch)
-        _timeline_write(min(_t_process, _t_import), _t_import, "imports", "-")
+        _timeline_write(min(_t_process, _t_import), _t_import, "imports", "-", (0.0, 0.0))
     _timeline_write(_t_import, _t_import, "sessionstart", "-")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        t0 = _time.time()
+        t0, c0 = _time.time(), _cpu()
         yield
-        _timeline_write(t0, _time.time(), "test", item.nodeid)
+        _timeline_write(t0, _time.time(), "test", item.nodeid, c0)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_collection(session):
-        t0 = _time.time()
+        t0, c0 = _time.time(), _cpu()
         yield
-        _timeline_write(t0, _time.time(), "collection", "-")
+        _timeline_write(t0, _time.time(), "collection", "-", c0)
 
     class _TimelineEnd:
         """The end of a run: each process's ``sessionfinish`` and ``unconfigure`` (in the xdist
@@ -331,11 +340,11 @@ if _TIMELINE:
 
         @staticmethod
         def _timed(phase: str):
-            t0 = _time.time()
+            t0, c0 = _time.time(), _cpu()
             try:
                 return (yield)
             finally:
-                _timeline_write(t0, _time.time(), phase, "-")
+                _timeline_write(t0, _time.time(), phase, "-", c0)
 
         @pytest.hookimpl(wrapper=True)
         def pytest_sessionfinish(self, session, exitstatus):

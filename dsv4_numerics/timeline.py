@@ -1,9 +1,14 @@
 """Where a test run's wall time went, from the per-process timelines the repository's conftest
 writes under ``DSV4_TIMELINE=DIR`` (one ``<worker>.tsv`` per xdist worker: start, end, phase,
-node id). ``python -m dsv4_numerics.timeline DIR`` prints, per worker and in total: start-up
-(process start to collection), collection, test time, idle time (from the worker's first test to
-the run's last test end, minus its test time) and the tail (the last worker's finish minus the
-median worker's), and the longest tests: the breakdown of .ci/gpu-scaling's runs. With
+node id, then -- newer timelines -- the process's CPU seconds (user + system) and its waited-for
+children's at the phase's start and end). ``python -m dsv4_numerics.timeline DIR`` prints, per
+worker and in total: start-up (process start to collection), collection, test time, idle time
+(from the worker's first test to the run's last test end, minus its test time) and the tail (the
+last worker's finish minus the median worker's), and the longest tests; with CPU columns also
+each worker's CPU seconds before its first test (start-up, imports, collection), in its tests and
+in its tests' waited-for children (subprocess and CLI tests), and the tests that cost the most CPU:
+the breakdown of .ci/gpu-scaling's runs. CPU of processes nobody in the run waits for (the
+kernel broker's children, a worker's own kernel child) is in none of these. With
 ``--report REPORT.json``: the judged cases' kernel-call, reference and comparison seconds per
 family and stage (:func:`judged_time`).
 
@@ -19,16 +24,48 @@ import sys
 from pathlib import Path
 
 
-def load(folder: str | Path) -> dict[str, list[tuple[float, float, str, str]]]:
-    """``{worker: [(start, end, phase, nodeid), ...]}`` of every ``*.tsv`` in ``folder``."""
-    out: dict[str, list[tuple[float, float, str, str]]] = {}
+def load(folder: str | Path) -> dict[str, list[tuple]]:
+    """``{worker: [(start, end, phase, nodeid, cpu0, cpu1, kids0, kids1), ...]}`` of every
+    ``*.tsv`` in ``folder``; the CPU seconds are None in a timeline written without them."""
+    out: dict[str, list[tuple]] = {}
     for f in sorted(Path(folder).glob("*.tsv")):
         rows = []
         for line in f.read_text().splitlines():
             parts = line.split("\t")
             if len(parts) == 4:
-                rows.append((float(parts[0]), float(parts[1]), parts[2], parts[3]))
+                rows.append((float(parts[0]), float(parts[1]), parts[2], parts[3], None, None, None, None))
+            elif len(parts) == 8:
+                rows.append((float(parts[0]), float(parts[1]), parts[2], parts[3], *map(float, parts[4:])))
         out[f.stem] = rows
+    return out
+
+
+def cpu_lines(data: dict, top: int = 10) -> list[str]:
+    """The CPU part of :func:`breakdown` (workers whose rows carry CPU seconds): per worker the CPU
+    seconds before its first test, in its tests and in their waited-for children, in total, and
+    the tests that cost the most CPU (their own plus their children's). Empty without CPU columns."""
+    per, tests = [], []
+    for w, rows in data.items():
+        rows = [r for r in rows if r[4] is not None]
+        t = [r for r in rows if r[2] == "test"]
+        if not t:
+            continue
+        before = min(r[4] for r in t)
+        own = sum(r[5] - r[4] for r in t)
+        kids = sum(r[7] - r[6] for r in t)
+        total = max(r[5] for r in rows) + max(r[7] for r in rows)
+        per.append((before, own, kids, total))
+        tests += [((r[5] - r[4]) + (r[7] - r[6]), r[5] - r[4], r[7] - r[6], r[1] - r[0], r[3]) for r in t]
+    if not per:
+        return []
+    n = len(per)
+    s = [sum(p[i] for p in per) for i in range(4)]
+    out = [f"CPU seconds (user + system) of {n} worker(s): before the first test (start-up, imports, collection) "
+           f"mean {s[0] / n:.1f}, max {max(p[0] for p in per):.1f}; in tests mean {s[1] / n:.1f}; in the tests' "
+           f"waited-for children mean {s[2] / n:.1f}; whole processes summed {s[3]:.0f}",
+           f"most CPU {top} tests (own + children, wall):"]
+    for c, own, kids, wall, nodeid in sorted(tests, reverse=True)[:top]:
+        out.append(f"  {c:7.1f} s = {own:.1f} + {kids:.1f}  ({wall:.1f} s wall)  {nodeid}")
     return out
 
 
@@ -66,6 +103,7 @@ def breakdown(folder: str | Path, top: int = 10) -> str:
                  f"{tot['idle'] / n:8.1f} {statistics.median(ends):8.1f} (median)")
     lines.append(f"tail: the last worker finished {max(ends) - statistics.median(ends):.1f} s after the median one")
     lines += ends_of_run(loaded, t_first, t_last)
+    lines += cpu_lines(data, top)
     lines.append(f"longest {top} tests:")
     for d, nodeid in sorted(tests_all, reverse=True)[:top]:
         lines.append(f"  {d:7.1f} s  {nodeid}")

@@ -71,3 +71,23 @@ def test_ends_of_run_from_the_controller_and_worker_rows(tmp_path):
     # an older timeline (no controller rows): no such lines
     (tmp_path / "main.tsv").unlink()
     assert "end, after the last test" not in timeline.breakdown(tmp_path)
+
+
+def test_cpu_columns_split_before_tests_in_tests_and_children(tmp_path):
+    def rows(r):
+        return "".join("\t".join(map(str, x)) + "\n" for x in r)
+
+    # wall start, end, phase, node, cpu0, cpu1, kids0, kids1
+    (tmp_path / "gw0.tsv").write_text(rows([(100, 100, "sessionstart", "-", 1.5, 1.5, 0, 0),
+                                            (101, 103, "collection", "-", 1.5, 3.0, 0, 0),
+                                            (103, 110, "test", "a", 3.0, 4.0, 0, 6.0),
+                                            (110, 111, "test", "b", 4.0, 4.5, 6.0, 6.0)]))
+    # an older worker's rows (no CPU columns) next to it: counted in the wall part, not in the CPU part
+    _write(tmp_path, "gw1", [(100, 100, "sessionstart", "-"), (101, 104, "collection", "-"), (104, 112, "test", "c")])
+    assert timeline.load(tmp_path)["gw1"][0][4:] == (None,) * 4
+    text = timeline.breakdown(tmp_path, top=2)
+    line = next(x for x in text.splitlines() if x.startswith("CPU seconds"))
+    assert "of 1 worker(s)" in line and "mean 3.0, max 3.0" in line and "in tests mean 1.5" in line
+    assert "children mean 6.0" in line and "summed 10" in line
+    top = text.splitlines()[text.splitlines().index("most CPU 2 tests (own + children, wall):") + 1]
+    assert top.split() == ["7.0", "s", "=", "1.0", "+", "6.0", "(7.0", "s", "wall)", "a"]

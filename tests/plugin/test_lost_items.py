@@ -49,8 +49,8 @@ def _run(tmp_path, *args, **env):
     (tmp_path / "conftest.py").write_text(textwrap.dedent(_CONFTEST))
     (tmp_path / "test_x.py").write_text(textwrap.dedent(_TESTS))
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DSV4_"))}
-    e.update(env)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+    e.update(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # xdist and the plugin under test, no other
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-q", "-n", "2",
                            "-p", "dsv4_numerics.lost_items", *args],
                           cwd=tmp_path, capture_output=True, text=True, env=e, timeout=240)
 
