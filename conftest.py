@@ -32,9 +32,15 @@ from pathlib import Path
 import sys
 import threading
 
-from dsv4_numerics import cuda_context as _cuda_context
-from dsv4_numerics.host_cpus import usable_cpus
-from dsv4_numerics import pytest_plugin as _plugin
+# ``torch.cuda.is_available()`` (test modules' skip marks, at collection) through NVML, not the CUDA
+# driver's initialisation, which the driver serialises host-wide with every other process's context
+# creation: under ``-n 64`` on a 4-GPU host it held every worker's collection up to 15-16 s. The
+# hardware itself is read from NVML too (``dsv4_numerics.kernels.gpu_facts``); children inherit it.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+from dsv4_numerics import cuda_context as _cuda_context  # noqa: E402
+from dsv4_numerics.host_cpus import usable_cpus  # noqa: E402
+from dsv4_numerics import pytest_plugin as _plugin  # noqa: E402
 
 if _plugin.pin_xdist_worker_to_gpu() is not None:
     # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects (the

@@ -109,18 +109,16 @@ _HW: dict | None = None
 
 
 def hardware() -> dict:
-    """``{"gpu", "major", "rocm", "name"}`` of device 0 (imports torch; cached per process)."""
+    """``{"gpu", "major", "rocm", "name"}`` of device 0 (imports torch; cached per process): the
+    kernels' probe's ``gpu_info``, which reads an NVIDIA GPU from NVML without initialising CUDA
+    (the driver serialises that between processes: it held up every xdist worker's collection)."""
     global _HW
     if _HW is None:
-        import torch
+        from dsv4_numerics.kernels.probe import gpu_info
 
-        info = {"gpu": False, "major": None, "rocm": False, "name": None}
-        if torch.cuda.is_available():
-            info["gpu"] = True
-            info["rocm"] = torch.version.hip is not None
-            info["major"] = torch.cuda.get_device_capability()[0]
-            info["name"] = torch.cuda.get_device_name()
-        _HW = info
+        g = gpu_info()
+        _HW = {"gpu": g.present, "major": g.capability[0] if g.present and g.capability else None,
+               "rocm": g.vendor == "rocm", "name": g.name if g.present else None}
     return _HW
 
 

@@ -31,10 +31,11 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from . import staged
+from . import gpu_facts, staged
 
 Probe = Callable[[], "str | None"]
 
@@ -120,11 +121,21 @@ class GpuInfo:
 
 @functools.lru_cache(maxsize=None)
 def gpu_info() -> GpuInfo:
-    """Describe GPU 0 of this process (after ``CUDA_VISIBLE_DEVICES``). Cached; never raises."""
+    """Describe GPU 0 of this process (after ``CUDA_VISIBLE_DEVICES``). Cached; never raises. An
+    NVIDIA GPU is described from NVML (``gpu_facts``: no CUDA initialisation, which the driver
+    serialises between processes), anything else by torch."""
     try:
         import torch
     except ImportError as e:  # pragma: no cover - torch is a hard dependency
         return GpuInfo(False, why=f"torch not importable ({e})")
+    if torch.version.cuda is not None:  # NVML first: the name and capability without initialising CUDA
+        facts = gpu_facts.visible_gpus()
+        if facts is not None:
+            if not facts:
+                return GpuInfo(False, why=f"no GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda}; "
+                                          f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+            cap = facts[0].capability
+            return GpuInfo(True, "cuda", facts[0].name, cap, CC_ARCH.get(cap, f"sm{cap[0]}{cap[1]}"))
     try:
         if not torch.cuda.is_available():
             if torch.version.cuda is None and torch.version.hip is None:
