@@ -20,7 +20,6 @@ fastest first, is not NVML's). Callers then ask torch, as before.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 from dataclasses import dataclass
 
@@ -40,15 +39,13 @@ class GpuFact:
 
 
 def _nvml_devices() -> list[GpuFact] | None:
-    """Every NVIDIA device in NVML's (PCI bus) order, or None where NVML cannot be used."""
+    """Every NVIDIA device in NVML's (PCI bus) order, or None where NVML cannot be used (any
+    failure: no library, an error code, an NVML too old for a call)."""
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    try:
         if lib.nvmlInit_v2() != 0:
             return None
-    except AttributeError:
+    except Exception:  # noqa: BLE001 - no NVML: the caller asks torch
         return None
     try:
         n = ctypes.c_uint()
@@ -68,10 +65,13 @@ def _nvml_devices() -> list[GpuFact] | None:
             out.append(GpuFact(name.value.decode(errors="replace"), (major.value, minor.value),
                                uuid.value.decode(errors="replace")))
         return out
-    except AttributeError:  # an NVML too old for one of the calls
+    except Exception:  # noqa: BLE001 - e.g. an NVML too old for one of the calls
         return None
     finally:
-        lib.nvmlShutdown()
+        try:
+            lib.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def select(devices: list[GpuFact], visible: str | None, pci_order: bool) -> list[GpuFact] | None:
@@ -102,16 +102,16 @@ def select(devices: list[GpuFact], visible: str | None, pci_order: bool) -> list
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _cached(visible: str | None, pci_order: bool) -> tuple[GpuFact, ...] | None:
-    devices = _nvml_devices()
-    if devices is None:
-        return None
-    got = select(devices, visible, pci_order)
-    return None if got is None else tuple(got)
+_FOUND: dict[tuple, tuple[GpuFact, ...]] = {}  # answers per (CUDA_VISIBLE_DEVICES, PCI order); no failure kept
 
 
 def visible_gpus() -> list[GpuFact] | None:
     """The GPUs this process may use, device 0 first (module docstring); None: ask torch."""
-    got = _cached(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
-    return None if got is None else list(got)
+    key = (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
+    if key not in _FOUND:
+        devices = _nvml_devices()
+        got = None if devices is None else select(devices, *key)
+        if got is None:
+            return None
+        _FOUND[key] = tuple(got)
+    return list(_FOUND[key])

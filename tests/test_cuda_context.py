@@ -6,10 +6,12 @@ the thread ends, before torch initialises CUDA, and torch then runs on it."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -35,9 +37,18 @@ class FakeDriver:
         return self._call("cuDevicePrimaryCtxRetain")
 
 
+
+def _driver_library(monkeypatch, cdll) -> None:
+    """``cuda_context`` loads the driver through ``cdll`` -- its own ``ctypes`` name replaced by a
+    copy whose ``CDLL`` is ``cdll``, not the ``ctypes`` module every other library (NVML readers,
+    torch's NVML check, another thread) shares."""
+    shim = types.SimpleNamespace(**{k: getattr(ctypes, k) for k in dir(ctypes) if not k.startswith("__")})
+    shim.CDLL = cdll
+    monkeypatch.setattr(cuda_context, "ctypes", shim)
+
 def test_retains_the_primary_context_of_the_first_visible_device(monkeypatch):
     fake = FakeDriver()
-    monkeypatch.setattr(cuda_context.ctypes, "CDLL", lambda name: fake)
+    _driver_library(monkeypatch, lambda name: fake)
     assert cuda_context._retain_primary_context() == 0
     assert fake.calls == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain",)]
 
@@ -45,7 +56,7 @@ def test_retains_the_primary_context_of_the_first_visible_device(monkeypatch):
 @pytest.mark.parametrize("fail_at, made", [("cuInit", 1), ("cuDeviceGet", 2)])
 def test_stops_at_the_first_failing_call_and_returns_its_code(monkeypatch, fail_at, made):
     fake = FakeDriver(fail_at)
-    monkeypatch.setattr(cuda_context.ctypes, "CDLL", lambda name: fake)
+    _driver_library(monkeypatch, lambda name: fake)
     assert cuda_context._retain_primary_context() == 999
     assert len(fake.calls) == made
 
@@ -54,13 +65,13 @@ def test_no_driver_library_is_minus_one_and_the_thread_swallows_errors(monkeypat
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
 
-    monkeypatch.setattr(cuda_context.ctypes, "CDLL", missing)
+    _driver_library(monkeypatch, missing)
     assert cuda_context._retain_primary_context() == -1
 
     def broken(name):
         raise RuntimeError("anything")
 
-    monkeypatch.setattr(cuda_context.ctypes, "CDLL", broken)
+    _driver_library(monkeypatch, broken)
     cuda_context._run()  # an optimisation never raises
 
 

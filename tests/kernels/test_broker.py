@@ -118,7 +118,7 @@ def test_switch_arguments_and_a_missing_broker_are_named(monkeypatch, tmp_path):
         wb.KernelBroker(0, gpus=[])
     with pytest.raises(InputError, match="session"):
         wb.run_isolated(FAKE, None, session=object())
-    assert [wb.default_per_gpu(w, g) for w, g in ((16, 1), (32, 2), (64, 4), (2, 1), (64, 1))] == [4, 4, 4, 2, 16]
+    assert [wb.default_per_gpu(w, g) for w, g in ((16, 1), (32, 2), (32, 4), (64, 4), (2, 1), (64, 1))] == [8, 8, 4, 8, 2, 32]
     monkeypatch.setenv(wb.ADDRESS_ENV, str(tmp_path / "nothing-here"))
     monkeypatch.setenv(wb.KEY_ENV, "00")
     with pytest.raises(wb.BrokerUnreachable, match="no kernel broker at"):

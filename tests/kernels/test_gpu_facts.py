@@ -59,3 +59,22 @@ def test_nvml_facts_are_what_torch_reports():
     assert len(facts) == torch.cuda.device_count()
     for i, f in enumerate(facts):
         assert (f.name, f.capability) == (torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
+
+
+def test_no_nvml_or_a_failing_one_means_ask_torch_and_is_not_remembered(monkeypatch):
+    import ctypes
+    import types
+
+    def broken(name):
+        raise RuntimeError("anything")
+
+    # gpu_facts' own ctypes name only: torch's NVML check and other threads keep the real one
+    shim = types.SimpleNamespace(**{k: getattr(ctypes, k) for k in dir(ctypes) if not k.startswith("__")})
+    shim.CDLL = broken
+    monkeypatch.setattr(gpu_facts, "ctypes", shim)
+    monkeypatch.setattr(gpu_facts, "_FOUND", {})
+    assert gpu_facts._nvml_devices() is None and gpu_facts.visible_gpus() is None
+    assert gpu_facts._FOUND == {}
+    monkeypatch.setattr(gpu_facts, "_nvml_devices", lambda: [H200, H200B])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert gpu_facts.visible_gpus() == [H200B] and len(gpu_facts._FOUND) == 1
