@@ -338,6 +338,20 @@ if _TIMELINE:
         yield
         _timeline_write(t0, _time.time(), "collection", "-", c0)
 
+    def _timed_impl(fn, label: str):
+        import functools
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0, c0 = _time.time(), _cpu()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _timeline_write(t0, _time.time(), "hook", label, c0)
+
+        timed._dsv4_timed = True
+        return timed
+
     class _TimelineEnd:
         """The end of a run: each process's ``sessionfinish`` and ``unconfigure`` (in the xdist
         controller the first waits for every worker process to exit, the second ends the kernel
@@ -359,6 +373,18 @@ if _TIMELINE:
         @pytest.hookimpl(wrapper=True)
         def pytest_unconfigure(self, config):
             return (yield from self._timed("unconfigure"))
+
+        @staticmethod
+        def pytest_sessionstart(session):
+            """Each plain implementation of ``pytest_sessionfinish`` and ``pytest_unconfigure`` (every
+            plugin's: xdist's node teardown, the reports, the broker) writes a ``hook`` row named
+            ``<hook>:<plugin>``: which of them the end of a run waits for."""
+            pm = session.config.pluginmanager
+            for name in ("pytest_sessionfinish", "pytest_unconfigure"):
+                for impl in getattr(pm.hook, name).get_hookimpls():
+                    if impl.hookwrapper or impl.wrapper or getattr(impl.function, "_dsv4_timed", False):
+                        continue
+                    impl.function = _timed_impl(impl.function, f"{name}:{impl.plugin_name}")
 
         @pytest.hookimpl(optionalhook=True)
         def pytest_testnodedown(self, node, error):

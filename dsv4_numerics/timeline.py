@@ -69,7 +69,7 @@ def cpu_lines(data: dict, top: int = 10) -> list[str]:
     return out
 
 
-_END_PHASES = ("sessionfinish", "unconfigure", "nodedown", "exit", "imports")  # ends_of_run's rows
+_END_PHASES = ("sessionfinish", "unconfigure", "nodedown", "exit", "imports", "hook")  # ends_of_run's rows
 
 
 def breakdown(folder: str | Path, top: int = 10) -> str:
@@ -141,6 +141,10 @@ def ends_of_run(loaded: dict, t_first: float, t_last: float) -> list[str]:
     shown = [f"{what} +{t - t_last:.1f} s" for what, t in marks if t is not None]
     if shown:
         out.append("end, after the last test: " + "; ".join(shown))
+    hooks = sorted((r for r in main if r[2] == "hook" and r[1] - r[0] >= 0.05), key=lambda r: r[0])
+    if hooks:  # the controller's end hooks (conftest's ``hook`` rows), in the order they ran
+        out.append("controller's end hooks: " + "; ".join(
+            f"{r[3]} +{r[0] - t_last:.1f}..+{r[1] - t_last:.1f} s" for r in hooks))
     return out
 
 

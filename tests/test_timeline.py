@@ -91,3 +91,14 @@ def test_cpu_columns_split_before_tests_in_tests_and_children(tmp_path):
     assert "children mean 6.0" in line and "summed 10" in line
     top = text.splitlines()[text.splitlines().index("most CPU 2 tests (own + children, wall):") + 1]
     assert top.split() == ["7.0", "s", "=", "1.0", "+", "6.0", "(7.0", "s", "wall)", "a"]
+
+
+def test_the_controllers_slow_end_hooks_are_listed_in_order(tmp_path):
+    _write(tmp_path, "main", [(98, 98, "sessionstart", "-"), (110, 110, "nodedown", "gw0"),
+                              (110, 110.01, "hook", "pytest_sessionfinish:conftest"),
+                              (110.5, 112, "hook", "pytest_sessionfinish:dsv4_numerics"),
+                              (110, 110.5, "hook", "pytest_sessionfinish:dsession"), (110, 112, "sessionfinish", "-")])
+    _write(tmp_path, "gw0", [(100, 100, "sessionstart", "-"), (101, 103, "collection", "-"), (103, 110, "test", "a")])
+    line = next(x for x in timeline.breakdown(tmp_path).splitlines() if x.startswith("controller's end hooks"))
+    assert line == ("controller's end hooks: pytest_sessionfinish:dsession +0.0..+0.5 s; "
+                    "pytest_sessionfinish:dsv4_numerics +0.5..+2.0 s")
