@@ -378,7 +378,10 @@ if _TIMELINE:
         def pytest_sessionstart(session):
             """Each plain implementation of ``pytest_sessionfinish`` and ``pytest_unconfigure`` (every
             plugin's: xdist's node teardown, the reports, the broker) writes a ``hook`` row named
-            ``<hook>:<plugin>``: which of them the end of a run waits for."""
+            ``<hook>:<plugin>``: which of them the end of a run waits for. In the xdist controller
+            (or a plain run) only: the workers' ends are their ``sessionfinish``/``unconfigure`` rows."""
+            if hasattr(session.config, "workerinput"):
+                return
             pm = session.config.pluginmanager
             for name in ("pytest_sessionfinish", "pytest_unconfigure"):
                 for impl in getattr(pm.hook, name).get_hookimpls():

@@ -503,8 +503,8 @@ def _why_not_judged(name: str, entry: Any, verdicts: list[str], skips: list[tupl
     return "no test attached a Result for it (dsv4_results)"
 
 
-@pytest.hookimpl(trylast=True)  # after xdist's node teardown: the workers exit (and release their CUDA
-def pytest_sessionfinish(session, exitstatus):  # contexts) while the report is written
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput"):  # an xdist worker: the controller judges and writes
         return
