@@ -423,12 +423,13 @@ def test_matrix_verdicts_identical_under_both_modes(stage, chunk):
 
 def test_verdict_chunks_cover_every_case_and_entry_once():
     for stage, n in _VERDICT_CHUNKS.items():
-        names = [c.name for c in default_cases(stage)]
+        cases = default_cases(stage)
+        names = [c.name for c in cases]
         chunks = [names[i::n] for i in range(n)]
         assert sorted(sum(chunks, [])) == sorted(names) and all(chunks)
         ents = _verdict_entries(stage, {})
         assert len({e.name for e in ents}) == len(ents)
-        sweep = {c.name for c in default_cases(stage) if "dimension" in c.params}
+        sweep = {c.name for c in cases if "dimension" in c.params}
         # every sweep mutant and every other mutant meets at least one case of its kind somewhere
         for e in ents:
             if e.family != "reference":
