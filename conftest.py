@@ -301,10 +301,11 @@ if _TIMELINE:
         t = os.times()
         return t.user + t.system, t.children_user + t.children_system
 
-    def _timeline_write(start: float, end: float, what: str, nodeid: str, cpu0=None, cpu1=None) -> None:
+    def _timeline_write(start: float, end: float, what: str, nodeid: str, cpu0=None) -> None:
+        """One row; the CPU seconds at its end are now's, at its start ``cpu0`` (default: now's)."""
         os.makedirs(_TIMELINE, exist_ok=True)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        cpu1 = cpu1 or _cpu()
+        cpu1 = _cpu()
         cpu0 = cpu0 or cpu1
         with open(os.path.join(_TIMELINE, f"{worker}.tsv"), "a") as f:
             f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\t{cpu0[0]:.3f}\t{cpu1[0]:.3f}\t{cpu0[1]:.3f}\t{cpu1[1]:.3f}\n")
@@ -326,28 +327,34 @@ if _TIMELINE:
         _timeline_write(min(_t_process, _t_import), _t_import, "imports", "-", (0.0, 0.0))
     _timeline_write(_t_import, _t_import, "sessionstart", "-")
 
+    import contextlib as _contextlib
+
+    @_contextlib.contextmanager
+    def _row(what: str, nodeid: str = "-"):
+        """A row for the body's wall and CPU time."""
+        t0, c0 = _time.time(), _cpu()
+        try:
+            yield
+        finally:
+            _timeline_write(t0, _time.time(), what, nodeid, c0)
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        t0, c0 = _time.time(), _cpu()
-        yield
-        _timeline_write(t0, _time.time(), "test", item.nodeid, c0)
+        with _row("test", item.nodeid):
+            yield
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_collection(session):
-        t0, c0 = _time.time(), _cpu()
-        yield
-        _timeline_write(t0, _time.time(), "collection", "-", c0)
+        with _row("collection"):
+            yield
 
     def _timed_impl(fn, label: str):
         import functools
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
-            t0, c0 = _time.time(), _cpu()
-            try:
+            with _row("hook", label):
                 return fn(*args, **kwargs)
-            finally:
-                _timeline_write(t0, _time.time(), "hook", label, c0)
 
         timed._dsv4_timed = True
         return timed
@@ -358,21 +365,15 @@ if _TIMELINE:
         broker's children), the controller's ``nodedown`` (a worker reported its session done) and
         every process's ``exit`` (the start of its interpreter's shutdown)."""
 
-        @staticmethod
-        def _timed(phase: str):
-            t0, c0 = _time.time(), _cpu()
-            try:
-                return (yield)
-            finally:
-                _timeline_write(t0, _time.time(), phase, "-", c0)
-
         @pytest.hookimpl(wrapper=True)
         def pytest_sessionfinish(self, session, exitstatus):
-            return (yield from self._timed("sessionfinish"))
+            with _row("sessionfinish"):
+                return (yield)
 
         @pytest.hookimpl(wrapper=True)
         def pytest_unconfigure(self, config):
-            return (yield from self._timed("unconfigure"))
+            with _row("unconfigure"):
+                return (yield)
 
         @staticmethod
         def pytest_sessionstart(session):
@@ -413,7 +414,9 @@ _DEVICE_FAULT: list[str] = []  # the test after which this process's device faul
 def pytest_runtest_call(item):
     result = yield
     torch = sys.modules.get("torch")  # never imported here: a process without torch has no CUDA work
-    if _DEVICE_FAULT or torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    # is_initialized first: is_available asks NVML each time before CUDA is initialised
+    # (PYTORCH_NVML_BASED_CUDA_CHECK, above), and this runs after every test
+    if _DEVICE_FAULT or torch is None or not torch.cuda.is_initialized() or not torch.cuda.is_available():
         return result
     try:
         torch.cuda.synchronize()
