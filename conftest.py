@@ -398,6 +398,11 @@ if _TIMELINE:
     import atexit as _atexit
 
     _atexit.register(lambda: _timeline_write(_time.time(), _time.time(), "exit", "-"))
+    # "mainend": the main thread is done (an xdist worker: its gateway was told to exit), before the
+    # interpreter waits for non-daemon threads (and, in a worker that skips its shutdown, ends there)
+    _register_thread_end = getattr(threading, "_register_atexit", None)
+    if _register_thread_end is not None:
+        _register_thread_end(lambda: _timeline_write(_time.time(), _time.time(), "mainend", "-"))
 
 
 # ----------------------------------------------------------------------------- device faults

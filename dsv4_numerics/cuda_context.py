@@ -107,14 +107,32 @@ def exit_now(code: int) -> NoReturn:
 _SKIPPING: list[bool] = []
 
 
+def _exit_handlers_now() -> None:
+    """The ``atexit`` handlers, run now (last in, first out), from the start of the interpreter's
+    shutdown: the first to run that was registered by :func:`skip_shutdown_at_exit` ends the
+    process, so those registered before it never run."""
+    run = getattr(atexit, "_run_exitfuncs", None)
+    if run is None:
+        exit_now(0)
+    run()
+
+
 def skip_shutdown_at_exit() -> bool:
     """Register (once per process) an atexit handler that ends the process with status 0 through
-    :func:`exit_now`. Handlers registered after this call still run (atexit runs them last in,
-    first out); those registered before it, and the interpreter's shutdown, do not. For processes
-    whose exit status nobody reads (an xdist worker: its results and errors travel over its
-    channel). Returns whether it is registered (False when turned off or registered already)."""
+    :func:`exit_now`, and have the atexit handlers run as soon as the main thread is done -- at the
+    start of the interpreter's shutdown, before it waits for non-daemon threads (CPython's
+    ``threading`` exit hooks; where they are missing, at the usual point). Handlers registered
+    after this call still run (atexit runs them last in, first out); those registered before it,
+    the wait for non-daemon threads and the interpreter's shutdown do not. For processes whose
+    exit status nobody reads (an xdist worker: its results and errors travel over its channel, and
+    its gateway ends its main thread when the controller tells it to exit). Returns whether it is
+    registered (False when turned off or registered already)."""
     if not fast_exit_enabled() or _SKIPPING:
         return False
     _SKIPPING.append(True)
     atexit.register(exit_now, 0)
+    thread_end = getattr(threading, "_register_atexit", None)  # CPython >= 3.9
+    if thread_end is not None:
+        with contextlib.suppress(RuntimeError):  # "can't register atexit after shutdown"
+            thread_end(_exit_handlers_now)
     return True

@@ -8,7 +8,10 @@ last worker's finish minus the median worker's), and the longest tests; with CPU
 each worker's CPU seconds before its first test (start-up, imports, collection), in its tests and
 in its tests' waited-for children (subprocess and CLI tests), and the tests that cost the most CPU:
 the breakdown of .ci/gpu-scaling's runs. CPU of processes nobody in the run waits for (the
-kernel broker's children, a worker's own kernel child) is in none of these. With
+kernel broker's children, a worker's own kernel child) is in none of these: the kernel children
+write their own rows under ``DIR/children/`` (``dsv4_numerics.worker_child``), summarised
+apart (:func:`children_lines`: warm-up, jobs, cases, the first use of each entry in each child,
+idle time). With
 ``--report REPORT.json``: the judged cases' kernel-call, reference and comparison seconds per
 family and stage (:func:`judged_time`).
 
@@ -69,7 +72,7 @@ def cpu_lines(data: dict, top: int = 10) -> list[str]:
     return out
 
 
-_END_PHASES = ("sessionfinish", "unconfigure", "nodedown", "exit", "imports", "hook")  # ends_of_run's rows
+_END_PHASES = ("sessionfinish", "unconfigure", "nodedown", "mainend", "exit", "imports", "hook")  # ends_of_run's rows
 
 
 def breakdown(folder: str | Path, top: int = 10) -> str:
@@ -104,10 +107,59 @@ def breakdown(folder: str | Path, top: int = 10) -> str:
     lines.append(f"tail: the last worker finished {max(ends) - statistics.median(ends):.1f} s after the median one")
     lines += ends_of_run(loaded, t_first, t_last)
     lines += cpu_lines(data, top)
+    lines += children_lines(folder, top=5)
     lines.append(f"longest {top} tests:")
     for d, nodeid in sorted(tests_all, reverse=True)[:top]:
         lines.append(f"  {d:7.1f} s  {nodeid}")
     return "\n".join(lines)
+
+
+def children_lines(folder: str | Path, top: int = 5) -> list[str]:
+    """What the kernel children did, from their rows under ``folder/children`` (one ``<pid>.tsv``
+    per child, phases ``warmup``, ``job`` (what: the entry) and ``case`` (``entry::case``)): how
+    many, their warm-up (torch, device context, staged kernels) wall and CPU seconds, their jobs'
+    and cases' summed wall seconds (a job's time outside its cases: loading the entry, its cases,
+    the judge), the first case of each entry in each child against that entry's later cases (the
+    first use: imports, JIT loads, first launches -- paid once per child that runs the entry), the
+    children's CPU seconds and their idle share between their first warm-up start and last job
+    end. Empty when no child wrote rows."""
+    kids = load(Path(folder) / "children") if (Path(folder) / "children").is_dir() else {}
+    kids = {k: v for k, v in kids.items() if v}
+    if not kids:
+        return []
+    warm = [r for rows in kids.values() for r in rows if r[2] == "warmup"]
+    jobs = [r for rows in kids.values() for r in rows if r[2] == "job"]
+    cases = [r for rows in kids.values() for r in rows if r[2] == "case"]
+    job_s = sum(r[1] - r[0] for r in jobs)
+    case_s = sum(r[1] - r[0] for r in cases)
+    firsts: dict[tuple[str, str], float] = {}
+    later: dict[str, list[float]] = {}
+    for pid, rows in kids.items():
+        for r in sorted((r for r in rows if r[2] == "case"), key=lambda r: r[0]):
+            entry = r[3].split("::", 1)[0]
+            if (pid, entry) in firsts:
+                later.setdefault(entry, []).append(r[1] - r[0])
+            else:
+                firsts[(pid, entry)] = r[1] - r[0]
+    extra: dict[str, float] = {}
+    for (_, entry), sec in firsts.items():
+        base = statistics.median(later[entry]) if later.get(entry) else 0.0
+        extra[entry] = extra.get(entry, 0.0) + max(0.0, sec - base)
+    cpu = sum(max(r[5] for r in rows) for rows in kids.values())
+    t0 = min(r[0] for rows in kids.values() for r in rows)
+    t1 = max(r[1] for rows in kids.values() for r in rows)
+    busy = sum(r[1] - r[0] for r in warm) + job_s
+    out = [f"kernel children: {len(kids)}; warm-up mean {statistics.mean([r[1] - r[0] for r in warm]) if warm else 0:.1f} s "
+           f"(max {max([r[1] - r[0] for r in warm], default=0):.1f}, CPU mean "
+           f"{statistics.mean([r[5] - r[4] for r in warm]) if warm else 0:.1f}); {len(jobs)} jobs {job_s:.1f} s, of which "
+           f"{len(cases)} cases {case_s:.1f} s and {job_s - case_s:.1f} s outside cases; CPU {cpu:.0f} s; idle "
+           f"{100 * (1 - busy / max(1e-9, len(kids) * (t1 - t0))):.0f}% of {len(kids)} x {t1 - t0:.1f} s",
+           f"  first use of an entry in a child: {len(firsts)} (child, entry) pairs, {sum(firsts.values()):.1f} s, "
+           f"{sum(extra.values()):.1f} s over the entry's median later case; most:"]
+    for entry, sec in sorted(extra.items(), key=lambda kv: -kv[1])[:top]:
+        n = sum(1 for (_, e) in firsts if e == entry)
+        out.append(f"  {sec:7.1f} s  {entry} (in {n} children)")
+    return out
 
 
 def ends_of_run(loaded: dict, t_first: float, t_last: float) -> list[str]:
@@ -134,6 +186,7 @@ def ends_of_run(loaded: dict, t_first: float, t_last: float) -> list[str]:
                       f"max {max(imports):.1f} s" if imports else ""))
     marks = [("workers reported done", last(main, "nodedown")),
              ("workers' unconfigure ended", last(workers, "unconfigure")),
+             ("workers' main threads ended", last(workers, "mainend")),
              ("workers' shutdown began", last(workers, "exit")),
              ("controller's sessionfinish ended (waits for every worker process to exit)", last(main, "sessionfinish")),
              ("controller's unconfigure ended (kernel broker's children ended)", last(main, "unconfigure")),

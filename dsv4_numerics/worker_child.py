@@ -92,6 +92,37 @@ def _load_cases(entry, cases_file: str | None):
     return stage_cases(entry.stage, selected_case_size())
 
 
+# ----------------------------------------------------------------------------- timeline rows
+# Under DSV4_TIMELINE=DIR (the suite's timeline, dsv4_numerics/timeline.py) a serving child appends
+# one row per warm-up, job and case to DIR/children/<pid>.tsv -- the conftest's columns: wall start
+# and end (seconds since the epoch), phase (``warmup`` | ``job`` | ``case``), what (``-``, the
+# entry, ``entry::case``), this process's CPU seconds (user + system) at the start and end, then
+# 0 0 (a child waits for no children of its own) -- so the run's breakdown shows what the kernel
+# children did: start-up, first-use costs per entry, idle time.
+TIMELINE_ENV = "DSV4_TIMELINE"
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+@contextlib.contextmanager
+def _timeline_row(phase: str, what: str = "-"):
+    folder = os.environ.get(TIMELINE_ENV)
+    if not folder:
+        yield
+        return
+    t0, c0 = time.time(), _cpu_s()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.join(folder, "children"), exist_ok=True)
+            with open(os.path.join(folder, "children", f"{os.getpid()}.tsv"), "a", encoding="utf-8") as f:
+                f.write(f"{t0:.3f}\t{time.time():.3f}\t{phase}\t{what}\t{c0:.3f}\t{_cpu_s():.3f}\t0\t0\n")
+
+
 def _device_fault(device: str) -> str | None:
     """Synchronise the device; the error text if an asynchronous fault surfaced."""
     if not device.startswith("cuda"):
@@ -184,10 +215,11 @@ def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cas
             _write(log, {"event": "start", "index": i, "case": case.name, "pid": os.getpid()})
             t0 = time.perf_counter()
             try:
-                if judge_fn is not None:
-                    res = _judge_one(judge_fn, ent, case, device)
-                else:
-                    res = [_raw_one(ent, case, device, out, i)]
+                with _timeline_row("case", f"{entry}::{case.name}"):
+                    if judge_fn is not None:
+                        res = _judge_one(judge_fn, ent, case, device)
+                    else:
+                        res = [_raw_one(ent, case, device, out, i)]
                 event = {"event": "result", "index": i, "case": case.name, "results": res}
             except Exception as e:  # noqa: BLE001 - the judge should catch; this is a backstop
                 event = {"event": "result", "index": i, "case": case.name,
@@ -252,7 +284,8 @@ def serve(jobs) -> int:
     poisoned ends the process (return 3): a device fault leaves the context unusable. A setup
     error is that job's and the process serves the next one. A malformed line: message on
     stderr, return 2."""
-    _warm_up()
+    with _timeline_row("warmup"):
+        _warm_up()
     while True:
         line = jobs.readline()
         if not line:
@@ -267,7 +300,8 @@ def serve(jobs) -> int:
         except ValueError as e:
             print(f"worker_child --serve: bad job line {line.strip()[:200]!r}: {e}", file=sys.stderr, flush=True)
             return EXIT_SETUP_ERROR
-        rc = run_job(**job)
+        with _timeline_row("job", str(job["entry"])):
+            rc = run_job(**job)
         if rc == EXIT_POISONED:
             return rc
         _between_jobs()

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import types
 
 import pytest
@@ -149,6 +150,24 @@ def test_skip_shutdown_runs_later_handlers_skips_earlier_ones_and_flushes():
     assert "first True again False" in out.stdout
     assert "registered-after" in out.stdout and "buffered-no-newline" in out.stdout
     assert "registered-before" not in out.stdout
+
+
+_NON_DAEMON = textwrap.dedent("""
+    import atexit, threading, time
+    from dsv4_numerics import cuda_context as c
+    c.skip_shutdown_at_exit()
+    atexit.register(lambda: print("registered-after", flush=True))
+    threading.Thread(target=time.sleep, args=(60,)).start()  # non-daemon: shutdown would wait 60 s
+    print("main-done", flush=True)
+""")
+
+
+def test_skip_shutdown_does_not_wait_for_non_daemon_threads():
+    t0 = time.monotonic()
+    out = _run(_NON_DAEMON)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["main-done", "registered-after"]
+    assert time.monotonic() - t0 < 30, "the process waited for its non-daemon thread"
 
 
 def test_fast_exit_off_keeps_the_ordinary_shutdown():

@@ -102,3 +102,54 @@ def test_the_controllers_slow_end_hooks_are_listed_in_order(tmp_path):
     line = next(x for x in timeline.breakdown(tmp_path).splitlines() if x.startswith("controller's end hooks"))
     assert line == ("controller's end hooks: pytest_sessionfinish:dsession +0.0..+0.5 s; "
                     "pytest_sessionfinish:dsv4_numerics +0.5..+2.0 s")
+
+
+def _rows(folder, name, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.tsv").write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
+
+
+def test_kernel_children_rows_give_warm_up_jobs_first_use_and_idle(tmp_path):
+    _write(tmp_path, "gw0", [(100, 100, "sessionstart", "-"), (101, 103, "collection", "-"), (103, 130, "test", "a")])
+    kids = tmp_path / "children"
+    # child 11: warm-up 2 s, one job of entry e (3 cases: the first 4 s, then 1 s each) and one of f
+    _rows(kids, "11", [(100, 102, "warmup", "-", 0, 1.5, 0, 0), (110, 117, "job", "e", 2, 8, 0, 0),
+                       (110.5, 114.5, "case", "e::a", 2, 5, 0, 0), (114.5, 115.5, "case", "e::b", 5, 6, 0, 0),
+                       (115.5, 116.5, "case", "e::c", 6, 7, 0, 0), (120, 121, "job", "f", 8, 9, 0, 0),
+                       (120, 121, "case", "f::a", 8, 9, 0, 0)])
+    # child 12: warm-up 4 s; e again (its first use here: 3 s against the median later case of 1 s)
+    _rows(kids, "12", [(100, 104, "warmup", "-", 0, 2.5, 0, 0), (110, 113, "job", "e", 3, 6, 0, 0),
+                       (110, 113, "case", "e::d", 3, 6, 0, 0)])
+    lines = timeline.children_lines(tmp_path)
+    assert lines[0] == ("kernel children: 2; warm-up mean 3.0 s (max 4.0, CPU mean 2.0); 3 jobs 11.0 s, of which "
+                        "5 cases 10.0 s and 1.0 s outside cases; CPU 15 s; idle 60% of 2 x 21.0 s")  # busy 6 + 11 of 42
+    assert lines[1].startswith("  first use of an entry in a child: 3 (child, entry) pairs, 8.0 s, 6.0 s over")  # e: 3 + 2, f: 1 (no later case)
+    assert lines[2].split() == ["5.0", "s", "e", "(in", "2", "children)"]  # (4 - 1) + (3 - 1)
+    assert "kernel children: 2" in timeline.breakdown(tmp_path)
+    assert timeline.children_lines(tmp_path / "gw0.tsv") == [] and timeline.children_lines(tmp_path / "none") == []
+
+
+def test_a_serving_kernel_child_writes_its_rows_under_the_timeline(tmp_path):
+    """The real child (``worker_child --serve``) under ``DSV4_TIMELINE``: a warm-up row, a job row
+    and one row per case, in ``children/<pid>.tsv``; the summary counts them."""
+    import os
+
+    import torch
+
+    from dsv4_numerics import worker_pool as wp
+    from dsv4_numerics.reference.cases import Case
+
+    cases = [Case(f"c{i}", "fake", {"x": torch.tensor([float(i)])}, {"action": "ok"}) for i in range(3)]
+    path = tmp_path / "cases.pt"
+    torch.save(cases, path)
+    env = dict(os.environ, DSV4_TIMELINE=str(tmp_path / "tl"), DSV4_WORKER_DEVICE="cpu")
+    with wp.WorkerSession(env, workdir=str(tmp_path / "s")) as sess:
+        res = wp.run_isolated("tests.kernels._fake_entries:FAKE", [c.name for c in cases], device="cpu",
+                              cases_file=str(path), mode="raw", workdir=str(tmp_path / "w"), session=sess)
+    assert {r["verdict"] for r in res.values()} == {"ran"}
+    (child,) = timeline.load(tmp_path / "tl" / "children").values()
+    assert [r[2] for r in child] == ["warmup", "case", "case", "case", "job"]
+    assert [r[3] for r in child][1:] == ["tests.kernels._fake_entries:FAKE::c0", "tests.kernels._fake_entries:FAKE::c1",
+                                         "tests.kernels._fake_entries:FAKE::c2", "tests.kernels._fake_entries:FAKE"]
+    assert all(r[0] <= r[1] and r[4] <= r[5] for r in child)
+    assert timeline.children_lines(tmp_path / "tl")[0].startswith("kernel children: 1; ")
