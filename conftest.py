@@ -42,7 +42,8 @@ from dsv4_numerics import cuda_context as _cuda_context  # noqa: E402
 from dsv4_numerics.host_cpus import usable_cpus  # noqa: E402
 from dsv4_numerics import pytest_plugin as _plugin  # noqa: E402
 
-if _plugin.pin_xdist_worker_to_gpu() is not None:
+_PINNED = _plugin.pin_xdist_worker_to_gpu() is not None
+if _PINNED:
     # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects (the
     # driver serialises context creation host-wide), and skips the interpreter's shutdown (and the
     # CUDA teardown in it) at its end: the controller waits for every worker process to exit
@@ -114,6 +115,8 @@ def pytest_configure(config):
     _prefer_loadgroup(config)
     config.addinivalue_line("markers", "slow: long-running; still part of the default run")
     _start_kernel_broker(config)
+    if _PINNED:
+        config.pluginmanager.register(_ReleaseCudaAfterTheLastTest(), "dsv4-cuda-release")
     if _TIMELINE:
         config.pluginmanager.register(_TimelineEnd(), "dsv4-timeline-end")
 
@@ -179,6 +182,34 @@ def pytest_sessionfinish(session, exitstatus):
         _CLOSING.append(t)
 
 
+# The broker's users: the matrix items and the oracle-mode checks that read its results
+# (tests/kernels/conftest.py's kernel_results). Once every one of their items has reported its
+# teardown, no worker asks the broker for anything more and its children end then, in a thread,
+# while the other tests run: ending a child waits on the driver releasing its CUDA context, one
+# process at a time host-wide, which at the run's end queued behind the workers' own. A test that
+# still asked would find the broker gone and run its own child (a warning).
+_BROKER_USERS = ("tests/kernels/test_matrix.py::", "tests/kernels/test_oracle_modes_gpu.py::")
+_BROKER_PENDING: dict = {}  # "ids": the users' node ids not yet torn down
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    if _BROKER and "ids" not in _BROKER_PENDING:
+        _BROKER_PENDING["ids"] = {i for i in ids if i.startswith(_BROKER_USERS)}
+
+
+def pytest_runtest_logreport(report):
+    pending = _BROKER_PENDING.get("ids")
+    if pending is None or report.when != "teardown":
+        return
+    pending.discard(report.nodeid)
+    if not pending and _BROKER and not _CLOSING:
+        _BROKER_PENDING["ended_early"] = True
+        t = threading.Thread(target=_close_brokers, args=(False,), daemon=True, name="dsv4-broker-close")
+        t.start()
+        _CLOSING.append(t)
+
+
 def pytest_unconfigure(config):
     # an interrupted run kills the shared kernel children at once: waiting for their running jobs
     # (up to a case limit of minutes) would outlast the runner's grace period after its SIGINT
@@ -190,8 +221,9 @@ def pytest_unconfigure(config):
 def pytest_terminal_summary(terminalreporter):
     for b in _BROKERS_RUN:
         where = f"{len(b.gpus)} GPU(s) ({b.per_gpu} each)" if b.gpus else f"the CPU ({b.per_gpu})"
+        early = "; its children ended after its last user's teardown" if _BROKER_PENDING.get("ended_early") else ""
         terminalreporter.write_line(f"kernel broker: {b.jobs_served} matrix jobs in {b.children_started} "
-                                    f"kernel children on {where}")
+                                    f"kernel children on {where}{early}")
 
 
 def hardware() -> dict:
@@ -403,6 +435,21 @@ if _TIMELINE:
     _register_thread_end = getattr(threading, "_register_atexit", None)
     if _register_thread_end is not None:
         _register_thread_end(lambda: _timeline_write(_time.time(), _time.time(), "mainend", "-"))
+
+
+# ----------------------------------------------------------------------------- a worker's last test
+# A pinned xdist worker (it ends through os._exit, above) destroys its CUDA context as soon as its
+# last test is done (xdist gives the last item no next one), not at its exit: the driver releases
+# contexts one process at a time host-wide, and 32 workers ending together queued ~2.7 s at the
+# run's end (dsv4_numerics/cuda_context.py; DSV4_EARLY_CUDA_RELEASE=0 turns it off).
+class _ReleaseCudaAfterTheLastTest:
+    """Registered in pinned workers (pytest_configure)."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        yield
+        if nextitem is None:
+            _cuda_context.release_primary_context_soon()
 
 
 # ----------------------------------------------------------------------------- device faults

@@ -38,6 +38,7 @@ from typing import NoReturn
 
 ENV_WARM = "DSV4_WARM_CUDA"
 ENV_FAST_EXIT = "DSV4_FAST_EXIT"
+ENV_EARLY_RELEASE = "DSV4_EARLY_CUDA_RELEASE"
 _DRIVER_LIBS = ("libcuda.so.1", "libcuda.so")
 _STARTED: list[threading.Thread] = []
 
@@ -87,6 +88,60 @@ def warm_primary_context() -> threading.Thread | None:
 
 
 # ----------------------------------------------------------------------------- the end
+
+
+def _reset_primary_context() -> int:
+    """``cuDevicePrimaryCtxReset`` of the first visible device: its allocations and state are
+    destroyed now (whoever retains it). Returns the CUresult, or -1 without a driver library."""
+    lib = None
+    for name in _DRIVER_LIBS:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return -1
+    reset = getattr(lib, "cuDevicePrimaryCtxReset_v2", None) or getattr(lib, "cuDevicePrimaryCtxReset", None)
+    if reset is None:
+        return -1
+    dev = ctypes.c_int()
+    rc = lib.cuDeviceGet(ctypes.byref(dev), 0)
+    return rc or reset(dev)
+
+
+_RELEASED: list[threading.Thread] = []
+
+
+def release_primary_context_soon() -> threading.Thread | None:
+    """For a process that will make no more CUDA calls and then end through :func:`exit_now` (an
+    xdist worker after its last test; nothing in it may touch CUDA afterwards): destroy its
+    primary context now, in a daemon thread, instead of at its exit. The driver releases contexts
+    one process at a time host-wide (~85 ms each on an H200 host): 32 workers ending together
+    queued 2.7 s at the run's end, and released as each worker finishes its last test the
+    releases overlap the other workers' last tests. Returns the thread, or None when turned off
+    (``DSV4_EARLY_CUDA_RELEASE=0``, or fast exit off: an ordinary shutdown still tears CUDA
+    down itself), when no CUDA context exists in this process, or when started already.
+    Failures are swallowed: the exit releases what is left."""
+    if os.environ.get(ENV_EARLY_RELEASE, "1").strip() == "0" or not fast_exit_enabled() or _RELEASED:
+        return None
+    torch = sys.modules.get("torch")
+    if not _STARTED and (torch is None or not torch.cuda.is_initialized()):
+        return None
+    if torch is not None and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()  # the last test's work is done before its context goes
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            for t in _STARTED:  # the early context is made (or failed) before it is destroyed
+                t.join()
+            _reset_primary_context()
+
+    t = threading.Thread(target=run, name="dsv4-cuda-release", daemon=True)
+    _RELEASED.append(t)
+    t.start()
+    return t
 
 
 def fast_exit_enabled() -> bool:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -123,6 +124,59 @@ def test_on_a_gpu_the_primary_context_is_active_before_torch_initialises_cuda():
     out = subprocess.run([sys.executable, "-c", _ON_GPU], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "active 1" in out.stdout and "sum 6.0" in out.stdout, out.stdout
+
+
+_RELEASE_ON_GPU = textwrap.dedent("""
+    import ctypes
+    import torch
+    from dsv4_numerics import cuda_context
+    x = torch.arange(4.0, device="cuda") * 2
+    lib = ctypes.CDLL("libcuda.so.1")
+    dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+    def state():
+        assert lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) == 0
+        return active.value
+    assert lib.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    print("before", state(), float(x.sum()))
+    t = cuda_context.release_primary_context_soon()
+    t.join(120)
+    print("after", state(), "again", cuda_context.release_primary_context_soon())
+    cuda_context.exit_now(0)
+""")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_early_release_destroys_the_primary_context():
+    env = {k: v for k, v in os.environ.items() if k not in ("DSV4_EARLY_CUDA_RELEASE", "DSV4_FAST_EXIT")}
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
+    out = subprocess.run([sys.executable, "-c", _RELEASE_ON_GPU], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "before 1 12.0" in out.stdout and "after 0 again None" in out.stdout, out.stdout
+
+
+def test_early_release_needs_a_context_fast_exit_and_the_switch(monkeypatch):
+    """Off the GPU there is no context to release; the switch and fast exit turn it off too."""
+    calls = []
+    monkeypatch.setattr(cuda_context, "_reset_primary_context", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(cuda_context, "_RELEASED", [])
+    monkeypatch.setattr(cuda_context, "_STARTED", [])
+    monkeypatch.delenv("DSV4_FAST_EXIT", raising=False)
+    monkeypatch.delenv("DSV4_EARLY_CUDA_RELEASE", raising=False)
+    import torch
+
+    if not torch.cuda.is_initialized():
+        assert cuda_context.release_primary_context_soon() is None  # no context in this process
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    monkeypatch.setattr(cuda_context, "_STARTED", [done])  # an early context was made
+    for var, value in (("DSV4_EARLY_CUDA_RELEASE", "0"), ("DSV4_FAST_EXIT", "0")):
+        monkeypatch.setenv(var, value)
+        assert cuda_context.release_primary_context_soon() is None
+        monkeypatch.delenv(var)
+    t = cuda_context.release_primary_context_soon()
+    assert t is not None and t.daemon
+    t.join(10)
+    assert calls == [1] and cuda_context.release_primary_context_soon() is None  # once per process
 
 
 # ----------------------------------------------------------------------------- the end

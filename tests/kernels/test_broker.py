@@ -143,7 +143,8 @@ def test_maybe_start_hands_its_address_to_the_workers(monkeypatch):
 @pytest.mark.slow
 def test_an_xdist_run_of_the_matrix_goes_through_the_broker(tmp_path):
     """End to end, as the GPU runner does: ``pytest -n 2`` with the broker on runs a real entry's
-    matrix items in the controller's children (one here) and says so in its summary."""
+    matrix items in the controller's children (one here), ends them once the last matrix item is
+    torn down, and says so in its summary."""
     from dsv4_numerics.kernels import registry
 
     entry = next((e for e in registry.all_entries() if e.name == "vllm_cpu.mla_decode"), None)
@@ -162,6 +163,10 @@ def test_an_xdist_run_of_the_matrix_goes_through_the_broker(tmp_path):
     assert line is not None, out[-3000:]
     jobs, children = int(line.split()[2]), int(line.split()[6])
     assert jobs >= 1 and children == 1, line
+    # the matrix items were the broker's only users: its children ended after the last of them,
+    # before the session's end, and no test found the broker gone
+    assert line.endswith("its children ended after its last user's teardown"), line
+    assert "kernel broker unreachable" not in out
     assert " passed" in out
 
 

@@ -270,6 +270,51 @@ def test_pool_sessions_take_the_queue_by_environment_and_close_their_children(tm
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
 
 
+def test_a_free_session_takes_the_job_whose_entry_its_children_ran_and_leaves_others_theirs():
+    """The pool's choice (``IsolatedPool._pick``, no child started): environment first, then the
+    entry run before, then its family; a job another idle session suits better is left to it;
+    without an idle rival the best-suited job is taken; whatever the queue, some idle session
+    takes a job."""
+    pool = IsolatedPool("cpu", jobs=2)
+    env = dict(pool.base_env)
+    pool.sessions = [wp.WorkerSession(pool._slot_env(i, env)) for i in range(2)]
+    pool._ran = {0: {"a.x"}, 1: {"b.y"}}
+
+    def queue(*entries, other_env=()):
+        pool._queue = [(f"k{i}", (e, None), {}, dict(env, DSV4_ENTRIES_FROM="x") if e in other_env else env)
+                       for i, e in enumerate(entries)]
+
+    queue("b.y", "a.x", "a.z", "c.w")
+    pool._idle = {1}
+    assert pool._pick(0) == 1  # a.x: run before here
+    pool._idle = {0}
+    assert pool._pick(1) == 0  # b.y
+    queue("b.y", "c.w")
+    pool._idle = {1}
+    assert pool._pick(0) == 1  # b.y is session 1's (idle): c.w suits both alike
+    queue("b.y")
+    assert pool._pick(0) is None  # left to session 1, which takes it
+    pool._idle = {0}
+    assert pool._pick(1) == 0
+    pool._idle = set()
+    assert pool._pick(0) == 0  # no idle rival: taken
+    queue("a.z", "c.w")
+    pool._idle = {1}
+    assert pool._pick(0) == 0  # a.z: same family as a.x
+    queue("a.x", "c.w", other_env=("a.x",))
+    assert pool._pick(0) == 1  # a.x would restart the child: the environment comes first
+    import random
+
+    rng = random.Random(0)
+    names = ["a.x", "a.z", "b.y", "b.q", "c.w"]
+    for _ in range(200):  # some idle session always takes a job
+        pool._ran = {0: set(rng.sample(names, rng.randint(0, 3))), 1: set(rng.sample(names, rng.randint(0, 3)))}
+        queue(*rng.choices(names, k=rng.randint(1, 4)))
+        for idle in ({0, 1}, {0}, {1}):
+            pool._idle = set(idle)
+            assert any(pool._pick(s) is not None for s in idle), (pool._ran, pool._queue, idle)
+
+
 def test_pool_kills_its_children_when_the_caller_raises(tmp_path):
     path, names = _entry(tmp_path, "h", ["hang"])
     t0 = time.monotonic()

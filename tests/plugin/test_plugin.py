@@ -181,3 +181,45 @@ def test_require_fails_when_the_required_entry_only_skipped(tmp_path, xdist):
     # a glob that matches nothing fails as well
     r = _pytest(tmp_path, "--dsv4-require", "no.such.*", "-k", "judged")
     assert r.returncode == 1 and "required 'no.such.*' matches no kernel entry" in r.stdout, r.stdout
+
+
+def test_the_xdist_controller_writes_its_report_in_a_thread_and_raises_its_error_at_unconfigure(monkeypatch, tmp_path):
+    """Under xdist the controller's report is written while xdist's own sessionfinish tells the
+    workers to exit; pytest_unconfigure joins the writer, and a failed write is raised there (a
+    plain run writes at sessionfinish, as before)."""
+    import threading
+    from types import SimpleNamespace
+
+    from dsv4_numerics import pytest_plugin as pp
+
+    gate, calls = threading.Event(), []
+
+    def write(config, st, path, status):
+        gate.wait(10)
+        calls.append((path, status))
+        if path.endswith("bad.json"):
+            raise OSError(f"cannot write {path}")
+
+    monkeypatch.setattr(pp, "_write_report", write)
+    monkeypatch.delenv(pp.ENV_REQUIRE, raising=False)
+
+    def config(path, xdist):
+        opts = {"--dsv4-report": path, "--dsv4-require": None, "--dsv4-require-available": False}
+        return SimpleNamespace(stash=pytest.Stash(), getoption=lambda k, default=None: opts.get(k, default),
+                               pluginmanager=SimpleNamespace(hasplugin=lambda name: xdist and name == "dsession"))
+
+    for path, xdist in ((str(tmp_path / "ok.json"), True), (str(tmp_path / "bad.json"), True)):
+        cfg = config(path, xdist)
+        pp.pytest_sessionfinish(SimpleNamespace(config=cfg, exitstatus=0), 0)
+        assert calls == [] or calls[-1][0] != path  # still writing: sessionfinish returned first
+        gate.set()
+        if path.endswith("bad.json"):
+            with pytest.raises(OSError, match="cannot write"):
+                pp.pytest_unconfigure(cfg)
+        else:
+            pp.pytest_unconfigure(cfg)
+        assert calls[-1] == (path, 0)
+        gate.clear()
+    gate.set()  # a plain run writes before sessionfinish returns
+    pp.pytest_sessionfinish(SimpleNamespace(config=config(str(tmp_path / "plain.json"), False), exitstatus=1), 1)
+    assert calls[-1] == (str(tmp_path / "plain.json"), 1)
