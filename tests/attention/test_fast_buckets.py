@@ -147,21 +147,32 @@ def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
 def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side():
     from dsv4_numerics.bench_gpu import summarize
 
-    def rec(cfg, eager, judge, first, replayed):
-        return {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
-                "oracle_peak_extra_bytes": 0, "fast_ms": replayed / 10, "fast_ratio": replayed,
-                "fast_graph_replayed": True, "fast_eager_ms": eager / 10, "fast_eager_ratio": eager,
-                "fast_judge_eager_ms": judge / 10, "fast_judge_eager_ratio": judge,
-                "fast_bucketed_first_ms": first / 10, "fast_bucketed_first_ratio": first,
-                "fast_bucketed_first_replayed": True, "oracle_gflops": 1.0, "oracle_stream_gbps": 1.0}
-    s = summarize([rec("h64", 19.6, 20.4, 14.1, 13.3), rec("h128", 15.2, 16.0, 13.9, 13.5)])
+    def rec(cfg, eager, judge, first, replayed, judge_first=None):
+        r = {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
+             "oracle_peak_extra_bytes": 0, "fast_ms": replayed / 10, "fast_ratio": replayed,
+             "fast_graph_replayed": True, "fast_eager_ms": eager / 10, "fast_eager_ratio": eager,
+             "fast_judge_eager_ms": judge / 10, "fast_judge_eager_ratio": judge,
+             "fast_bucketed_first_ms": first / 10, "fast_bucketed_first_ratio": first,
+             "fast_bucketed_first_replayed": True, "oracle_gflops": 1.0, "oracle_stream_gbps": 1.0}
+        if judge_first is not None:
+            r.update(fast_judge_bucketed_first_ms=judge_first / 10, fast_judge_bucketed_first_ratio=judge_first)
+        return r
+    s = summarize([rec("h64", 19.6, 20.4, 14.1, 13.3, 15.2), rec("h128", 15.2, 16.0, 13.9, 13.5, 14.4)])
     assert s["fast_ratios_at_batch_128"] == {
-        "h64": {"eager": 19.6, "judge_eager": 20.4, "bucketed_first": 14.1, "replayed": 13.3},
-        "h128": {"eager": 15.2, "judge_eager": 16.0, "bucketed_first": 13.9, "replayed": 13.5}}
+        "h64": {"eager": 19.6, "judge_eager": 20.4, "bucketed_first": 14.1, "judge_bucketed_first": 15.2,
+                "replayed": 13.3},
+        "h128": {"eager": 15.2, "judge_eager": 16.0, "bucketed_first": 13.9, "judge_bucketed_first": 14.4,
+                 "replayed": 13.5}}
     assert s["fast_bucketed_first_target_met"] and s["fast_bucketed_first_replayed_at_batch_128"]["h64"]
     assert s["fast_eager_target_met"] and not s["fast_judge_eager_target_met"]
+    assert s["fast_judge_bucketed_first_target_met"]
     assert not summarize([rec("h64", 20.2, 20.2, 20.5, 13.3)])["fast_bucketed_first_target_met"]
     assert not summarize([rec("h64", 20.2, 20.2, 20.5, 13.3)])["fast_eager_target_met"]
+    # an older record without the judge's bucketed call: no ratio, target not met
+    old = summarize([rec("h64", 19.6, 20.4, 14.1, 13.3)])
+    assert old["fast_ratios_at_batch_128"]["h64"]["judge_bucketed_first"] is None
+    assert not old["fast_judge_bucketed_first_target_met"]
+    assert not summarize([rec("h64", 19.6, 20.4, 14.1, 13.3, 20.1)])["fast_judge_bucketed_first_target_met"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bench's host launch cost)")

@@ -568,3 +568,32 @@ def test_a_probing_job_reports_an_unavailable_entry_and_runs_nothing(tmp_path):
                           judge=JUDGE, workdir=str(tmp_path / "o"), session=sess, probe=True)
         assert set(ok) == set(names) and all(r["verdict"] == "pass" for r in ok.values())
         assert sess.starts == 1
+
+
+def test_a_job_answered_before_the_parent_looks_is_not_taken_for_silence(tmp_path, monkeypatch):
+    """A warm child can answer a quick job (an unavailable entry's probe) before the parent reads
+    its log for the first time: that answer counts (the job returns at once, its child is kept),
+    instead of the job looking silent until its time limit and its child being killed. Here the
+    session's ``send`` returns only once the child has answered."""
+    from dsv4_numerics.worker_pool import UNAVAILABLE, WorkerSession
+
+    path, _ = _entry(tmp_path, "m", ["ok"])
+    orig = WorkerSession.send
+
+    def send_then_wait_for_the_answer(self, job):
+        out = orig(self, job)
+        log, deadline = Path(job["out"]), time.monotonic() + 120
+        while '"unavailable"' not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return out
+
+    monkeypatch.setattr(WorkerSession, "send", send_then_wait_for_the_answer)
+    monkeypatch.setattr(wp, "DEFAULT_STARTUP_TIMEOUT_S", 20.0)
+    with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:
+        for tag in ("a", "b"):  # the second job reaches a warm child: answered at once
+            t0 = time.monotonic()
+            res = run_isolated("tests.kernels._fake_entries:MISSING", None, device="cpu", cases_file=path,
+                               probe=True, case_timeout_s=20.0, workdir=str(tmp_path / tag), session=sess)
+            assert list(res) == [UNAVAILABLE], res
+            assert time.monotonic() - t0 < 15, "the answered job waited for its time limit"
+        assert sess.starts == 1  # never killed for silence
