@@ -4,7 +4,7 @@ Each case's ``params["action"]`` says what the fake kernel does: return a value,
 process (``os.abort``, as a failed C++ check does; ``sigkill``, as the OOM killer does), print a
 marker line to stderr and return (``noisy``), dereference NULL (a segfault, as an illegal
 address does on the host side), hang, raise, or report the inherited ``CUDA_VISIBLE_DEVICES``;
-``meet`` waits (at most ``params["wait_s"]``) until ``params["peers"]`` processes have reached a
+``proc`` reports the child's pid, parent pid, torch threads, ``DSV4_FAKE_MARK`` and cwd; ``meet`` waits (at most ``params["wait_s"]``) until ``params["peers"]`` processes have reached a
 ``meet`` in the folder ``params["dir"]`` and raises if they do not: it passes only when that
 many children run at the same time.
 """
@@ -38,6 +38,10 @@ def _call(case):
         time.sleep(3600)
     if action == "raise":
         raise ValueError("fake kernel rejected its input")
+    if action == "proc":  # who the child is: pid, parent, intra-op threads, a marker variable, cwd
+        return {"proc": torch.tensor([os.getpid(), os.getppid(), torch.get_num_threads(),
+                                      int(os.environ.get("DSV4_FAKE_MARK", "-1"))]),
+                "cwd": torch.tensor([ord(c) for c in os.getcwd()])}
     if action == "env":
         return {"cvd": torch.tensor([int(os.environ.get("CUDA_VISIBLE_DEVICES", "-1"))])}
     if action == "meet":
