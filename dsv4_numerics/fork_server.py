@@ -16,7 +16,11 @@ FIFO ``jobs`` (the parent opened it first), writes stdout and stderr to the file
 read when the server started) and ``cwd``, and serves jobs (:func:`dsv4_numerics.worker_child.serve`, as ``--serve`` does).
 The server answers ``{"id", "pid"}`` per request and ``{"exit": pid, "status": code}`` when a
 child ends (``subprocess``'s convention: the exit status, or minus the signal). It is single
-threaded (a fork copies only the forking thread) and ends at the end of its stdin.
+threaded (a fork copies only the forking thread); at the end of its stdin it waits for its
+children (each ends when its jobs FIFO closes) and ends, so that whoever waits for the server
+counts their CPU time (``.ci/gpu-scaling``'s process-tree CPU seconds). Its parent ends it
+at exit (:func:`close_all`, registered when this module is imported: import it before anything
+whose exit handler must run first, as :mod:`dsv4_numerics.worker_pool` does).
 
 The parent side, :func:`spawn`: a Popen-like :class:`ForkedChild` (``pid``, ``stdin``, ``poll``,
 ``wait``) from this process's server, started on first use; None when the server is turned off
@@ -29,6 +33,7 @@ children of one environment.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import json
@@ -124,8 +129,16 @@ def serve_forks() -> int:
                 reap()
                 continue
             data = os.read(0, 1 << 16)
-            if not data:  # the parent is done with us; its children go on without a server
-                return 0
+            if not data:  # the parent is done with us: wait for the children (each ends at the end
+                # of its jobs FIFO), so their CPU time is counted in ours for whoever waits for us
+                signal.set_wakeup_fd(-1)
+                while True:
+                    try:
+                        pid, st = os.waitpid(-1, 0)
+                    except ChildProcessError:
+                        return 0
+                    with contextlib.suppress(OSError, ValueError):
+                        say({"exit": pid, "status": os.waitstatus_to_exitcode(st)})
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
@@ -262,11 +275,11 @@ class _Server:
             return None
         return ForkedChild(self, pid, stdin)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=timeout_s)
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -298,13 +311,20 @@ def spawn(env: dict, cwd: str, err_path: str, jobs_path: str) -> ForkedChild | N
         return None
 
 
-def close_all() -> None:
-    """End this process's servers (their children go on; each ends at the end of its jobs)."""
+def close_all(timeout_s: float = 10.0) -> None:
+    """End this process's servers: end of their input, then each waits for its children (which end
+    at the end of their jobs) and exits; killed after ``timeout_s``."""
     with _LOCK:
         servers = list(_SERVERS.values())
         _SERVERS.clear()
     for srv in servers:
-        srv.close()
+        with contextlib.suppress(OSError):
+            srv.proc.stdin.close()
+    for srv in servers:
+        srv.close(timeout_s)
+
+
+atexit.register(close_all)
 
 
 if __name__ == "__main__":

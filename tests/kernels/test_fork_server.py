@@ -98,3 +98,44 @@ def test_the_server_ends_with_its_input_and_serves_nothing_it_cannot():
     out = subprocess.run([sys.executable, "-m", "dsv4_numerics.fork_server"], input=b"", capture_output=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == b"ready"
+
+
+_EXIT_SCRIPT = """
+import atexit, os, sys, time
+held = []
+atexit.register(lambda: print("server-status", held[0].proc.returncode, flush=True))  # runs last
+os.environ["DSV4_WORKER_DEVICE"] = "cpu"
+from dsv4_numerics import fork_server, worker_pool as wp
+sess = wp.WorkerSession(dict(os.environ))
+sess.warm()
+deadline = time.monotonic() + 60
+while sess.pid is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+(srv,) = fork_server._SERVERS.values()
+held.append(srv)
+print(sess.pid, srv.proc.pid, flush=True)
+"""  # ends without closing anything: the exit handlers end the session, then the server
+
+
+def test_at_exit_the_sessions_end_then_the_server_which_waits_for_its_children():
+    import subprocess
+    import sys
+    import time
+
+    out = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != fork_server.ENV_SWITCH})
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, last = out.stdout.splitlines()
+    child, server = (int(x) for x in first.split())
+    # the server ended by itself (status 0), after its child: not killed at the end of close_all's wait
+    assert last == "server-status 0", out.stdout
+    for pid in (child, server):  # both gone: the server ended after its child, and was waited for
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"process {pid} outlived its parent")
