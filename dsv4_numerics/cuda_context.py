@@ -43,16 +43,20 @@ _DRIVER_LIBS = ("libcuda.so.1", "libcuda.so")
 _STARTED: list[threading.Thread] = []
 
 
+def _driver():
+    """The CUDA driver library (``ctypes.CDLL``), or None when none loads."""
+    for name in _DRIVER_LIBS:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def _retain_primary_context() -> int:
     """Driver calls in order; returns the first non-zero CUresult, 0 when the context is made, or
     -1 when no driver library loads."""
-    lib = None
-    for name in _DRIVER_LIBS:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = _driver()
     if lib is None:
         return -1
     rc = lib.cuInit(0)
@@ -93,13 +97,7 @@ def warm_primary_context() -> threading.Thread | None:
 def _reset_primary_context() -> int:
     """``cuDevicePrimaryCtxReset`` of the first visible device: its allocations and state are
     destroyed now (whoever retains it). Returns the CUresult, or -1 without a driver library."""
-    lib = None
-    for name in _DRIVER_LIBS:
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = _driver()
     if lib is None:
         return -1
     reset = getattr(lib, "cuDevicePrimaryCtxReset_v2", None) or getattr(lib, "cuDevicePrimaryCtxReset", None)
