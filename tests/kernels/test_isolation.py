@@ -281,6 +281,7 @@ def test_a_free_session_takes_the_job_whose_entry_its_children_ran_and_leaves_ot
     pool._ran = {0: {"a.x"}, 1: {"b.y"}}
 
     def queue(*entries, other_env=()):
+        pool._job_env.clear()  # the keys k0, k1, ... are reused below for other jobs
         pool._queue = [(f"k{i}", (e, None), {}, dict(env, DSV4_ENTRIES_FROM="x") if e in other_env else env)
                        for i, e in enumerate(entries)]
 
