@@ -324,7 +324,9 @@ def matrix_results(dsv4_results):
 # its waited-for children's (subprocess tests, CLI runs) at the phase's start and end -- plus "<t> <t>
 # sessionstart -" when it starts, so a run's wall time splits into worker start-up and collection,
 # test time and idle time, and its CPU time into the same phases (python -m dsv4_numerics.timeline DIR).
-_TIMELINE = os.environ.get("DSV4_TIMELINE")
+from dsv4_numerics import timeline as _timeline  # noqa: E402
+
+_TIMELINE = os.environ.get(_timeline.ENV)
 if _TIMELINE:
     import time as _time
 
@@ -340,7 +342,7 @@ if _TIMELINE:
         cpu1 = _cpu()
         cpu0 = cpu0 or cpu1
         with open(os.path.join(_TIMELINE, f"{worker}.tsv"), "a") as f:
-            f.write(f"{start:.3f}\t{end:.3f}\t{what}\t{nodeid}\t{cpu0[0]:.3f}\t{cpu1[0]:.3f}\t{cpu0[1]:.3f}\t{cpu1[1]:.3f}\n")
+            f.write(_timeline.row_line(start, end, what, nodeid, cpu0[0], cpu1[0], cpu0[1], cpu1[1]))
 
     def _process_start() -> float | None:
         """This process's start (seconds since the epoch) from /proc, or None off Linux."""

@@ -27,6 +27,17 @@ import sys
 from pathlib import Path
 
 
+ENV = "DSV4_TIMELINE"  # the folder the rows go to (the root conftest's, the kernel children's)
+
+
+def row_line(start: float, end: float, phase: str, what: str, cpu0: float, cpu1: float,
+             kids0: float = 0.0, kids1: float = 0.0) -> str:
+    """One row as :func:`load` reads it: wall start and end (seconds since the epoch), phase, what
+    (a node id, an entry, ``-``), the process's CPU seconds (user + system) at the start and end,
+    and its waited-for children's at the start and end; tab-separated, newline-terminated."""
+    return f"{start:.3f}\t{end:.3f}\t{phase}\t{what}\t{cpu0:.3f}\t{cpu1:.3f}\t{kids0:.3f}\t{kids1:.3f}\n"
+
+
 def load(folder: str | Path) -> dict[str, list[tuple]]:
     """``{worker: [(start, end, phase, nodeid, cpu0, cpu1, kids0, kids1), ...]}`` of every
     ``*.tsv`` in ``folder``; the CPU seconds are None in a timeline written without them."""

@@ -51,6 +51,7 @@ import time
 import traceback
 from typing import Any
 
+from . import timeline
 from .case_files import load_cases, selected_case_size
 
 # the most characters of a traceback (here) or of a child's stderr (the parent) carried in a result
@@ -94,12 +95,10 @@ def _load_cases(entry, cases_file: str | None):
 
 # ----------------------------------------------------------------------------- timeline rows
 # Under DSV4_TIMELINE=DIR (the suite's timeline, dsv4_numerics/timeline.py) a serving child appends
-# one row per warm-up, job and case to DIR/children/<pid>.tsv -- the conftest's columns: wall start
-# and end (seconds since the epoch), phase (``warmup`` | ``job`` | ``case``), what (``-``, the
-# entry, ``entry::case``), this process's CPU seconds (user + system) at the start and end, then
-# 0 0 (a child waits for no children of its own) -- so the run's breakdown shows what the kernel
-# children did: start-up, first-use costs per entry, idle time.
-TIMELINE_ENV = "DSV4_TIMELINE"
+# one row per warm-up, job and case to DIR/children/<pid>.tsv (``timeline.row_line``: phase
+# ``warmup`` | ``job`` | ``case``, what ``-`` | the entry | ``entry::case``, no children's CPU: a
+# child waits for none of its own), so the run's breakdown shows what the kernel children did:
+# start-up, first-use costs per entry, idle time.
 
 
 def _cpu_s() -> float:
@@ -109,7 +108,7 @@ def _cpu_s() -> float:
 
 @contextlib.contextmanager
 def _timeline_row(phase: str, what: str = "-"):
-    folder = os.environ.get(TIMELINE_ENV)
+    folder = os.environ.get(timeline.ENV)
     if not folder:
         yield
         return
@@ -120,7 +119,7 @@ def _timeline_row(phase: str, what: str = "-"):
         with contextlib.suppress(OSError):
             os.makedirs(os.path.join(folder, "children"), exist_ok=True)
             with open(os.path.join(folder, "children", f"{os.getpid()}.tsv"), "a", encoding="utf-8") as f:
-                f.write(f"{t0:.3f}\t{time.time():.3f}\t{phase}\t{what}\t{c0:.3f}\t{_cpu_s():.3f}\t0\t0\n")
+                f.write(timeline.row_line(t0, time.time(), phase, what, c0, _cpu_s()))
 
 
 def _device_fault(device: str) -> str | None:
