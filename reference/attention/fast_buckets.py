@@ -29,12 +29,22 @@ lengths); ``tests/attention/test_fast_buckets.py`` checks the bound on every def
 Validation is unchanged: ``attention_fast`` checks the original arguments on the host, and the
 deferred device checks (lengths in ``[0, K_s]``, ``-1``-only indices) compare the padded call's
 values with the original ``K_s`` (a length in ``(K_s, K_s']`` is still an error).
+
+A replayed graph (``fast_graphs``) does not build the padded call: ``write_padded`` writes the caller's
+tensors straight into the graph's static inputs, which hold the padded layout, and rewrites only the
+padding that the previous call's data covered (the static buffers then equal ``pad_call``'s tensors
+exactly; ``tests/attention/test_fast_buckets.py`` checks it over sequences of shapes).
+``flat_signature`` gives the padded call's graph signature from the shapes alone.
 """
 from __future__ import annotations
 
 import torch
 
-__all__ = ["bucket", "pad_call", "padded_shapes"]
+from .fast_graphs import _copy_all
+
+__all__ = ["bucket", "pad_call", "padded_shapes", "flat_signature", "write_padded"]
+
+_FULL: dict = {}  # 0-dim index tensors of a padded row count, per (value, dtype, device)
 
 
 def bucket(n: int) -> int:
@@ -80,3 +90,76 @@ def pad_call(q: torch.Tensor, segments: list) -> tuple[torch.Tensor, list]:
         length = None if s.length is None else _pad_rows(s.length, Tp)
         out.append(Segment(_pad_rows(s.rows, Np), idx, length, s.rule))
     return _pad_rows(q, Tp), out
+
+
+def flat_signature(q: torch.Tensor, sink, segments: list, pad: bool) -> tuple:
+    """``fast_graphs.signature`` of the flat inputs ``[q, sink, rows_0, idx_0, length_0, ...]`` of the
+    padded call (``pad``; else of the call itself), from the shapes alone: no tensor is built."""
+    T, H, D = q.shape
+    Tp, shapes = padded_shapes(T, segments) if pad else (T, [(s.rows.shape[0], s.idx.shape[1]) for s in segments])
+    sig = [((Tp, H, D), q.dtype), None if sink is None else (tuple(sink.shape), sink.dtype)]
+    for s, (Np, Kp) in zip(segments, shapes):
+        sig += [((Np, *s.rows.shape[1:]), s.rows.dtype), ((Tp, Kp), s.idx.dtype),
+                None if s.length is None else ((Tp,), s.length.dtype)]
+    return tuple(sig)
+
+
+def _fill_outside(dst: torch.Tensor, new: tuple, old: tuple, value) -> None:
+    """Set ``dst`` to ``value`` where the previous call's data (its leading extents ``old``) lies
+    outside this call's (``new``): one ``fill_`` per dimension in which the extent shrank (1-D and
+    2-D extents)."""
+    if old[0] > new[0]:
+        dst[new[0]:old[0]].fill_(value)
+    if len(new) == 2 and old[1] > new[1]:
+        dst[:min(new[0], old[0]), new[1]:old[1]].fill_(value)
+
+
+def write_padded(static: list, q: torch.Tensor, sink, segments: list, written) -> list:
+    """Write a call into the static inputs of its padded layout (``flat_signature``'s order): afterwards
+    ``static`` equals ``pad_call``'s tensors of this call element for element. ``written``: what the
+    previous call of these buffers returned (the leading extents of its data per input), or None
+    (unknown, e.g. just captured: every element outside this call's data is rewritten). Returns this
+    call's extents. The copies go by dtype, one ``torch._foreach_copy_`` each (the static regions
+    of q, the rows and the lengths are leading slices, hence contiguous); an index block narrower
+    than its padded width, or one whose ``>= N_s`` entries move to ``N_s'`` (module docstring), is
+    written by its own operation. No device value is read."""
+    T = q.shape[0]
+    mine = [(T,), None]
+    for s in segments:
+        mine += [(s.rows.shape[0],), tuple(s.idx.shape), None if s.length is None else (T,)]
+    if written is None:
+        written = [None if t is None else tuple(t.shape) for t in static]
+    groups: dict = {}
+
+    def copy(dst, src):
+        if dst.is_contiguous():
+            d, s_ = groups.setdefault(dst.dtype, ([], []))
+            d.append(dst)
+            s_.append(src)
+        else:
+            dst.copy_(src)
+
+    copy(static[0][:T], q)
+    _fill_outside(static[0], mine[0], written[0], 0)
+    if sink is not None:
+        copy(static[1], sink)
+    for i, s in enumerate(segments):
+        rows, idx, length = static[2 + 3 * i:5 + 3 * i]
+        N, K = s.rows.shape[0], s.idx.shape[1]
+        copy(rows[:N], s.rows)
+        _fill_outside(rows, mine[2 + 3 * i], written[2 + 3 * i], 0)
+        if rows.shape[0] > N:  # an index >= N stays out of range: N' (module docstring)
+            key = (rows.shape[0], idx.dtype, idx.device)
+            big = _FULL.get(key)
+            if big is None:
+                big = _FULL[key] = torch.full((), rows.shape[0], dtype=idx.dtype, device=idx.device)
+            torch.where(s.idx >= N, big, s.idx, out=idx[:T, :K])
+        else:
+            copy(idx[:T, :K], s.idx)
+        _fill_outside(idx, mine[3 + 3 * i], written[3 + 3 * i], -1)
+        if length is not None:
+            copy(length[:T], s.length)
+            _fill_outside(length, mine[4 + 3 * i], written[4 + 3 * i], 0)
+    for d, s_ in groups.values():
+        _copy_all(d, s_)
+    return mine

@@ -7,8 +7,8 @@ larger than the GPU work itself. A CUDA graph replays the same kernels with one 
 What is cached: per *signature* (device; shape and dtype of q, sink and every segment's rows,
 indices and lengths; rules, scale, ``d_v``, NaN policy, chunks) one ``torch.cuda.CUDAGraph`` of
 ``attention_fast._issue`` (every kernel up to the call's one host sync) with its static input
-buffers and outputs. A call with a cached signature copies its inputs into the static buffers,
-replays, then runs the host side as an eager call would (deferred validation errors, the rare
+buffers and outputs. A call with a cached signature writes its inputs into the static buffers (a bucketed
+call straight into its padded layout: ``fast_buckets.write_padded``), replays, then runs the host side as an eager call would (deferred validation errors, the rare
 chunks that need ordered logits) and returns clones of the outputs: results never alias the
 cache, and the next replay cannot change them.
 
@@ -61,6 +61,7 @@ class _Entry:
     static: list  # the static inputs, None where the call had none (no sink, no lengths)
     issued: object
     nbytes: int
+    state: object = None  # what the last ``fill`` returned (``GraphCache.replay``)
 
     def __post_init__(self):
         self.dst = [s for s in self.static if s is not None]  # what a replay copies into
@@ -89,15 +90,19 @@ class GraphCache:
         self._failed.clear()
         self._bytes = 0
 
-    def replay(self, key, flat: list, nbytes: Callable[[], int], issue: Callable[[list], object],
-               always: bool = False):
-        """The issued outputs of a replay for ``key`` with inputs ``flat`` (copied into the static
-        buffers first), capturing ``issue(static_inputs)`` when the signature is due; ``None``
-        where the call should run eagerly (not due yet, disabled, capture failed, too large).
-        ``nbytes()``: the caller's upper estimate of the graph's bytes (called before a capture, to
-        make room); what is kept is measured (the private pool's new segments plus the static
-        inputs), and a graph larger than ``max_bytes`` is dropped, its signature then eager. The
-        returned outputs are the graph's static buffers: valid until the next replay."""
+    def replay(self, key, flat, nbytes: Callable[[], int], issue: Callable[[list], object],
+               always: bool = False, fill: Callable[[list, object], object] | None = None):
+        """``(issued, static)`` of a replay for ``key`` -- the graph's outputs and its static inputs,
+        both valid until the next replay -- capturing ``issue(static_inputs)`` when the signature is
+        due; ``None`` where the call should run eagerly (not due yet, disabled, capture failed, too
+        large). ``flat``: the call's inputs in the static buffers' shapes, a list or a callable that
+        builds it (called only to capture). The call reaches the static buffers through ``fill(static,
+        state) -> state`` where given (``state``: what the previous fill of this graph returned, None
+        after the capture; ``fast_buckets.write_padded`` writes a call into its bucket's padded
+        layout without building it), else by copying ``flat``. ``nbytes()``: the caller's upper
+        estimate of the graph's bytes (called before a capture, to make room); what is kept is
+        measured (the private pool's new segments plus the static inputs), and a graph larger than
+        ``max_bytes`` is dropped, its signature then eager."""
         e = self._entries.get(key)
         if e is None:
             if not (self.enabled or always) or key in self._failed:
@@ -108,15 +113,18 @@ class GraphCache:
                 self._seen.popitem(last=False)
             if n < CAPTURE_AFTER and not always:
                 return None
-            e = self._capture(key, flat, nbytes(), issue)
+            e = self._capture(key, flat() if callable(flat) else flat, nbytes(), issue)
             if e is None:
                 return None
         else:
             self._entries.move_to_end(key)
-        _copy_all(e.dst, [t for t in flat if t is not None])
+        if fill is not None:
+            e.state = fill(e.static, e.state)
+        else:
+            _copy_all(e.dst, [t for t in (flat() if callable(flat) else flat) if t is not None])
         e.graph.replay()
         self.replays += 1
-        return e.issued
+        return e.issued, e.static
 
     def _capture(self, key, flat: list, nbytes: int, issue) -> _Entry | None:
         dev = next(t.device for t in flat if t is not None)

@@ -15,7 +15,7 @@ from dsv4_numerics.reference.attention import fast_graphs
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_attention
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.reference.attention.fast_buckets import bucket, pad_call, padded_shapes
+from dsv4_numerics.reference.attention.fast_buckets import bucket, flat_signature, pad_call, padded_shapes, write_padded
 from dsv4_numerics.reference.policies import IndexRule
 
 from .test_attention_fast import N_DEFAULT, _all_cases, _segments, assert_matches_ordered, segments_on
@@ -123,6 +123,55 @@ def test_no_lengths_pads_to_the_issued_width():
         assert padded_shapes(6, none)[1][0][1] > 10  # the columns really are padded
         f = fast_sparse_attention(q, none, 0.125, sink, bucket=True)
         assert_matches_ordered(f, sparse_attention(q, none, 0.125, sink))
+
+
+def _flat(q, sink, segs):
+    return [q, sink] + [t for s in segs for t in (s.rows, s.idx, s.length)]
+
+
+def _call(seed, T, Ks, Ns, lengths=(True, True), sink=True):
+    """A two-segment call (the first ``minus1_only`` with indices up to ``N + 3``, out of range, the
+    second ``any_out_of_range_invalid``), every value random."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, 3, 8, generator=g).to(torch.bfloat16)
+    segs = []
+    for K, N, rule, ln in zip(Ks, Ns, (IndexRule.MINUS1_ONLY, IndexRule.ANY_OUT_OF_RANGE_INVALID), lengths):
+        rows = torch.randn(N, 8, generator=g).to(torch.bfloat16)
+        idx = torch.randint(-1, N + 3, (T, K), generator=g, dtype=torch.int32)
+        length = torch.randint(0, K + 1, (T,), generator=g, dtype=torch.int32) if ln else None
+        segs.append(Segment(rows, idx, length, rule))
+    return q, (torch.randn(3, generator=g) if sink else None), segs
+
+
+@pytest.mark.parametrize("lengths,sink", [((True, True), True), ((False, True), False)])
+def test_write_padded_leaves_the_static_inputs_equal_to_pad_call_after_every_call(lengths, sink):
+    """A replay writes each call into the static buffers of its bucket (``write_padded``) instead of
+    building the padded call: after every call of a sequence whose tokens, columns and rows grow and
+    shrink inside one bucket, the buffers equal ``pad_call``'s tensors of that call exactly (stale
+    data of a larger earlier call is padding again), and the signature from the shapes alone is
+    the padded call's."""
+    shapes = [(7, (11, 5), (45, 20)), (8, (12, 6), (48, 24)), (7, (9, 5), (37, 18)), (8, (10, 6), (40, 17)),
+              (7, (12, 5), (48, 24)), (7, (9, 5), (33, 17))]
+    Tp, padded = padded_shapes(7, _call(0, *shapes[0], lengths, sink)[2])
+    for T, Ks, Ns in shapes:  # all of one bucket: (8, [(48, 12), (24, 6)])
+        assert padded_shapes(T, _call(0, T, Ks, Ns, lengths, sink)[2]) == (Tp, padded)
+    first = _call(99, *shapes[0], lengths, sink)
+    q0, sk0, segs0 = first
+    qp0, sp0 = pad_call(q0, segs0)
+    static = [None if t is None else t.clone() for t in _flat(qp0, sk0, sp0)]  # as a capture leaves them
+    written = None
+    for i, (T, Ks, Ns) in enumerate(shapes):
+        q, sk, segs = _call(i, T, Ks, Ns, lengths, sink)
+        written = write_padded(static, q, sk, segs, written)
+        qp, sp = pad_call(q, segs)
+        want = _flat(qp, sk, sp)
+        assert flat_signature(q, sk, segs, True) == fast_graphs.signature(want)
+        for j, (a, b) in enumerate(zip(static, want)):
+            assert (a is None) == (b is None), (i, j)
+            if a is not None:
+                assert a.shape == b.shape and torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                                                          b.view(torch.int16) if b.dtype == torch.bfloat16 else b), (i, j)
+    assert flat_signature(q, sk, segs, False) == fast_graphs.signature(_flat(q, sk, segs))
 
 
 @cuda
