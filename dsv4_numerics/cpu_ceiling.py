@@ -3,21 +3,28 @@ CPU-bound test suite's speed-up when it is given more cores.
 
 A GPU suite that is bound by its CPU side (case building, the reference on the CPU, process
 start-ups) can go at most as much faster on two GPUs' share of a host as that share's cores do
-more work than one GPU's share. On the hosts lent here they do not do twice as much: a core runs
+more work than one GPU's share. On virtual machines they need not do twice as much: a core runs
 slower when its neighbours are busy (shared caches, memory bandwidth, frequency, host threads
-behind the virtual cores), so ``.ci/gpu-scaling`` measures this ceiling next to each run's wall
+behind the virtual cores), so ``.ci/gpu-scaling`` measures these ceilings next to each run's wall
 time.
 
-``measure(procs, units)``: ``procs`` forked processes (inheriting this process's CPU affinity, as
-the suite's workers do), released together, each doing ``units`` units of a fixed mix -- Python
-bytecode (loops, dict and string work), small PyTorch CPU operations (dispatch-bound, as the
-suite's are) and one memory-bound reduction -- returns ``{"procs", "units", "wall_s",
-"units_per_s"}``: the set's throughput, ``procs * units / wall`` (``wall``: the release to the
-last process's end). Ratios between two sets' ``units_per_s`` are the numbers to compare; the
-absolute value depends on the mix.
+``measure(procs, units, kind)``: ``procs`` forked processes (inheriting this process's CPU
+affinity, as the suite's workers do), released together, each doing ``units`` units of work,
+returns ``{"kind", "procs", "units", "wall_s", "units_per_s"}`` (``units_per_s = procs * units /
+wall``; ``wall``: the release to the last process's end) and, for ``kind="memory"``, ``gb_per_s``.
+The kinds:
 
-Command line: ``python -m dsv4_numerics.cpu_ceiling [--procs N] [--units U]`` prints the JSON
-record (``--procs`` defaults to the usable CPUs, ``host_cpus.usable_cpus``).
+* ``"mix"``: Python bytecode (loops, dict and string work), small PyTorch CPU operations
+  (dispatch-bound, as most of the suite's are) and one 16 MiB reduction, ~25 ms a unit;
+* ``"memory"``: float64 passes over a 256 MiB tensor per process (``add_``: 512 MiB read and
+  written a pass, 4 passes a unit, ~0.2 s on one core), what the CPU reference's fixed-order float64 loops do -- they
+  stream their accumulators through memory -- so it is bound by the memory bandwidth of the set.
+
+Ratios between two sets' numbers are what to compare; the absolute values depend on the mix.
+
+Command line: ``python -m dsv4_numerics.cpu_ceiling [--procs N] [--units U] [--kind mix|memory|both]``
+prints the JSON record(s) (``--procs`` defaults to the usable CPUs, ``host_cpus.usable_cpus``;
+``both``, the default: ``{"mix": ..., "memory": ...}``).
 """
 from __future__ import annotations
 
@@ -30,7 +37,11 @@ import time
 
 from .host_cpus import usable_cpus
 
-__all__ = ["measure", "work_unit"]
+__all__ = ["measure", "work_unit", "memory_unit", "KINDS"]
+
+KINDS = ("mix", "memory")
+_MEM_ELEMS = 1 << 25  # float64: 256 MiB per process (beyond a 2026 server L3 share)
+_MEM_PASSES = 4
 
 
 def work_unit() -> int:
@@ -51,29 +62,47 @@ def work_unit() -> int:
     return acc
 
 
-def _child(barrier, units: int, q) -> None:
+def memory_unit(x) -> int:
+    """One unit of the memory-bound kind: ``_MEM_PASSES`` in-place float64 passes over ``x``
+    (``_MEM_ELEMS`` elements); returns the bytes moved (each pass reads and writes ``x``)."""
+    for _ in range(_MEM_PASSES):
+        x.add_(1.0)
+    return 2 * _MEM_PASSES * x.numel() * x.element_size()
+
+
+def _child(barrier, units: int, kind: str, q) -> None:
     import torch
 
     torch.set_num_threads(1)
-    work_unit()  # warm: imports, allocator
+    if kind == "memory":
+        x = torch.zeros(_MEM_ELEMS, dtype=torch.float64)
+
+        def unit():
+            return memory_unit(x)
+    else:
+        unit = work_unit
+    unit()  # warm: imports, allocator, the pages of x
     barrier.wait()
     for _ in range(units):
-        work_unit()
+        unit()
     q.put(time.perf_counter())
 
 
-def measure(procs: int | None = None, units: int = 40) -> dict:
-    """The CPU set's throughput with ``procs`` busy processes (module docstring)."""
+def measure(procs: int | None = None, units: int | None = None, kind: str = "mix") -> dict:
+    """The CPU set's throughput with ``procs`` busy processes doing ``kind`` work (module docstring)."""
     procs = usable_cpus() if procs is None else procs
+    units = (8 if kind == "memory" else 40) if units is None else units
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"measure: procs must be a positive int, got {procs!r}")
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
         raise ValueError(f"measure: units must be a positive int, got {units!r}")
+    if kind not in KINDS:
+        raise ValueError(f"measure: kind must be one of {KINDS}, got {kind!r}")
     import torch  # noqa: F401 - imported before the fork: the children share it
 
     ctx = multiprocessing.get_context("fork")
     barrier, q = ctx.Barrier(procs + 1), ctx.Queue()
-    kids = [ctx.Process(target=_child, args=(barrier, units, q)) for _ in range(procs)]
+    kids = [ctx.Process(target=_child, args=(barrier, units, kind, q)) for _ in range(procs)]
     for k in kids:
         k.start()
     barrier.wait()
@@ -82,19 +111,27 @@ def measure(procs: int | None = None, units: int = 40) -> dict:
     for k in kids:
         k.join()
     wall = max(ends) - t0
-    return {"procs": procs, "units": units, "wall_s": round(wall, 3), "units_per_s": round(procs * units / wall, 2)}
+    rec = {"kind": kind, "procs": procs, "units": units, "wall_s": round(wall, 3),
+           "units_per_s": round(procs * units / wall, 2)}
+    if kind == "memory":
+        rec["gb_per_s"] = round(procs * units * 2 * _MEM_PASSES * _MEM_ELEMS * 8 / wall / 1e9, 2)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dsv4_numerics.cpu_ceiling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, default=None, help="busy processes (default: the usable CPUs)")
-    ap.add_argument("--units", type=int, default=40, help="units of work per process (default 40)")
+    ap.add_argument("--units", type=int, default=None, help="units of work per process (default: 40 of the mix, 8 of memory)")
+    ap.add_argument("--kind", choices=(*KINDS, "both"), default="both", help="the work (default: both kinds)")
     a = ap.parse_args(argv)
     if a.procs is not None and a.procs < 1:
         ap.error(f"--procs must be at least 1, got {a.procs}")
-    if a.units < 1:
+    if a.units is not None and a.units < 1:
         ap.error(f"--units must be at least 1, got {a.units}")
-    print(json.dumps(measure(a.procs, a.units)))
+    if a.kind == "both":
+        print(json.dumps({k: measure(a.procs, a.units, k) for k in KINDS}))
+    else:
+        print(json.dumps(measure(a.procs, a.units, a.kind)))
     return 0
 
 
