@@ -32,7 +32,6 @@ Result records it (``Result.arch``) with the entry's ``version()`` (``Result.ker
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from typing import Any, Iterable
@@ -106,19 +105,13 @@ def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: d
 
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
-              expected_cache: dict | None = None, oracle_mode: str | None = None,
-              ordered_device: str | torch.device | None = None) -> list[Result]:
+              expected_cache: dict | None = None, oracle_mode: str | None = None) -> list[Result]:
     """Judge ``entry`` on ``cases`` (default: ``default_cases(entry.stage)``); one Result per case.
 
     ``expected_cache``: a dict shared between calls that judge the *same case objects* (e.g. a
     test running many entries over one list of default cases); reference outputs are memoised in
     it by ``(stage, case name, policies)``. Never share it across differently built cases.
     ``oracle_mode``: ``"fast"``, ``"ordered"`` or None (fast on a CUDA device, else ordered).
-    ``ordered_device``: where the ordered oracle runs its large calls (at least
-    ``stages.core.ORDERED_OFFLOAD_WORK`` multiply-adds; its bits are the same on every device, so only
-    the work moves, off the CPU of a GPU runner); default the environment's ``DSV4_ORDERED_DEVICE``,
-    else where the case is. A CUDA device where none is visible is ignored (a runner's placement
-    hint, never a different answer); a string that names no device is an ``error`` result.
     """
     name = getattr(entry, "name", "?")
     stage = getattr(entry, "stage", "?")
@@ -165,22 +158,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
         return [res(c.name, "error", rule="oracle_mode", message=f"oracle_mode must be 'fast', 'ordered' or None "
                     f"(got {oracle_mode!r})") for c in case_list]
     fast = oracle_mode == st.FAST and stage in st.FAST_ORACLE_STAGES
-    if ordered_device is None:
-        ordered_device = os.environ.get("DSV4_ORDERED_DEVICE") or None
-    if ordered_device is not None:
-        try:
-            ordered_device = torch.device(ordered_device)
-        except (RuntimeError, TypeError, ValueError) as e:
-            return [res(c.name, "error", rule="ordered_device", message=f"ordered_device (or DSV4_ORDERED_DEVICE) "
-                        f"must name a torch device, got {ordered_device!r}: {e}") for c in case_list]
-        if ordered_device.type == "cpu" or (ordered_device.type == "cuda" and not torch.cuda.is_available()):
-            ordered_device = None
-    if fast:
-        pol_exp = dict(pol, oracle=st.FAST, oracle_device=dev_str)
-    elif ordered_device is not None:
-        pol_exp = dict(pol, ordered_device=str(ordered_device))
-    else:
-        pol_exp = pol
+    pol_exp = dict(pol, oracle=st.FAST, oracle_device=dev_str) if fast else pol
     out: list[Result] = []
     for case in case_list:
         t0 = time.perf_counter()

@@ -350,43 +350,15 @@ def _index_rule(case: Case, policies: dict) -> str:
 # (unordered float64 GEMMs with a returned bound; the default on a CUDA device)
 ORDERED, FAST = "ordered", "fast"
 FAST_ORACLE_STAGES = ("decode", "prefill", "v41_sparse_decode", "v41_sparse_prefill")
-# ``ordered_device`` (policy key, set by ``matrix.run_entry`` from its ``ordered_device`` argument or
-# DSV4_ORDERED_DEVICE, never by entries): where the ordered oracle of a call of at least
-# ORDERED_OFFLOAD_WORK multiply-adds (``T * H * K * D``) runs instead of the CPU -- its bits are the
-# same on every device (tests/attention/test_gpu.py), so a GPU runner takes the large calls' memory-bound
-# float64 loops off its CPU cores. Below it the launches of the D + K sequential steps cost the host
-# more than the CPU's own loops (measured over the suite on the CPU: the calls of 2**25 multiply-adds
-# and more took 60% of the ordered oracle's 44 CPU-seconds, 85-190 ms a call; the (D + K) x a few
-# launches of a GPU call cost ~20-40 ms of host time)
-ORDERED_OFFLOAD_WORK = 2**25
-
-
-def _segments_on(segs: list, dev) -> list:
-    from dsv4_numerics.reference.attention.ordered import Segment
-
-    return [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
-            for s in segs]
-
-
-def _ordered_device(q: torch.Tensor, segs: list, policies: dict) -> torch.device:
-    """Where the ordered oracle of ``q`` over ``segs`` runs: ``ordered_device`` (policy) for a call of at
-    least ``ORDERED_OFFLOAD_WORK`` multiply-adds, else where ``q`` is."""
-    dev = _pol(policies, "ordered_device", None)
-    if dev is None:
-        return q.device
-    T, H, D = q.shape
-    work = T * H * D * sum(s.idx.shape[1] for s in segs)
-    return torch.device(dev) if work >= ORDERED_OFFLOAD_WORK else q.device
 
 
 def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
     """Oracle outputs (and judge aux, all on the CPU) for ``q`` over ``segs`` under ``policies``.
     Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device;
     ``_expected_decode`` dequantises the decode caches there too, the rest of the preparation stays
-    on the CPU); under ``oracle=ordered`` where ``q`` is, or on ``ordered_device`` for a large call
-    (``_ordered_device``: the same bits, the work off the CPU). ``_oracle``: which oracle mode ran, where, and its bound
+    on the CPU). ``_oracle``: which oracle mode ran, where, and its bound
     (max per output of ``|fast - ordered|``; 0 for the ordered oracle)."""
-    from dsv4_numerics.reference.attention.ordered import OracleOut, Segment, sparse_attention
+    from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 
     inp = case.inputs
     nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
@@ -399,9 +371,11 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     dsegs = None  # under the fast oracle: the segments on the oracle's device
     if _pol(policies, "oracle", ORDERED) == FAST:
         from dsv4_numerics.reference.attention.fast import fast_sparse_attention
+        from dsv4_numerics.reference.attention.ordered import OracleOut
 
         dev = torch.device(_pol(policies, "oracle_device", "cpu"))
-        dsegs = _segments_on(segs, dev)
+        dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
+                 for s in segs]
         fx = fast_sparse_attention(q.to(dev), dsegs, inp["scale"], None if sink is None else sink.to(dev),
                                    nan_policy=nan, want_abs=True)
         ex = OracleOut(*(t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits, fx.n_valid)))
@@ -411,15 +385,9 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
                   "bound": {k: dict(zip(names, maxima)).get(k, 0.0) for k in fx.bound}}
         pv = fx.pv_abs
     else:
-        sink = None if sink is None else sink.to(q.device)  # the ordered oracle runs where q is, or
-        where = _ordered_device(q, segs, policies)  # on ``ordered_device`` when the call is large
-        if where == q.device:
-            ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
-        else:  # the same bits on every device (reference.attention.ordered): only the work moves
-            ex = sparse_attention(q.to(where), _segments_on(segs, where), inp["scale"],
-                                  None if sink is None else sink.to(where), nan_policy=nan)
-            ex = OracleOut(*(t.cpu() for t in (ex.out, ex.lse, ex.lse_with_sink, ex.max_logits, ex.n_valid)))
-        oracle = {"mode": ORDERED, "device": str(where), "bound": 0.0}
+        sink = None if sink is None else sink.to(q.device)  # the ordered oracle runs where q is
+        ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
+        oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
         pv = None
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
            "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
@@ -442,8 +410,9 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         # device (tests/attention/test_gpu.py): under the fast oracle it runs where the fast one ran --
         # on one CPU thread of a kernel child it took 50-78 s per full-set case at batch 321
         # (top-576 + 2048); on an H200 the ordered oracle took 59 ms at batch 128, K = 640 (bench)
-        where = dsegs[0].rows.device if dsegs else _ordered_device(q, segs, policies)
-        csegs = dsegs if dsegs else _segments_on(segs, where)
+        where = dsegs[0].rows.device if dsegs else q.device
+        csegs = dsegs if dsegs else [Segment(s.rows.to(where), s.idx.to(where),
+                                             None if s.length is None else s.length.to(where), s.rule) for s in segs]
         out["_same_precision"] = sparse_attention(q.to(where), csegs, inp["scale"],
                                                   None if sink is None else sink.to(where), nan_policy=nan,
                                                   mode=AttentionMode.BF16_P).out.cpu()
