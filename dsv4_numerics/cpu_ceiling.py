@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 
 from .host_cpus import usable_cpus
@@ -100,14 +101,23 @@ def measure(procs: int | None = None, units: int | None = None, kind: str = "mix
         raise ValueError(f"measure: kind must be one of {KINDS}, got {kind!r}")
     import torch  # noqa: F401 - imported before the fork: the children share it
 
-    ctx = multiprocessing.get_context("fork")
+    # fork from a single-threaded process (the command line: the children share its imports); from a
+    # threaded one (a test worker, a CUDA program) a fork may copy a lock another thread holds, which
+    # Python 3.12 warns about: a fork server then starts the children
+    ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
     barrier, q = ctx.Barrier(procs + 1), ctx.Queue()
     kids = [ctx.Process(target=_child, args=(barrier, units, kind, q)) for _ in range(procs)]
     for k in kids:
         k.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    ends = [q.get(timeout=600) for _ in kids]
+    try:
+        barrier.wait(timeout=300)  # a child that died starting (e.g. a fork server that cannot re-import
+        t0 = time.perf_counter()   # an interactive __main__) must not hang the measurement
+        ends = [q.get(timeout=600) for _ in kids]
+    except Exception as e:  # noqa: BLE001 - BrokenBarrierError, queue.Empty
+        for k in kids:
+            k.kill()
+        raise RuntimeError(f"measure: the {procs} worker processes did not all start and finish "
+                           f"({type(e).__name__}); exit codes {[k.exitcode for k in kids]}") from e
     for k in kids:
         k.join()
     wall = max(ends) - t0
