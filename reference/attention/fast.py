@@ -718,7 +718,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
                     iss.pinned = torch.empty(iss.host.shape, dtype=iss.host.dtype, pin_memory=True)
                 iss.pinned.copy_(iss.host, non_blocking=True)
                 read = torch.cuda.Event()
-                read.record()
+                read.record(torch.cuda.current_stream(dev))  # the copy's stream (q's device), not the current device's
                 owned = _owned(iss)  # issued before the host waits: they overlap the replay
                 read.synchronize()
                 segs = [Segment(*st[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
