@@ -71,6 +71,15 @@ def memory_unit(x) -> int:
     return 2 * _MEM_PASSES * x.numel() * x.element_size()
 
 
+def _os_threads() -> int:
+    """The process's threads as the OS counts them (native ones included: CUDA's, OpenMP's), where
+    ``/proc`` tells; else Python's own count."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def _child(barrier, units: int, kind: str, q) -> None:
     import torch
 
@@ -102,9 +111,9 @@ def measure(procs: int | None = None, units: int | None = None, kind: str = "mix
     import torch  # noqa: F401 - imported before the fork: the children share it
 
     # fork from a single-threaded process (the command line: the children share its imports); from a
-    # threaded one (a test worker, a CUDA program) a fork may copy a lock another thread holds, which
-    # Python 3.12 warns about: a fork server then starts the children
-    ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
+    # threaded one (a test worker, a CUDA program: native threads count too) a fork may copy a lock
+    # another thread holds, which Python 3.12 warns about: a fork server then starts the children
+    ctx = multiprocessing.get_context("fork" if _os_threads() == 1 else "forkserver")
     barrier, q = ctx.Barrier(procs + 1), ctx.Queue()
     kids = [ctx.Process(target=_child, args=(barrier, units, kind, q)) for _ in range(procs)]
     for k in kids:
