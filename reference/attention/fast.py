@@ -709,7 +709,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
             return _issue(qs, segs, rules, ss, sc, d_v, nan_policy, spans, pack=True, want_abs=want_abs)
 
         with fast_graphs.LOCK:
-            hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, always=graph is True, fill=fill)
+            hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, fill, always=graph is True)
             if hit is not None:  # the static inputs hold the (padded) call until the next replay
                 iss, st = hit
                 # the host vector first, into pinned memory, then the copies of the outputs: the host

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import torch
 
-from .fast_graphs import _copy_all
-
 __all__ = ["bucket", "pad_call", "padded_shapes", "flat_signature", "write_padded"]
 
 _FULL: dict = {}  # 0-dim index tensors of a padded row count, per (value, dtype, device)
@@ -59,6 +57,16 @@ def padded_shapes(T: int, segments: list) -> tuple[int, list[tuple[int, int]]]:
     """``(T', [(N_s', K_s')])``: the bucketed token count and per segment row and column counts.
     The row count of a non-empty table is bucketed; a segment of 0 columns keeps 0."""
     return bucket(T), [(bucket(s.rows.shape[0]), bucket(s.idx.shape[1])) for s in segments]
+
+
+def _row_count(n: int, idx: torch.Tensor) -> torch.Tensor:
+    """``n`` as a 0-dim tensor of ``idx``'s dtype and device (kept: a replay moves indices ``>= N`` to
+    the padded row count ``N'`` on every call)."""
+    key = (n, idx.dtype, idx.device)
+    t = _FULL.get(key)
+    if t is None:
+        t = _FULL[key] = torch.full((), n, dtype=idx.dtype, device=idx.device)
+    return t
 
 
 def _pad_rows(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -82,7 +90,7 @@ def pad_call(q: torch.Tensor, segments: list) -> tuple[torch.Tensor, list]:
         N, K = s.rows.shape[0], s.idx.shape[1]
         idx = s.idx
         if Np > N:  # an index >= N stays out of range (module docstring)
-            idx = torch.where(idx >= N, torch.full((), Np, dtype=idx.dtype, device=idx.device), idx)
+            idx = torch.where(idx >= N, _row_count(Np, idx), idx)
         if Kp != K or Tp != T:
             full = idx.new_full((Tp, Kp), -1)
             full[:T, :K] = idx
@@ -112,6 +120,17 @@ def _fill_outside(dst: torch.Tensor, new: tuple, old: tuple, value) -> None:
         dst[new[0]:old[0]].fill_(value)
     if len(new) == 2 and old[1] > new[1]:
         dst[:min(new[0], old[0]), new[1]:old[1]].fill_(value)
+
+
+def _copy_all(dst: list, src: list) -> None:
+    """``d.copy_(s)`` for each pair, as one ``torch._foreach_copy_`` call where this PyTorch has it
+    (the loop runs in C++: a fraction of the host cost of one Python call per tensor)."""
+    fe = getattr(torch, "_foreach_copy_", None)
+    if fe is not None:
+        fe(dst, src)
+    else:  # pragma: no cover - PyTorch < 2.1
+        for d, s in zip(dst, src):
+            d.copy_(s)
 
 
 def write_padded(static: list, q: torch.Tensor, sink, segments: list, written) -> list:
@@ -149,11 +168,7 @@ def write_padded(static: list, q: torch.Tensor, sink, segments: list, written) -
         copy(rows[:N], s.rows)
         _fill_outside(rows, mine[2 + 3 * i], written[2 + 3 * i], 0)
         if rows.shape[0] > N:  # an index >= N stays out of range: N' (module docstring)
-            key = (rows.shape[0], idx.dtype, idx.device)
-            big = _FULL.get(key)
-            if big is None:
-                big = _FULL[key] = torch.full((), rows.shape[0], dtype=idx.dtype, device=idx.device)
-            torch.where(s.idx >= N, big, s.idx, out=idx[:T, :K])
+            torch.where(s.idx >= N, _row_count(rows.shape[0], idx), s.idx, out=idx[:T, :K])
         else:
             copy(idx[:T, :K], s.idx)
         _fill_outside(idx, mine[3 + 3 * i], written[3 + 3 * i], -1)

@@ -63,9 +63,6 @@ class _Entry:
     nbytes: int
     state: object = None  # what the last ``fill`` returned (``GraphCache.replay``)
 
-    def __post_init__(self):
-        self.dst = [s for s in self.static if s is not None]  # what a replay copies into
-
 
 class GraphCache:
     """Captured graphs by signature key (see the module docstring). ``stats()``: counters."""
@@ -90,19 +87,19 @@ class GraphCache:
         self._failed.clear()
         self._bytes = 0
 
-    def replay(self, key, flat, nbytes: Callable[[], int], issue: Callable[[list], object],
-               always: bool = False, fill: Callable[[list, object], object] | None = None):
+    def replay(self, key, flat: Callable[[], list], nbytes: Callable[[], int], issue: Callable[[list], object],
+               fill: Callable[[list, object], object], always: bool = False):
         """``(issued, static)`` of a replay for ``key`` -- the graph's outputs and its static inputs,
         both valid until the next replay -- capturing ``issue(static_inputs)`` when the signature is
         due; ``None`` where the call should run eagerly (not due yet, disabled, capture failed, too
-        large). ``flat``: the call's inputs in the static buffers' shapes, a list or a callable that
-        builds it (called only to capture). The call reaches the static buffers through ``fill(static,
-        state) -> state`` where given (``state``: what the previous fill of this graph returned, None
-        after the capture; ``fast_buckets.write_padded`` writes a call into its bucket's padded
-        layout without building it), else by copying ``flat``. ``nbytes()``: the caller's upper
-        estimate of the graph's bytes (called before a capture, to make room); what is kept is
-        measured (the private pool's new segments plus the static inputs), and a graph larger than
-        ``max_bytes`` is dropped, its signature then eager."""
+        large). ``flat()``: the call's inputs in the static buffers' shapes (called only to capture:
+        the static buffers start as copies of them). The call reaches the static buffers through
+        ``fill(static, state) -> state`` (``state``: what the previous fill of this graph returned,
+        None after the capture; ``fast_buckets.write_padded`` writes a call into its bucket's padded
+        layout without building it). ``nbytes()``: the caller's upper estimate of the graph's bytes
+        (called before a capture, to make room); what is kept is measured (the private pool's new
+        segments plus the static inputs), and a graph larger than ``max_bytes`` is dropped, its
+        signature then eager."""
         e = self._entries.get(key)
         if e is None:
             if not (self.enabled or always) or key in self._failed:
@@ -113,15 +110,12 @@ class GraphCache:
                 self._seen.popitem(last=False)
             if n < CAPTURE_AFTER and not always:
                 return None
-            e = self._capture(key, flat() if callable(flat) else flat, nbytes(), issue)
+            e = self._capture(key, flat(), nbytes(), issue)
             if e is None:
                 return None
         else:
             self._entries.move_to_end(key)
-        if fill is not None:
-            e.state = fill(e.static, e.state)
-        else:
-            _copy_all(e.dst, [t for t in (flat() if callable(flat) else flat) if t is not None])
+        e.state = fill(e.static, e.state)
         e.graph.replay()
         self.replays += 1
         return e.issued, e.static
@@ -161,17 +155,6 @@ class GraphCache:
         while self._entries and self._bytes + need > limit:
             _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes
-
-
-def _copy_all(dst: list, src: list) -> None:
-    """``d.copy_(s)`` for each pair, as one ``torch._foreach_copy_`` call where this PyTorch has it
-    (the loop runs in C++: a fraction of the host cost of one Python call per tensor)."""
-    fe = getattr(torch, "_foreach_copy_", None)
-    if fe is not None:
-        fe(dst, src)
-    else:  # pragma: no cover - PyTorch < 2.1
-        for d, s in zip(dst, src):
-            d.copy_(s)
 
 
 CACHE = GraphCache()

@@ -52,9 +52,9 @@ def test_cache_refuses_when_disabled_or_not_due():
     c = fast_graphs.GraphCache(max_bytes=100)
     c.enabled = False
     boom = lambda st: pytest.fail("must not capture")  # noqa: E731
-    assert c.replay("k", [None], lambda: 10, boom) is None  # disabled
+    assert c.replay("k", lambda: [None], lambda: 10, boom, boom) is None  # disabled
     c.enabled = True
-    assert c.replay("k", [None], lambda: 10, boom) is None  # first sighting: not due
+    assert c.replay("k", lambda: [None], lambda: 10, boom, boom) is None  # first sighting: not due
     assert c.stats()["captures"] == 0
     with pytest.raises(TypeError):
         fast_graphs.set_enabled(1)
