@@ -18,11 +18,19 @@ The kinds:
   (dispatch-bound, as most of the suite's are) and one 16 MiB reduction, ~25 ms a unit;
 * ``"memory"``: float64 passes over a 256 MiB tensor per process (``add_``: 512 MiB read and
   written a pass, 4 passes a unit, ~0.2 s on one core), what the CPU reference's fixed-order float64 loops do -- they
-  stream their accumulators through memory -- so it is bound by the memory bandwidth of the set.
+  stream their accumulators through memory -- so it is bound by the memory bandwidth of the set;
+* ``"compute"``: the mix's bytecode loop alone (~10 ms a unit; its data fit in a core's first-level
+  cache), bound by the cores' clock alone: where it scales and the mix does not, shared caches or
+  memory are what the cores wait for; where it does not scale either, their clock is (a lower
+  all-core frequency, or virtual cores that are siblings of one physical core).
+
+With a long ``units`` (``--units``) the same processes are a *load*: ``.ci/gpu-scaling``'s
+``NEIGHBOURS`` runs one kind on the cores a run does not use, to see which shared resource the
+run's tests wait for.
 
 Ratios between two sets' numbers are what to compare; the absolute values depend on the mix.
 
-Command line: ``python -m dsv4_numerics.cpu_ceiling [--procs N] [--units U] [--kind mix|memory|both]``
+Command line: ``python -m dsv4_numerics.cpu_ceiling [--procs N] [--units U] [--kind mix|memory|compute|both]``
 prints the JSON record(s) (``--procs`` defaults to the usable CPUs, ``host_cpus.usable_cpus``;
 ``both``, the default: ``{"mix": ..., "memory": ...}``).
 """
@@ -38,11 +46,20 @@ import time
 
 from .host_cpus import usable_cpus
 
-__all__ = ["measure", "work_unit", "memory_unit", "KINDS"]
+__all__ = ["measure", "work_unit", "memory_unit", "compute_unit", "KINDS"]
 
-KINDS = ("mix", "memory")
+KINDS = ("mix", "memory", "compute")
 _MEM_ELEMS = 1 << 25  # float64: 256 MiB per process (beyond a 2026 server L3 share)
 _MEM_PASSES = 4
+
+
+def compute_unit() -> int:
+    """One unit of the core-bound kind: a bytecode loop over small integers (no data beyond a
+    core's first-level cache); returns a checksum so that nothing is optimised away."""
+    acc = 0
+    for i in range(200_000):
+        acc = (acc + i * i) % 1_000_003
+    return acc
 
 
 def work_unit() -> int:
@@ -50,9 +67,7 @@ def work_unit() -> int:
     so that nothing is optimised away."""
     import torch
 
-    acc = 0
-    for i in range(200_000):  # bytecode
-        acc = (acc + i * i) % 1_000_003
+    acc = compute_unit()  # bytecode
     d = {f"k{i}": i for i in range(10_000)}  # dicts and strings
     acc += sum(len(k) for k in d) + len("-".join(sorted(d))[:10])
     x = torch.ones(64, 64)
@@ -90,7 +105,7 @@ def _child(barrier, units: int, kind: str, q) -> None:
         def unit():
             return memory_unit(x)
     else:
-        unit = work_unit
+        unit = compute_unit if kind == "compute" else work_unit
     unit()  # warm: imports, allocator, the pages of x
     barrier.wait()
     for _ in range(units):
@@ -101,7 +116,7 @@ def _child(barrier, units: int, kind: str, q) -> None:
 def measure(procs: int | None = None, units: int | None = None, kind: str = "mix") -> dict:
     """The CPU set's throughput with ``procs`` busy processes doing ``kind`` work (module docstring)."""
     procs = usable_cpus() if procs is None else procs
-    units = (8 if kind == "memory" else 40) if units is None else units
+    units = {"memory": 8, "compute": 50}.get(kind, 40) if units is None else units
     if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
         raise ValueError(f"measure: procs must be a positive int, got {procs!r}")
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
@@ -140,15 +155,16 @@ def measure(procs: int | None = None, units: int | None = None, kind: str = "mix
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dsv4_numerics.cpu_ceiling", description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, default=None, help="busy processes (default: the usable CPUs)")
-    ap.add_argument("--units", type=int, default=None, help="units of work per process (default: 40 of the mix, 8 of memory)")
-    ap.add_argument("--kind", choices=(*KINDS, "both"), default="both", help="the work (default: both kinds)")
+    ap.add_argument("--units", type=int, default=None, help="units of work per process (default: 40 of the mix, 8 of memory, 50 of compute)")
+    ap.add_argument("--kind", choices=(*KINDS, "both"), default="both",
+                    help="the work (default: both = the mix and memory)")
     a = ap.parse_args(argv)
     if a.procs is not None and a.procs < 1:
         ap.error(f"--procs must be at least 1, got {a.procs}")
     if a.units is not None and a.units < 1:
         ap.error(f"--units must be at least 1, got {a.units}")
     if a.kind == "both":
-        print(json.dumps({k: measure(a.procs, a.units, k) for k in KINDS}))
+        print(json.dumps({k: measure(a.procs, a.units, k) for k in ("mix", "memory")}))
     else:
         print(json.dumps(measure(a.procs, a.units, a.kind)))
     return 0

@@ -17,6 +17,8 @@ def test_measure_returns_the_sets_throughput():
     m = cpu_ceiling.measure(procs=1, units=1, kind="memory")
     moved = 2 * cpu_ceiling._MEM_PASSES * cpu_ceiling._MEM_ELEMS * 8  # bytes read and written in one unit
     assert m["kind"] == "memory" and m["gb_per_s"] == pytest.approx(moved / m["wall_s"] / 1e9, rel=0.02)
+    c = cpu_ceiling.measure(procs=1, units=3, kind="compute")
+    assert c["kind"] == "compute" and "gb_per_s" not in c and c["units_per_s"] == pytest.approx(3 / c["wall_s"], rel=0.02)
 
 
 @pytest.mark.parametrize("kw,name", [({"procs": 0}, "procs"), ({"procs": True}, "procs"), ({"units": 0}, "units"),
