@@ -129,6 +129,8 @@ def measure(procs: int | None = None, units: int | None = None, kind: str = "mix
     # threaded one (a test worker, a CUDA program: native threads count too) a fork may copy a lock
     # another thread holds, which Python 3.12 warns about: a fork server then starts the children
     ctx = multiprocessing.get_context("fork" if _os_threads() == 1 else "forkserver")
+    if ctx.get_start_method() == "forkserver":  # the server imports torch once; its children fork with it
+        ctx.set_forkserver_preload(["torch", __name__])
     barrier, q = ctx.Barrier(procs + 1), ctx.Queue()
     kids = [ctx.Process(target=_child, args=(barrier, units, kind, q)) for _ in range(procs)]
     for k in kids:
