@@ -44,7 +44,9 @@ def _proc(tmp_path, tag, env):
 
 
 def test_a_forked_child_has_its_own_environment_threads_and_directory(tmp_path, monkeypatch):
-    base = dict(os.environ, OMP_NUM_THREADS="1")
+    # both thread variables: torch's pools take MKL's count where MKL is set (a runner exports both,
+    # .ci/gpu-matrix: 2 each with 32 workers on 64 cores, where OMP's alone made this child's 2)
+    base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     a = _proc(tmp_path, "a", dict(base, DSV4_FAKE_MARK="7", CUDA_VISIBLE_DEVICES="5"))
     b = _proc(tmp_path, "b", dict(base, DSV4_FAKE_MARK="8"))
     servers = {s.proc.pid for s in fork_server._SERVERS.values()}
@@ -56,11 +58,11 @@ def test_a_forked_child_has_its_own_environment_threads_and_directory(tmp_path, 
     assert a[4] == REPO  # the children run from the repository root, as the plain ones do
     # another thread count is another server (torch sized its pools when the server imported it),
     # and its children have the threads a plain child of that environment has
-    c = _proc(tmp_path, "c", dict(base, OMP_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
+    c = _proc(tmp_path, "c", dict(base, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
     assert c[3] == 9 and c[1] not in (server, os.getpid())
     assert len(fork_server._SERVERS) == 2
     monkeypatch.setenv(fork_server.ENV_SWITCH, "0")
-    plain = _proc(tmp_path, "plain", dict(base, OMP_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
+    plain = _proc(tmp_path, "plain", dict(base, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
     assert plain[1] == os.getpid() and plain[2:] == c[2:]
 
 
