@@ -133,3 +133,21 @@ def test_triton_cache_saved_in_parts_and_restored_from_two_calls(tmp_path):
     assert empty.returncode == 2 and "no cache at" in empty.stderr
     bad = subprocess.run(["bash", str(script), "restore", str(tmp_path / "empty")], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "no triton-cache.tgz.part*" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("env,named", [
+    ({"NEIGHBOURS": "disk", "CPUS_PER_GPU": "16"}, "NEIGHBOURS must be compute, memory or mix, got 'disk'"),
+    ({"NEIGHBOURS": "memory"}, "NEIGHBOURS needs CPUS_PER_GPU"),
+    ({"CPUS_PER_GPU": "0"}, "CPUS_PER_GPU must be a positive integer, got '0'"),
+])
+def test_gpu_scaling_names_a_bad_setting_before_looking_for_gpus(tmp_path, env, named):
+    """.ci/gpu-scaling checks its settings first: on any machine a bad one exits 2 naming the setting
+    and the rule, and leaves no output folder behind."""
+    script = SCRIPT.parent / "gpu-scaling"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(script), str(tmp_path / "staged"), str(out)], env=dict(os.environ, **env),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and named in r.stderr, (r.returncode, r.stderr)
+    assert not out.exists()
