@@ -200,7 +200,6 @@ class ForkedChild:
 
 class _Server:
     def __init__(self, env: dict, cwd: str, err_path: str):
-        self.import_env = _import_env(env)
         with open(err_path, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "dsv4_numerics.fork_server"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, env=env, cwd=cwd,

@@ -626,6 +626,12 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     return res if Tr == T else _first_tokens(res, Tr)
 
 
+def _static_segments(static: list, rules) -> list:
+    """The segments held by a graph's static inputs (``fast_buckets.flat_signature``'s order: q, sink,
+    then rows, indices and lengths per segment), with their index rules."""
+    return [Segment(*static[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
+
+
 def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
     """``r`` restricted to its first ``T`` tokens (views; a bucketed call's own tokens)."""
     return FastOracleOut(r.out[:T], r.lse[:T], r.lse_with_sink[:T], r.max_logits[:T], r.n_valid[:T],
@@ -705,8 +711,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
 
         def issue(st):
             qs, ss = st[0], st[1]
-            segs = [Segment(*st[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
-            return _issue(qs, segs, rules, ss, sc, d_v, nan_policy, spans, pack=True, want_abs=want_abs)
+            return _issue(qs, _static_segments(st, rules), rules, ss, sc, d_v, nan_policy, spans, pack=True,
+                          want_abs=want_abs)
 
         with fast_graphs.LOCK:
             hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, fill, always=graph is True)
@@ -721,9 +727,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
                 read.record(torch.cuda.current_stream(dev))  # the copy's stream (q's device), not the current device's
                 owned = _owned(iss)  # issued before the host waits: they overlap the replay
                 read.synchronize()
-                segs = [Segment(*st[2 + 3 * i:5 + 3 * i], r) for i, r in enumerate(rules)]
-                return _complete(fn, st[0], segs, rules, scale, sc, sink, d_v, chunk_tokens, iss, iss.pinned.tolist(),
-                                 owned=owned, orig=(vq, vsegs), want_abs=want_abs)
+                return _complete(fn, st[0], _static_segments(st, rules), rules, scale, sc, sink, d_v, chunk_tokens,
+                                 iss, iss.pinned.tolist(), owned=owned, orig=(vq, vsegs), want_abs=want_abs)
     if bucket:
         q, segments = fast_buckets.pad_call(q, segments)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
