@@ -1,7 +1,7 @@
 """Root pytest configuration of this repository: hypothesis profiles, our unprefixed hardware
 markers, one xdist worker per GPU by default, and ``matrix_results``.
 
-Everything a foreign project can use lives in the pytest plugin ``dsv4_numerics.pytest_plugin``
+Everything a foreign project can use lives in the pytest plugin ``dsv4_numerics.plugin.hooks``
 (loaded here through the editable install's ``pytest11`` entry point): ``--dsv4-report``,
 ``--dsv4-require`` / ``--dsv4-require-available``, the ``dsv4_*`` markers, ``dsv4_results``.
 
@@ -38,16 +38,16 @@ import threading
 # hardware itself is read from NVML too (``dsv4_numerics.kernels.gpu_facts``); children inherit it.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-from dsv4_numerics import cuda_context as _cuda_context  # noqa: E402
-from dsv4_numerics.host_cpus import usable_cpus  # noqa: E402
-from dsv4_numerics import pytest_plugin as _plugin  # noqa: E402
+from dsv4_numerics.runner import cuda_context as _cuda_context  # noqa: E402
+from dsv4_numerics.runner.host_cpus import usable_cpus  # noqa: E402
+from dsv4_numerics.plugin import hooks as _plugin  # noqa: E402
 
 _PINNED = _plugin.pin_xdist_worker_to_gpu() is not None
 if _PINNED:
     # a worker pinned to a GPU makes its CUDA context now, in a thread, while it collects (the
     # driver serialises context creation host-wide), and skips the interpreter's shutdown (and the
     # CUDA teardown in it) at its end: the controller waits for every worker process to exit
-    # (dsv4_numerics/cuda_context.py)
+    # (dsv4_numerics/runner/cuda_context.py)
     _cuda_context.warm_primary_context()
     _cuda_context.skip_shutdown_at_exit()
 
@@ -72,8 +72,8 @@ _share_cpu_threads_between_xdist_workers()
 import pytest  # noqa: E402
 
 # under xdist, an item a worker collected but never reported fails the session by name
-# (dsv4_numerics/lost_items.py)
-pytest_plugins = ["dsv4_numerics.lost_items"]
+# (dsv4_numerics/plugin/lost_items.py)
+pytest_plugins = ["dsv4_numerics.plugin.lost_items"]
 
 try:
     from hypothesis import HealthCheck, settings
@@ -137,7 +137,7 @@ def _prefer_loadgroup(config) -> None:
 
 # ----------------------------------------------------------------------------- kernel broker
 # Under `pytest -n N` on a GPU host the controller shares a few kernel children per GPU between all
-# workers (dsv4_numerics/worker_broker.py: every CUDA context costs the whole host ~0.3 s of
+# workers (dsv4_numerics/runner/broker.py: every CUDA context costs the whole host ~0.3 s of
 # serialised driver time, and one child per worker doubled the contexts). DSV4_KERNEL_BROKER=off
 # gives every worker its own child again.
 _BROKER: list = []
@@ -149,7 +149,7 @@ def _start_kernel_broker(config) -> None:
     workers = getattr(config.option, "numprocesses", None)
     if not isinstance(workers, int) or getattr(config.option, "dist", "no") == "no":
         return
-    from dsv4_numerics import worker_broker
+    from dsv4_numerics.runner import broker as worker_broker
 
     broker = worker_broker.maybe_start(workers)
     if broker is not None:
@@ -257,7 +257,7 @@ def _group(item) -> str | None:
 
 
 # Measured seconds per scheduling unit (a test, or a whole xdist group as "@GROUP") on a GPU host:
-# ``python -m dsv4_numerics.timeline --durations junit.xml > tests/durations.json`` from a
+# ``python -m dsv4_numerics.runner.timeline --durations junit.xml > tests/durations.json`` from a
 # ``.ci/gpu-matrix`` run's junit.xml (README, "How many workers"). Units under 0.3 s are absent.
 DURATIONS_FILE = Path(__file__).resolve().parent / "tests" / "durations.json"
 SLOW_DEFAULT_S = 10.0  # a `slow` test the durations file does not know yet
@@ -283,10 +283,10 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
     is the run's tail -- on one H100 the last worker finished 9.8 s after the median one with only
     the ``slow`` tests first (``.ci/gpu-scaling``'s timeline). Longest processing time first: each
     unit's seconds from ``durations`` (default: ``tests/durations.json``, measured on a GPU host;
-    :func:`dsv4_numerics.timeline.unit_key`; under ``LPT_MIN_S`` they count 0), a ``slow`` test it
+    :func:`dsv4_numerics.runner.timeline.unit_key`; under ``LPT_MIN_S`` they count 0), a ``slow`` test it
     does not know counts ``SLOW_DEFAULT_S``, an unknown group its runnable items' count times 0.3 s,
     anything else 0; skipped items count 0. Equal estimates keep the collected order."""
-    from dsv4_numerics.timeline import unit_key
+    from dsv4_numerics.runner.timeline import unit_key
 
     known = _durations() if durations is None else durations
     groups = [_group(it) for it in items]
@@ -323,8 +323,8 @@ def matrix_results(dsv4_results):
 # <kids0> <kids1>": wall seconds since the epoch, then this process's CPU seconds (user + system) and
 # its waited-for children's (subprocess tests, CLI runs) at the phase's start and end -- plus "<t> <t>
 # sessionstart -" when it starts, so a run's wall time splits into worker start-up and collection,
-# test time and idle time, and its CPU time into the same phases (python -m dsv4_numerics.timeline DIR).
-from dsv4_numerics import timeline as _timeline  # noqa: E402
+# test time and idle time, and its CPU time into the same phases (python -m dsv4_numerics.runner.timeline DIR).
+from dsv4_numerics.runner import timeline as _timeline  # noqa: E402
 
 _TIMELINE = os.environ.get(_timeline.ENV)
 if _TIMELINE:
@@ -443,7 +443,7 @@ if _TIMELINE:
 # A pinned xdist worker (it ends through os._exit, above) destroys its CUDA context as soon as its
 # last test is done (xdist gives the last item no next one), not at its exit: the driver releases
 # contexts one process at a time host-wide, and 32 workers ending together queued ~2.7 s at the
-# run's end (dsv4_numerics/cuda_context.py; DSV4_EARLY_CUDA_RELEASE=0 turns it off).
+# run's end (dsv4_numerics/runner/cuda_context.py; DSV4_EARLY_CUDA_RELEASE=0 turns it off).
 class _ReleaseCudaAfterTheLastTest:
     """Registered in pinned workers (pytest_configure)."""
 

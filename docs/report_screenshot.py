@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from dsv4_numerics import report_html
-    from dsv4_numerics.report_merge import merge_reports
+    from dsv4_numerics.report import html as report_html
+    from dsv4_numerics.report.merge import merge_reports
 
     out = Path(a.out)
     profile = tempfile.mkdtemp(prefix="chromium-profile-")  # the page is written there too

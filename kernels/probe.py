@@ -35,7 +35,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from . import gpu_facts, staged
+from dsv4_numerics.kernels import gpu_facts, staged
 
 Probe = Callable[[], "str | None"]
 

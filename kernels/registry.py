@@ -21,22 +21,22 @@ from typing import Any, Callable
 from dsv4_numerics.reference import policies as _pol
 from dsv4_numerics.reference.errors import InputError
 
-from .probe import runs_on_cpu
+from dsv4_numerics.kernels.probe import runs_on_cpu
 
-# Family modules, in listing order (kernels/<name>.py, each exporting ``ENTRIES``).
+# Family modules, in listing order (kernels/<engine>/<name>.py, each exporting ``ENTRIES``).
 FAMILY_MODULES = (
-    "flashmla",
-    "flashinfer",
-    "cutedsl",
-    "vllm_cuda",
-    "vllm_triton",
-    "vllm_v41",
-    "rocm_triton",
-    "mla_family",
-    "vllm_cpu",
-    "sglang",
-    "sglang_jit",
-    "v41_attention",
+    "flashmla.sparse",
+    "flashinfer.mla",
+    "vllm.cutedsl",
+    "vllm.cuda",
+    "vllm.triton",
+    "vllm.v41",
+    "vllm.rocm_triton",
+    "flashmla.mla_family",
+    "vllm.cpu",
+    "sglang.triton",
+    "sglang.jit",
+    "flashmla.v41",
 )
 
 FAMILIES = ("CUDA", "CuTe-DSL", "Triton", "Triton-ROCm", "FlashInfer", "CPU", "sglang", "reference")
@@ -163,7 +163,7 @@ class KernelEntry:
 def validate_entry(entry: Any) -> list[str]:
     """Problems with an entry-like object's declaration (empty list if none). Used by the registry
     at assembly time and by ``tests/kernels/test_registry.py``."""
-    from .probe import ALL_ARCHS
+    from dsv4_numerics.kernels.probe import ALL_ARCHS
 
     problems = []
     for attr in ("name", "stage", "family", "source", "tolerance_scope"):

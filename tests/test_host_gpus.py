@@ -5,7 +5,9 @@ its first worker)."""
 import os
 import subprocess
 
-from dsv4_numerics import host_gpus, worker_pool
+from dsv4_numerics.runner import host_gpus
+
+from dsv4_numerics.runner import pool as worker_pool
 
 
 def _no_torch_count(monkeypatch) -> list:
@@ -63,6 +65,6 @@ def test_nothing_found_falls_back_to_torch_in_the_pool_only(monkeypatch):
 
 
 def test_the_plugin_keeps_its_name_for_it():
-    from dsv4_numerics import pytest_plugin
+    from dsv4_numerics.plugin import hooks as pytest_plugin
 
     assert pytest_plugin.visible_gpu_ids is host_gpus.visible_gpu_ids

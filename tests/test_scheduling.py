@@ -1,12 +1,12 @@
 """The suite's scheduling order (root conftest ``longest_first``) and the durations it reads
-(``dsv4_numerics.timeline.unit_durations``, ``tests/durations.json``)."""
+(``dsv4_numerics.runner.timeline.unit_durations``, ``tests/durations.json``)."""
 
 import json
 
 import pytest
 
 import conftest as root
-from dsv4_numerics import timeline
+from dsv4_numerics.runner import timeline
 
 
 class _Mark:

@@ -1,6 +1,6 @@
-"""dsv4_numerics.timeline: the wall-time breakdown of a run from the per-worker timelines."""
+"""dsv4_numerics.runner.timeline: the wall-time breakdown of a run from the per-worker timelines."""
 
-from dsv4_numerics import timeline
+from dsv4_numerics.runner import timeline
 
 
 def _write(folder, worker, rows):
@@ -136,7 +136,7 @@ def test_a_serving_kernel_child_writes_its_rows_under_the_timeline(tmp_path):
 
     import torch
 
-    from dsv4_numerics import worker_pool as wp
+    from dsv4_numerics.runner import pool as wp
     from dsv4_numerics.reference.cases import Case
 
     cases = [Case(f"c{i}", "fake", {"x": torch.tensor([float(i)])}, {"action": "ok"}) for i in range(3)]

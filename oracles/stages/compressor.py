@@ -27,7 +27,7 @@ def compressor_fires(inp: dict) -> torch.Tensor:
 
 def _expected_compressor(case: Case, policies: dict) -> dict:
     """``normed`` (fp32, compared as float64) and, when the case carries the kernel contract
-    (``cache``, ``kv_block_size``, ``compressed_slot_mapping``: ``kernels/vllm_triton.py``
+    (``cache``, ``kv_block_size``, ``compressed_slot_mapping``: ``kernels/vllm/triton.py``
     ``compressor_args``), the ``cache`` after ``cache_model1.insert`` of the bf16 boundary rows of
     the firing tokens under the declared ``scale_rule`` / ``fp8`` (datapath 2.3: OCP on every
     platform), with the compressor tier's error bound ``_bound`` (``oracles.compressor_tier``)."""

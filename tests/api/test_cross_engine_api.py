@@ -1,5 +1,5 @@
 """``dsv4_numerics.compare_writers`` / ``read_foreign``: the cross-engine checks for a kernel
-author's own callables, ``KernelEntry`` objects and registry names (``dsv4_numerics/cross_engine_api.py``)."""
+author's own callables, ``KernelEntry`` objects and registry names (``dsv4_numerics/api/cross_engine.py``)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_bad_arguments_name_the_argument():
 
 
 def test_the_default_device_is_the_gpu_for_a_gpu_entry_and_the_cpu_otherwise(monkeypatch):
-    from dsv4_numerics import cross_engine_api as api
+    from dsv4_numerics.api import cross_engine as api
     from dsv4_numerics.kernels import registry
 
     gpu_entry, cpu_entry = registry.get("flashmla.sparse_decode.sm90"), reference_entry("gather")

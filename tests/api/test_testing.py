@@ -1,4 +1,4 @@
-"""The public API (dsv4_numerics.testing): cases, judge, assert_matches_reference, explain."""
+"""The public API (dsv4_numerics.api.testing): cases, judge, assert_matches_reference, explain."""
 
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def test_explain_finds_a_non_default_policy_and_reports_none_for_a_broken_kernel
 
 def test_strategies_are_public():
     pytest.importorskip("hypothesis")
-    from dsv4_numerics import strategies, strategies_index
+    from dsv4_numerics.strategies import cache as strategies
+    from dsv4_numerics.strategies import index as strategies_index
 
     assert callable(strategies.bf16_rows) and callable(strategies_index.batches)
 

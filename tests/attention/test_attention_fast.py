@@ -20,7 +20,7 @@ from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_B
                                                     peak_bytes_estimate_fast)
 from dsv4_numerics.reference.attention.fast_bound import bf16_abs_factor, exact_bits, norm_factor
 from dsv4_numerics.reference.attention.fast_rows import _row_stats, _vmax_finite
-from dsv4_numerics.case_files import case_names, load_cases, stage_cases_file
+from dsv4_numerics.runner.case_files import case_names, load_cases, stage_cases_file
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
 from dsv4_numerics.reference.errors import InputError

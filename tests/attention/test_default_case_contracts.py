@@ -58,7 +58,7 @@ def test_prefill_stale_past_len_case():
 
 @pytest.mark.parametrize("name", ["h128-c4a-top512-bs64-permuted", "h128-swa-bs256", "h64-c4a-stale-past-len"])
 def test_decode_cases_carry_rope_table_for_inverse_roped_outputs(name):
-    from dsv4_numerics.kernels import rocm_triton as RT
+    from dsv4_numerics.kernels.vllm import rocm_triton as RT
     from dsv4_numerics.reference.attention.epilogue import inverse_rope_output
 
     c = _cases("decode")[name]
@@ -86,7 +86,7 @@ def test_rope_quant_contract_swa_len_matches_position():
 
 
 def test_compressor_cases_carry_the_production_contract():
-    from dsv4_numerics.kernels.vllm_triton import compressor_args
+    from dsv4_numerics.kernels.vllm.triton import compressor_args
     from dsv4_numerics.reference.pipeline.compressor import state_windows
 
     for c in _cases("compressor").values():

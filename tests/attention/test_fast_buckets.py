@@ -194,7 +194,7 @@ def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
 
 
 def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side():
-    from dsv4_numerics.bench_gpu import summarize
+    from dsv4_numerics.bench.gpu import summarize
 
     def rec(cfg, eager, judge, first, replayed, judge_first=None):
         r = {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
@@ -226,7 +226,7 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bench's host launch cost)")
 def test_bench_host_launch_cost_is_a_positive_number_of_microseconds():
-    from dsv4_numerics.bench_gpu import host_launch_us
+    from dsv4_numerics.bench.gpu import host_launch_us
 
     us = host_launch_us(torch.device("cuda"), n=200)
     assert 0.1 < us < 10_000, us

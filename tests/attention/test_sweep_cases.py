@@ -1,7 +1,7 @@
 """The sweep cases of ``decode`` / ``prefill`` (``reference/cases/attention_sweep.py``, issue 23):
 their row kinds mean what their params say, magnitudes land on the scale bytes they claim, the
 full set spans every dimension it names (checked on its specs, without building 59 GPU-sized
-cases), and the judge stays right on drawn cases (``dsv4_numerics.strategies_attention``): the
+cases), and the judge stays right on drawn cases (``dsv4_numerics.strategies.attention``): the
 reference and its bf16 same-precision emulation pass their tier at every drawn magnitude."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from dsv4_numerics.reference.constants import (
     SCALE_CLAMP_SCALE_BYTE_RANGE,
     production_page_stride,
 )
-from dsv4_numerics.strategies import ROW_LOG2_RANGE, scaled_rows
-from dsv4_numerics.strategies_attention import LOGIT_LOG2_MAX, LOGIT_LOG2_MIN, attention_magnitudes, decode_cases, \
+from dsv4_numerics.strategies.cache import ROW_LOG2_RANGE, scaled_rows
+from dsv4_numerics.strategies.attention import LOGIT_LOG2_MAX, LOGIT_LOG2_MIN, attention_magnitudes, decode_cases, \
     prefill_cases
 
 from ..mutants import MUTANTS, reference_entry

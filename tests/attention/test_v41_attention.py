@@ -22,7 +22,7 @@ from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.formats.fp4 import decode_e2m1
 from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn, decode_fp8, decode_ue8m0
 from dsv4_numerics.reference.policies import Fp8Flavour, V41Record
-from dsv4_numerics.strategies_v41 import v41_decode_cases
+from dsv4_numerics.strategies.v41 import v41_decode_cases
 
 from tests.mutants import MutantEntry, _attn_out
 

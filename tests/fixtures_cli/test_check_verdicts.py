@@ -268,7 +268,7 @@ def test_interrupted_check_still_writes_what_it_judged(tmp_path, capsys, entries
 def pool_jobs(monkeypatch):
     """``worker_pool.IsolatedPool`` replaced by a recorder: ``{pool key: (entry, case names,
     probe)}`` of every job ``check`` hands it, each answered with a pass per case."""
-    from dsv4_numerics import worker_pool
+    from dsv4_numerics.runner import pool as worker_pool
 
     submitted: dict = {}
 
@@ -296,8 +296,8 @@ def pool_jobs(monkeypatch):
 def test_check_judges_an_attention_entry_in_case_groups_and_merges_them(pool_jobs):
     """On a GPU host `check` hands an attention entry's cases to the pool in groups of
     GROUP_CASES (one slow entry spreads over the children); the rows merge the groups back."""
-    from dsv4_numerics import check as check_mod
-    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.runner import check as check_mod
+    from dsv4_numerics.runner.case_files import load_cases, stage_cases_file
 
     submitted = pool_jobs
     names = [c.name for c in load_cases(stage_cases_file("decode"))]
@@ -313,8 +313,8 @@ def test_case_globs_select_the_cases_handed_to_the_children_and_name_a_glob_that
     """check --case: the isolated jobs carry only the matching names (in groups as before), an
     entry whose stage has none is a skip row saying so, and a glob matching no case of the
     selected entries' stages is a one-line usage error."""
-    from dsv4_numerics import check as check_mod
-    from dsv4_numerics.case_files import load_cases, stage_cases_file
+    from dsv4_numerics.runner import check as check_mod
+    from dsv4_numerics.runner.case_files import load_cases, stage_cases_file
     from dsv4_numerics.reference.errors import InputError
 
     names = [c.name for c in load_cases(stage_cases_file("decode"))]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dsv4_numerics.fixtures import catalog as catalog_mod
-from dsv4_numerics import check as check_mod
+from dsv4_numerics.runner import check as check_mod
 from dsv4_numerics.fixtures import golden, store
 from dsv4_numerics.cli import main
 
@@ -215,9 +215,9 @@ def test_bench_delegates_argv_to_the_module(monkeypatch):
     import types
 
     seen = {}
-    fake = types.ModuleType("dsv4_numerics.bench_cpu")
+    fake = types.ModuleType("dsv4_numerics.bench.cpu")
     fake.main = lambda argv: seen.setdefault("argv", argv) and 0
-    monkeypatch.setitem(sys.modules, "dsv4_numerics.bench_cpu", fake)
+    monkeypatch.setitem(sys.modules, "dsv4_numerics.bench.cpu", fake)
     assert main(["bench", "cpu", "--sizes", "64", "--repeats", "1"]) == 0
     assert seen["argv"] == ["--sizes", "64", "--repeats", "1"]
 

@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from dsv4_numerics import inspect_cache as ic
+from dsv4_numerics.inspect import cache as ic
 from dsv4_numerics.fixtures import store
 from dsv4_numerics.cli import main
 from dsv4_numerics.reference.errors import InputError

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dsv4_numerics.cli import main
-from dsv4_numerics.inspect_layout import detect_layout
+from dsv4_numerics.inspect.layout import detect_layout
 from dsv4_numerics.oracles.bytes_diff_v41 import diff_v41
 from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.caches import v41 as cache_v41
@@ -97,7 +97,7 @@ def test_cli_detect(tmp_path, capsys):
 def test_explain_names_the_flashinfer_page_footer_contract():
     # a writer with FlashInfer 0.7.2's whole contract (page footer, Q_S, fl32(amax / 6)) judged
     # under the stage's vLLM defaults: explain finds the policy set that names it
-    from dsv4_numerics.testing import explain
+    from dsv4_numerics.api.testing import explain
 
     def flashinfer_writer(inp):
         return {"cache": cache_v41.insert(inp["cache"], inp["k"], inp["slot_mapping"], inp["block_size"],

@@ -1,4 +1,4 @@
-"""A CPU stand-in for SGLang 0.5.23's JIT store and RoPE ops (``kernels/sglang_jit.py``), used to
+"""A CPU stand-in for SGLang 0.5.23's JIT store and RoPE ops (``kernels/sglang/jit.py``), used to
 test the adapters' plumbing without a GPU.
 
 It enforces the host checks of ``SG:kernels/jit/csrc/deepseek_v4/store.cuh`` (``TensorMatcher``:

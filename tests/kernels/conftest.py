@@ -3,9 +3,9 @@
 ``kernel_results(entry_name, group)`` runs the cases of one case group of the entry's stage (the
 set ``DSV4_CASES`` selects: default or full; attention entries' cases in groups of
 ``GROUP_CASES``, other stages one group, ``case_groups``) in a child process
-(``dsv4_numerics/worker_pool.py``) the first time it is asked, caches the per-case results for the
+(``dsv4_numerics/runner/pool.py``) the first time it is asked, caches the per-case results for the
 session, and returns ``{case name: result dict}``. Under ``pytest -n N`` on a GPU host the
-workers share the children of the controller's broker (``dsv4_numerics/worker_broker.py``, started
+workers share the children of the controller's broker (``dsv4_numerics/runner/broker.py``, started
 by the root conftest: a few per GPU, each pinned to its GPU; ``DSV4_KERNEL_BROKER=off`` turns it
 off). Otherwise each xdist worker keeps ONE long-lived child (``worker_pool.WorkerSession``,
 fixture ``kernel_session``) for all its entries and batches. Either way a child pays its start-up
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dsv4_numerics.host_cpus import usable_cpus
+from dsv4_numerics.runner.host_cpus import usable_cpus
 
 
 def pytest_configure(config):
@@ -102,7 +102,7 @@ def entry_or_skip(name: str):
 
 
 def _new_session():
-    from dsv4_numerics.worker_pool import WorkerSession
+    from dsv4_numerics.runner.pool import WorkerSession
 
     _SESSION.append(WorkerSession(_child_env(), workdir=_workdir("session")))
     return _SESSION[0]
@@ -116,7 +116,7 @@ def pytest_collection_finish(session):
     if _SESSION or not any(it.nodeid.startswith("tests/kernels/test_matrix.py::test_kernel_case[")
                            and not it.get_closest_marker("skip") for it in session.items):
         return
-    from dsv4_numerics import worker_broker
+    from dsv4_numerics.runner import broker as worker_broker
 
     if worker_broker.available():  # the controller's shared children (root conftest): warm those
         try:
@@ -130,7 +130,7 @@ def pytest_collection_finish(session):
 def _without_broker(e: Exception) -> None:
     """The broker cannot be reached: say so, and let this worker run its own kernel child for the
     rest of the session (``worker_broker.available()`` is False from now on)."""
-    from dsv4_numerics import worker_broker
+    from dsv4_numerics.runner import broker as worker_broker
 
     warnings.warn(f"kernel broker unreachable, this worker runs its own kernel child: {e}")
     os.environ.pop(worker_broker.ADDRESS_ENV, None)
@@ -169,7 +169,7 @@ GROUP_CASES = int(os.environ.get("DSV4_MATRIX_GROUP_CASES", "4") or 4)
 def case_groups(entry, names: list[str]) -> list[list[str]]:
     """``names`` (the entry's stage cases, in order) cut into the groups its matrix items run in
     (``case_files.case_groups`` with ``GROUP_CASES``)."""
-    from dsv4_numerics.case_files import case_groups as groups
+    from dsv4_numerics.runner.case_files import case_groups as groups
 
     return groups(entry.stage, names, GROUP_CASES)
 
@@ -181,7 +181,7 @@ def group_name(entry_name: str, group: int, groups: int) -> str:
 
 @pytest.fixture(scope="session")
 def kernel_results(request):
-    from dsv4_numerics.case_files import case_names, stage_cases_file
+    from dsv4_numerics.runner.case_files import case_names, stage_cases_file
     from dsv4_numerics.kernels import registry
 
     def kernel_session():  # this worker's own child, only when there is no broker
@@ -212,8 +212,8 @@ def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str,
     child of the controller's broker when this worker was given one (root conftest), else -- or
     when the broker cannot be reached, with a warning, and for the rest of the session -- in this
     worker's own child (``own_session()``: its ``WorkerSession``)."""
-    from dsv4_numerics import worker_broker
-    from dsv4_numerics.worker_pool import run_isolated
+    from dsv4_numerics.runner import broker as worker_broker
+    from dsv4_numerics.runner.pool import run_isolated
 
     if worker_broker.available():
         try:
@@ -225,7 +225,7 @@ def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str,
 
 @pytest.fixture(scope="session")
 def run_cases_isolated(kernel_session):
-    from dsv4_numerics.worker_pool import run_isolated
+    from dsv4_numerics.runner.pool import run_isolated
 
     counter = [0]
 

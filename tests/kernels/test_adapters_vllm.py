@@ -1,4 +1,4 @@
-"""CPU unit tests of the pure conversions in kernels/vllm_cuda.py, vllm_triton.py and
+"""CPU unit tests of the pure conversions in kernels/vllm/cuda.py, vllm_triton.py and
 rocm_triton.py: the exact dtypes, shapes, strides and copies the production call sites use.
 
 No GPU and no vLLM are needed: these build the argument dicts the adapters hand to the real
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dsv4_numerics.kernels import rocm_triton as RT
-from dsv4_numerics.kernels import vllm_cuda as VC
-from dsv4_numerics.kernels import vllm_triton as VT
+from dsv4_numerics.kernels.vllm import rocm_triton as RT
+from dsv4_numerics.kernels.vllm import cuda as VC
+from dsv4_numerics.kernels.vllm import triton as VT
 from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase

@@ -1,4 +1,4 @@
-"""The kernel broker (``dsv4_numerics.worker_broker``): kernel children that every xdist worker of a
+"""The kernel broker (``dsv4_numerics.runner.broker``): kernel children that every xdist worker of a
 run shares, a few per GPU. Proved on the CPU with the fake kernels of the isolation tests: jobs of
 several clients run in at most ``per_gpu`` children per GPU, each pinned to its GPU; a crash fails
 only its case and restarts one child; bad switches and arguments are named; and a real
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_numerics import worker_broker as wb
-from dsv4_numerics import worker_pool as wp
+from dsv4_numerics.runner import broker as wb
+from dsv4_numerics.runner import pool as wp
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError
 

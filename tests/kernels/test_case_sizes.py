@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dsv4_numerics import case_files as kw
+from dsv4_numerics.runner import case_files as kw
 from dsv4_numerics.cli import main
 from dsv4_numerics.oracles import matrix as matrix_mod
 from dsv4_numerics.oracles.report import Result

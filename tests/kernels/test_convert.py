@@ -1,5 +1,5 @@
 """Known-answer tests of the pure conversions between canonical forms and kernel forms
-(kernels/convert.py), and of the FlashInfer table builders (kernels/flashinfer.py)."""
+(kernels/convert.py), and of the FlashInfer table builders (kernels/flashinfer/mla.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dsv4_numerics.kernels import convert as C
-from dsv4_numerics.kernels import flashinfer as FI
+from dsv4_numerics.kernels.flashinfer import mla as FI
 from dsv4_numerics.kernels.canonical import DecodeInputs, PagedSegment
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
-from dsv4_numerics.kernels import cutedsl, vllm_triton
+from dsv4_numerics.kernels.vllm import cutedsl
+
+from dsv4_numerics.kernels.vllm import triton as vllm_triton
 
 
 def _offset_view(n: int, dtype, offset: int = 1) -> torch.Tensor:

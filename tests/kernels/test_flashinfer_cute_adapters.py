@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import tests.kernels._fake_flashinfer as FAKE
-from dsv4_numerics.kernels import cutedsl, flashinfer
+from dsv4_numerics.kernels.vllm import cutedsl
+from dsv4_numerics.kernels.flashinfer import mla as flashinfer
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.caches.model1 import dequantize_all, gather
 from dsv4_numerics.reference.cases import default_cases

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tests.kernels._fake_flashmla as FAKE
-from dsv4_numerics.kernels import flashmla
+from dsv4_numerics.kernels.flashmla import sparse as flashmla
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.caches.model1 import dequantize_all
 from dsv4_numerics.reference.cases import default_cases

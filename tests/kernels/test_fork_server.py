@@ -1,4 +1,4 @@
-"""dsv4_numerics.fork_server: kernel children forked from a server that imported torch once.
+"""dsv4_numerics.runner.fork_server: kernel children forked from a server that imported torch once.
 
 The crash-isolation tests (test_isolation.py, test_broker.py) run their children through it by
 default; these check what forking must not change -- each child's own environment, working
@@ -13,8 +13,8 @@ import signal
 import pytest
 import torch
 
-from dsv4_numerics import fork_server
-from dsv4_numerics import worker_pool as wp
+from dsv4_numerics.runner import fork_server
+from dsv4_numerics.runner import pool as wp
 from dsv4_numerics.reference.cases import Case
 
 FAKE = "tests.kernels._fake_entries:FAKE"
@@ -97,7 +97,7 @@ def test_the_server_ends_with_its_input_and_serves_nothing_it_cannot():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "dsv4_numerics.fork_server"], input=b"", capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dsv4_numerics.runner.fork_server"], input=b"", capture_output=True,
                          timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == b"ready"
 
@@ -107,7 +107,8 @@ import atexit, os, sys, time
 held = []
 atexit.register(lambda: print("server-status", held[0].proc.returncode, flush=True))  # runs last
 os.environ["DSV4_WORKER_DEVICE"] = "cpu"
-from dsv4_numerics import fork_server, worker_pool as wp
+from dsv4_numerics.runner import fork_server
+from dsv4_numerics.runner import pool as wp
 sess = wp.WorkerSession(dict(os.environ))
 sess.warm()
 deadline = time.monotonic() + 60

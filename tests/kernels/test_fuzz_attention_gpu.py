@@ -30,7 +30,7 @@ compressor state rows); batch 32: 42 -> 1-10; C128A batch 128 x 16384: 8 after; 
 32 queries each: 0.3 -> 0.3 (never the bottleneck). Same bits:
 ``tests/reference/test_case_build_fast.py``.
 ``test_fuzz_sweep_dimensions_and_magnitudes`` draws whole cases from
-``dsv4_numerics.strategies_attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
+``dsv4_numerics.strategies.attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
 321 under gpu-nightly, lengths present/absent, all-invalid / zero-length / empty-main rows, sink
 on/off, cache, q and sink magnitudes; issue 23), through the same runner.
 Skips with the probe's reason where the kernel or a GPU is absent.
@@ -146,8 +146,8 @@ def test_fuzz_production_shapes(entry_name, record_property):
 def test_fuzz_sweep_dimensions_and_magnitudes(entry_name, record_property):
     # issue 23: page sizes 2-576, top-k up to 2048, batch up to 321 (gpu-nightly), lengths present
     # or absent per segment, all-invalid / zero-length / empty-main rows, sink on/off, and cache,
-    # q and sink magnitudes (dsv4_numerics.strategies_attention)
-    from dsv4_numerics.strategies_attention import decode_cases, prefill_cases
+    # q and sink magnitudes (dsv4_numerics.strategies.attention)
+    from dsv4_numerics.strategies.attention import decode_cases, prefill_cases
 
     def strategy(decode, ci):
         return decode_cases(max_batch=4 if ci else 321) if decode else prefill_cases(max_batch=4 if ci else 321)

@@ -13,7 +13,7 @@ import torch
 from hypothesis import example, given
 
 from dsv4_numerics.kernels import registry
-from dsv4_numerics.kernels.cutedsl import CUTE_C128_STATE_BLOCK
+from dsv4_numerics.kernels.vllm.cutedsl import CUTE_C128_STATE_BLOCK
 
 from .test_fuzz_writers import (C4_CANCEL, C4_PROD, C128_PROD, CompressorSpec, assert_compressor_within_tier,
                                 compressor_expected, compressor_specs)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dsv4_numerics.strategies_index import batches
+from dsv4_numerics.strategies.index import batches
 
 from .test_fuzz_indices import TOPK_INTERIOR, IndexSpec, check, topk_global_specs
 

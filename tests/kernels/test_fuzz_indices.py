@@ -1,10 +1,10 @@
 """GPU hypothesis fuzzing of the production index kernels against the reference builders
 (issue 6 section 3; datapath 4.1, 4.5, 4.7, hazards H10, H11).
 
-Each entry (``kernels/vllm_triton.py``, ``kernels/rocm_triton.py``) runs drawn inputs through
+Each entry (``kernels/vllm/triton.py``, ``kernels/vllm/rocm_triton.py``) runs drawn inputs through
 its canonical ``call`` and is judged EXACTLY by the same ``oracles.stages`` judge as the kernel
 matrix (``reference.cases.index.run_index_case`` of the case's builder, ``bytes_diff.diff_index``).
-Inputs come from ``dsv4_numerics.strategies_index`` (batches with permuted block tables, top-k rows with
+Inputs come from ``dsv4_numerics.strategies.index`` (batches with permuted block tables, top-k rows with
 interior ``-1``) plus other negative values, non-zero ``query_start_loc`` bases and windows other
 than 128.
 
@@ -32,7 +32,7 @@ from dsv4_numerics.oracles import stages
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.cases.index import INDEX_BUILDERS
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
-from dsv4_numerics.strategies_index import batches, topk_rows
+from dsv4_numerics.strategies.index import batches, topk_rows
 
 pytestmark = [pytest.mark.gpu]
 

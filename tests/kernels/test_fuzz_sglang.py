@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 
 import tests.kernels._fake_sglang_jit as FAKE
 from dsv4_numerics.kernels import registry
-from dsv4_numerics.kernels import sglang as S
-from dsv4_numerics.kernels import sglang_jit
+from dsv4_numerics.kernels.sglang import triton as S
+from dsv4_numerics.kernels.sglang import jit as sglang_jit
 from dsv4_numerics.oracles.matrix import run_entry
-from dsv4_numerics.strategies import gather_cases, kv_norm_rope_store_cases, rope_cases, swa_write_cases
-from dsv4_numerics.strategies_v41 import v41_write_cases
+from dsv4_numerics.strategies.cache import gather_cases, kv_norm_rope_store_cases, rope_cases, swa_write_cases
+from dsv4_numerics.strategies.v41 import v41_write_cases
 
 from .test_sglang import _sglang_norm_rope_store, _sglang_requant_gather, _sglang_v4_dequant
 from .conftest import entry_or_skip

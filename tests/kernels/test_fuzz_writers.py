@@ -1,11 +1,11 @@
 """GPU hypothesis fuzzing of the production 584-byte cache writers against the reference
 (issue 6 section 3; datapath 2.0-2.2, 2.8, hazards H1, H3, H5, H16, H17).
 
-Each writer entry (``kernels/vllm_cuda.py``, ``kernels/vllm_triton.py``) is called through its
+Each writer entry (``kernels/vllm/cuda.py``, ``kernels/vllm/triton.py``) is called through its
 canonical ``call`` on drawn inputs and compared BIT-EXACTLY with ``reference.caches.model1.insert``
 under the entry's declared policies (``scale_rule``, ``fp8``, ``nonfinite``, ``slot_skip``,
 ``fp8_clamp``; ``writer_rope = identity`` adds the identity-table RoPE the CUDA op applies, see
-``kernels/vllm_cuda.py``) -- the expectation of ``oracles.stages`` (``swa_write``), the one the
+``kernels/vllm/cuda.py``) -- the expectation of ``oracles.stages`` (``swa_write``), the one the
 kernel matrix judges with:
 
 * every defined byte of every written slot (576 data bytes + 7 scales + the pad byte, which
@@ -43,7 +43,7 @@ from dsv4_numerics.reference.caches.model1 import defined_byte_mask, insert, pag
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, N_TILES, NOPE_DIM, TILE, TINY_TILE_AMAX
 from dsv4_numerics.reference.errors import UnsupportedCase
-from dsv4_numerics.strategies import boundary_amax, cache_geometries, slot_mappings, tie_amax
+from dsv4_numerics.strategies.cache import boundary_amax, cache_geometries, slot_mappings, tie_amax
 
 pytestmark = [pytest.mark.gpu]
 

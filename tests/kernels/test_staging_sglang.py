@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_numerics import staging, staging_sglang as sg
+from dsv4_numerics.staging import vllm as staging
+
+from dsv4_numerics.staging import sglang as sg
 from dsv4_numerics.cli import main as cli_main
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import staged
@@ -145,7 +147,7 @@ def test_real_wheel_stages_and_entry_modules_resolve(tmp_path):
     """The real 0.5.23 wheel: every REQUIRED file is copied; the module-level import closure of
     the modules the sglang entries import resolves inside the folder (copies or stand-ins), so
     on a GPU machine only torch and triton come from outside."""
-    from dsv4_numerics.kernels.sglang import MODULES
+    from dsv4_numerics.kernels.sglang.triton import MODULES
 
     dest = tmp_path / "st"
     m = sg.stage(dest, REAL_WHEEL, log=lambda s: None)
@@ -211,7 +213,7 @@ def test_real_wheel_modules_import_with_the_standins(tmp_path):
     import subprocess
     import sys
 
-    from dsv4_numerics.kernels.sglang import MODULES
+    from dsv4_numerics.kernels.sglang.triton import MODULES
 
     dest = tmp_path / "st"
     sg.stage(dest, REAL_WHEEL, log=lambda s: None)

@@ -1,4 +1,4 @@
-"""The V4.1 kernel adapters' plumbing on CPU (``kernels/v41_attention.py``): FlashMLA V4.1 decode
+"""The V4.1 kernel adapters' plumbing on CPU (``kernels/flashmla/v41.py``): FlashMLA V4.1 decode
 against the stand-in interface (``_fake_flashmla``, which reads 528/288-byte records interleaved
 and accepts 288 B only as the extra cache), the path / byte-order refusals, the probe turning the
 library's refusal into an ``unavailable`` reason, and the prefill workspace offsets (a stand-in
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import tests.kernels._fake_flashmla as FAKE
-from dsv4_numerics.kernels import flashmla, registry
-from dsv4_numerics.kernels import v41_attention as V
+from dsv4_numerics.kernels import registry
+from dsv4_numerics.kernels.flashmla import sparse as flashmla
+from dsv4_numerics.kernels.flashmla import v41 as V
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.reference.caches import v41 as cache_v41

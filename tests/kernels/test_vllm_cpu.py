@@ -1,4 +1,4 @@
-"""vLLM's CPU backend (``kernels/vllm_cpu.py``): production kernels judged on the CPU runners.
+"""vLLM's CPU backend (``kernels/vllm/cpu.py``): production kernels judged on the CPU runners.
 
 The matrix rows themselves are ``test_matrix.py``'s (every available entry x its stage's cases).
 Here: hypothesis fuzzing of the CPU SWA writer under its declared policies (``ci`` profile), the
@@ -16,13 +16,13 @@ import torch
 from hypothesis import example, given
 
 from dsv4_numerics.kernels import probe, registry
-from dsv4_numerics.kernels import vllm_cpu as V
+from dsv4_numerics.kernels.vllm import cpu as V
 from dsv4_numerics.oracles import bytes_diff as bd
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.reference.caches import model1 as cm
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.constants import NOPE_DIM, N_TILES, TILE
-from dsv4_numerics.strategies_attention import decode_cases
+from dsv4_numerics.strategies.attention import decode_cases
 
 from .test_fuzz_writers import HUGE, NONFINITE, TIES, TINY, WriterSpec, run_writer, writer_specs
 

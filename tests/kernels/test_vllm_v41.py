@@ -1,4 +1,4 @@
-"""kernels/vllm_v41.py on CPU: the registry entries, their probes' reasons, the argument conversions
+"""kernels/vllm/v41.py on CPU: the registry entries, their probes' reasons, the argument conversions
 (views, copies, record dispatch, the V4.1 index-builder contract differences), and each call path
 end to end through stand-in production modules that apply the reference to exactly the arguments
 the adapter hands over (so a wrong view, stride, slot or record fails the stage's judge). The real
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dsv4_numerics.kernels import probe as P
-from dsv4_numerics.kernels import vllm_triton as VT
-from dsv4_numerics.kernels import vllm_v41 as V
+from dsv4_numerics.kernels.vllm import triton as VT
+from dsv4_numerics.kernels.vllm import v41 as V
 from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.reference.caches import model1 as cache_model1

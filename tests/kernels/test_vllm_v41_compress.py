@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from dsv4_numerics.kernels import vllm_v41 as V
+from dsv4_numerics.kernels.vllm import v41 as V
 from dsv4_numerics.oracles import matrix
 from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import default_cases

@@ -1,4 +1,4 @@
-"""MLA-family kernel entries (kernels/mla_family.py) on CPU: declarations, probes, pure conversion
+"""MLA-family kernel entries (kernels/flashmla/mla_family.py) on CPU: declarations, probes, pure conversion
 helpers, and the whole judge chain (oracles.matrix + oracles.stages) on the MLA cases with a
 reference positive control and mutants that must be caught."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dsv4_numerics.kernels import mla_family as mf
+from dsv4_numerics.kernels.flashmla import mla_family as mf
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import run_entry

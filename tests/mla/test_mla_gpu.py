@@ -1,4 +1,4 @@
-"""MLA-family kernels on a GPU: every available entry of kernels/mla_family.py on its stage's
+"""MLA-family kernels on a GPU: every available entry of kernels/flashmla/mla_family.py on its stage's
 default cases, judged by oracles.matrix with the shipped tolerances plus oracles/tolerances_mla.jsonl,
 and the V3.2 scale-decoding policy each FlashMLA build actually implements.
 
@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from dsv4_numerics.kernels import mla_family as mf
+from dsv4_numerics.kernels.flashmla import mla_family as mf
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.stages.mla import MLA_TOLERANCES_PATH, v32_policy_fit
 from dsv4_numerics.oracles.tolerances import DEFAULT_PATH, Tolerances

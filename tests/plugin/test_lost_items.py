@@ -1,4 +1,4 @@
-"""``dsv4_numerics.lost_items`` (loaded by this repository's root conftest): under xdist, an item a
+"""``dsv4_numerics.plugin.lost_items`` (loaded by this repository's root conftest): under xdist, an item a
 worker collected but never reported fails the session by name. A foreign suite in a temp dir, run
 in a subprocess; its conftest makes a worker run one chosen item without any report -- what one GPU
 run of this suite did to a case group (README "How many workers")."""
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from dsv4_numerics.lost_items import MAX_LISTED, Ledger
+from dsv4_numerics.plugin.lost_items import MAX_LISTED, Ledger
 
 pytest.importorskip("xdist")
 
@@ -51,7 +51,7 @@ def _run(tmp_path, *args, **env):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DSV4_"))}
     e.update(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # xdist and the plugin under test, no other
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-q", "-n", "2",
-                           "-p", "dsv4_numerics.lost_items", *args],
+                           "-p", "dsv4_numerics.plugin.lost_items", *args],
                           cwd=tmp_path, capture_output=True, text=True, env=e, timeout=240)
 
 

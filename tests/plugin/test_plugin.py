@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from dsv4_numerics.pytest_plugin import arch_skip_reason
+from dsv4_numerics.plugin.hooks import arch_skip_reason
 
 
 def _env(**extra) -> dict:
@@ -97,11 +97,11 @@ def test_unrelated_suite_is_unchanged_and_torch_free(tmp_path):
 
 
 def test_arch_marker_skip_and_parametrize_cases_ids(tmp_path):
-    from dsv4_numerics.testing import cases
+    from dsv4_numerics.api.testing import cases
 
     _suite(tmp_path, {"test_arch.py": '''
         import pytest
-        from dsv4_numerics.pytest_plugin import parametrize_cases
+        from dsv4_numerics.plugin.hooks import parametrize_cases
 
         @pytest.mark.dsv4_sm90
         def test_needs_h200():
@@ -190,7 +190,7 @@ def test_the_xdist_controller_writes_its_report_in_a_thread_and_raises_its_error
     import threading
     from types import SimpleNamespace
 
-    from dsv4_numerics import pytest_plugin as pp
+    from dsv4_numerics.plugin import hooks as pp
 
     gate, calls = threading.Event(), []
 

@@ -19,7 +19,7 @@ SUITE = {
         import pytest
         import dsv4_numerics as dn
         from dsv4_numerics.oracles import stages as st
-        from dsv4_numerics.pytest_plugin import parametrize_cases
+        from dsv4_numerics.plugin.hooks import parametrize_cases
 
         STAGE = "swa_indices"  # an index stage: cases and judging take milliseconds
         SPEC = st.STAGES[STAGE]

@@ -24,7 +24,7 @@ from dsv4_numerics.reference.caches.model1 import (
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip
 from dsv4_numerics.reference.formats.quant import dequantize_tiles, quantize_tiles
-from dsv4_numerics.strategies import bf16_rows, cache_geometries, slot_mappings
+from dsv4_numerics.strategies.cache import bf16_rows, cache_geometries, slot_mappings
 
 QA, QS = ScaleRule.AMAX_CLAMP, ScaleRule.SCALE_CLAMP
 

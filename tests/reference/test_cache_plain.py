@@ -18,7 +18,7 @@ from dsv4_numerics.reference.caches.plain import (
 )
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import NonFinite, SlotSkip
-from dsv4_numerics.strategies import bf16_rows, slot_mappings
+from dsv4_numerics.strategies.cache import bf16_rows, slot_mappings
 
 
 def row(values: dict[int, float]) -> torch.Tensor:

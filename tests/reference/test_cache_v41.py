@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsv4_numerics.strategies_v41 import (
+from dsv4_numerics.strategies.v41 import (
     e2m1_saturation_groups,
     e2m1_tie_groups,
     subnormal_scale_groups,

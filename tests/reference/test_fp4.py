@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from dsv4_numerics.strategies_v41 import (
+from dsv4_numerics.strategies.v41 import (
     E2M1_TIES,
     e2m1_saturation_groups,
     e2m1_tie_groups,

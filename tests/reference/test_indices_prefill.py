@@ -17,7 +17,7 @@ from dsv4_numerics.reference.indices.prefill import (
     get_prefill_chunk_plan,
     prefill_workspace_rows,
 )
-from dsv4_numerics.strategies_index import batches
+from dsv4_numerics.strategies.index import batches
 
 M1 = -1
 

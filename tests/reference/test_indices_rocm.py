@@ -17,7 +17,7 @@ from dsv4_numerics.reference.indices.rocm import (
     compute_global_topk_ragged_indices_and_indptr,
 )
 from dsv4_numerics.reference.indices.slots import compute_global_topk_indices_and_lens
-from dsv4_numerics.strategies_index import batches, is_prefix_row, topk_rows
+from dsv4_numerics.strategies.index import batches, is_prefix_row, topk_rows
 
 M1 = -1
 

@@ -18,7 +18,7 @@ from dsv4_numerics.reference.indices.slots import (
     local_to_global_slots,
     slots_to_request_positions,
 )
-from dsv4_numerics.strategies_index import batches, topk_rows
+from dsv4_numerics.strategies.index import batches, topk_rows
 
 M1 = -1
 

@@ -17,7 +17,7 @@ from dsv4_numerics.reference.indices.window import (
     compute_swa_indices_and_lens,
     fill_short_context_topk_indices,
 )
-from dsv4_numerics.strategies_index import batches
+from dsv4_numerics.strategies.index import batches
 
 M1 = -1
 

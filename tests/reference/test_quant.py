@@ -27,7 +27,7 @@ from dsv4_numerics.reference.formats.quant import (
     quantize_tiles,
     tile_exponent,
 )
-from dsv4_numerics.strategies import bf16_rows, bf16_tensors, boundary_tiles, tie_amax, tiles
+from dsv4_numerics.strategies.cache import bf16_rows, bf16_tensors, boundary_tiles, tie_amax, tiles
 
 QA, QS = ScaleRule.AMAX_CLAMP, ScaleRule.SCALE_CLAMP
 NAN, INF = float("nan"), float("inf")

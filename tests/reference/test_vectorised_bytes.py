@@ -20,7 +20,7 @@ from dsv4_numerics.reference.formats import quant
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP, HEAD_DIM, N_TILES, TILE
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
-from dsv4_numerics.strategies import bf16_rows, bf16_tensors, boundary_tiles, cache_geometries
+from dsv4_numerics.strategies.cache import bf16_rows, bf16_tensors, boundary_tiles, cache_geometries
 
 from . import bytes_slow as slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dsv4_numerics.check import SCHEMA as CHECK_SCHEMA
+from dsv4_numerics.runner.check import SCHEMA as CHECK_SCHEMA
 from dsv4_numerics.oracles.report import Result, report_dict
 
 

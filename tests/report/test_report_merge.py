@@ -10,8 +10,8 @@ import pytest
 
 from dsv4_numerics import cli
 from dsv4_numerics.reference.errors import InputError
-from dsv4_numerics.report_diff import diff_matrices
-from dsv4_numerics.report_merge import merge_reports
+from dsv4_numerics.report.diff import diff_matrices
+from dsv4_numerics.report.merge import merge_reports
 
 from ._reports import R, check_report, meta, pytest_report, unavailable_row
 
@@ -130,7 +130,7 @@ def test_diff_flags_each_kind_of_change_and_gates_on_regressions(tmp_path, capsy
 def test_diff_and_page_name_the_sglang_version(tmp_path, capsys):
     """A run that staged SGLang next to vLLM: ``report diff`` and the HTML page name both versions (the
     base run staged vLLM only, so its line names vLLM alone)."""
-    from dsv4_numerics import report_html
+    from dsv4_numerics.report import html as report_html
 
     base, new = _diff_pair(tmp_path, [R(E, "c1", "pass", 1.0, 4.0)],
                            meta("sm90", vllm="0.34.0", commit="bbbb", sglang="0.5.23"))

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from dsv4_numerics import report_html
-from dsv4_numerics.report_merge import merge_reports
+from dsv4_numerics.report import html as report_html
+from dsv4_numerics.report.merge import merge_reports
 
 from .test_report_merge import E, _three_runs
 

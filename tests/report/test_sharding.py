@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dsv4_numerics.report_merge import merge_reports
+from dsv4_numerics.report.merge import merge_reports
 from tests.plugin.test_plugin import _pytest, _suite
 
 pytest.importorskip("pytest_split", reason="pytest-split is not installed (pip install pytest-split)")

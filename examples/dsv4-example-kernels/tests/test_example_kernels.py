@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import dsv4_numerics as dn
-from dsv4_numerics.pytest_plugin import parametrize_cases
+from dsv4_numerics.plugin.hooks import parametrize_cases
 
 from dsv4_example_kernels.decode import sparse_decode
 from dsv4_example_kernels.swa_writer import swa_write

