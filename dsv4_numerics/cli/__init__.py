@@ -547,6 +547,3 @@ def main(argv: list[str] | None = None) -> int:
         _err(f"internal error: {type(e).__name__}: {e} (set DSV4_TRACEBACK=1 for the traceback)")
         return EXIT_INTERNAL
 
-
-if __name__ == "__main__":
-    sys.exit(main())
