@@ -18,20 +18,13 @@ import argparse
 import html
 import importlib
 import inspect
+import os
 import re
+import shutil
+from pathlib import Path
 
 CLI_MARK = "<!-- generated: cli-reference -->"
 POLICY_MARK = "<!-- generated: policy-catalogue -->"
-
-
-def _import_first(*names: str):
-    err: Exception | None = None
-    for n in names:
-        try:
-            return importlib.import_module(n)
-        except ImportError as e:  # noqa: PERF203 - a short list
-            err = e
-    raise err  # type: ignore[misc]
 
 
 def _cell(text: str) -> str:
@@ -80,7 +73,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             extra.append("choices: " + ", ".join(f"`{c}`" for c in a.choices))
         if isinstance(a, argparse._AppendAction) and "repeatable" not in (a.help or ""):  # noqa: SLF001
             extra.append("repeatable")
-        cell = _cell(help_text)
+        cell = _cell(help_text) or "-"
         if extra:
             cell += " (" + "; ".join(extra) + ")"
         rows.append(f"| {name} | {cell} |")
@@ -108,7 +101,20 @@ def _command_section(path: list[str], parser: argparse.ArgumentParser, summary: 
 
 
 def cli_reference_markdown() -> str:
-    """The reference of every command and option, walked from the argparse parser."""
+    """The reference of every command and option, walked from the argparse parser (usage lines
+    wrapped at 100 columns whatever the terminal, so the page is the same on every machine)."""
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        return _cli_reference_markdown()
+    finally:
+        if saved is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved
+
+
+def _cli_reference_markdown() -> str:
     cli = importlib.import_module("dsv4_numerics.cli")
     parser = cli.build_parser()
     parser.prog = "dsv4-numerics"
@@ -203,7 +209,7 @@ def _policy_enums() -> dict[str, type]:
 def policy_catalogue_markdown() -> str:
     """The catalogue of named policies, generated from the enums and the kernel registry."""
     registry = importlib.import_module("dsv4_numerics.kernels.registry")
-    search = _import_first("dsv4_numerics.api.policy_search", "dsv4_numerics.policy_search")
+    search = importlib.import_module("dsv4_numerics.api.policy_search")
     enums = _policy_enums()
     entries = registry.all_entries()
     declared: dict[tuple[str, str], list[str]] = {}
@@ -265,7 +271,35 @@ def policy_catalogue_markdown() -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- the hook
+# --------------------------------------------------------------------------- the import root
+
+REPO = Path(__file__).resolve().parents[2]
+# pyproject.toml's package-dir: the lower layers are installed inside the dsv4_numerics namespace
+LAYERS = {"reference": "reference", "oracles": "oracles", "kernels": "kernels", "fixtures": "fixtures"}
+
+
+def build_import_root(root: Path) -> Path:
+    """A folder whose ``dsv4_numerics/`` is laid out as installed (the application's files plus the
+    lower layers as sub-packages), made of symbolic links, for mkdocstrings' static source search."""
+    pkg = root / "dsv4_numerics"
+    if root.exists():
+        shutil.rmtree(root)
+    pkg.mkdir(parents=True)
+    for child in (REPO / "dsv4_numerics").iterdir():
+        if child.name != "__pycache__":
+            (pkg / child.name).symlink_to(child)
+    for name, folder in LAYERS.items():
+        (pkg / name).symlink_to(REPO / folder)
+    return root
+
+
+# --------------------------------------------------------------------------- the hooks
+
+
+# Made when MkDocs loads this hook, before any plugin reads its configuration: mkdocstrings'
+# Python handler keeps only the search paths that exist when it starts (mkdocs.yml: ``paths``).
+IMPORT_ROOT = build_import_root(REPO / "build" / "docs-import-root")
+
 
 
 def on_page_markdown(markdown: str, page, config, files):  # noqa: ARG001 - the MkDocs hook signature
