@@ -38,8 +38,10 @@ def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
                            "-d", str(site)], cwd=root, capture_output=True, text=True, timeout=600)
 
 
-# the tests that read one built site run on one xdist worker, which builds it once
+# the tests that read one built site run on one xdist worker, which builds it once; each build
+# takes several seconds, so they are scheduled first (root conftest: ``slow``)
 ON_ONE_SITE = pytest.mark.xdist_group(name="docs-site")
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
