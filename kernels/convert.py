@@ -2,7 +2,7 @@
 
 Everything here is plain torch on whatever device the tensors live on, CPU-testable, and exact
 (integer and copy operations only; the one float conversion, ``lse_plus_inf_to_minus_inf``, only
-replaces a sentinel). Conventions (DESIGN.md "Canonical data conventions"; attention.md 1.2,
+replaces a sentinel). Conventions (docs/architecture.md "Canonical data conventions"; attention.md 1.2,
 1.4, 2.2, 2.5):
 
 * query heads are padded with zero rows and the sink with ``-inf`` (vLLM ``attention.py:248-250``

@@ -8,7 +8,7 @@ cycle. A family module that does not exist yet contributes nothing; an ``ImportE
 *inside* an existing family module is a bug and propagates.
 
 Production packages are never imported here: each entry's ``probe`` and ``call`` import them
-lazily (DESIGN.md, dependency direction).
+lazily (docs/architecture.md, the layers).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class UnknownKernelError(InputError):
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """One production kernel driven through the canonical call of one stage (DESIGN.md).
+    """One production kernel driven through the canonical call of one stage (docs/architecture.md).
 
     name:            readable id used in test ids, ``"<package>.<kernel>[.<variant>]"``
     stage:           a stage name of ``reference.cases`` (its default cases feed the matrix)

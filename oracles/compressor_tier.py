@@ -3,7 +3,7 @@
 A compressor kernel (``compress_norm_rope_store_triton``) writes 584-byte records from its own
 fp32 ``normed`` (``tl.softmax``, the weighted window sum, the 512-term sum of squares,
 ``rsqrt.approx``), so its bytes are NOT bit-exact with the reference's records from the bf16
-pre-quantisation boundary (H7). This is the rounding-error model engineer E2 derived for
+pre-quantisation boundary (H7). This is the rounding-error model derived for
 ``tests/kernels/test_fuzz_writers.py`` (section "the Triton compressor"), kept here as the one
 copy: the ``compressor`` StageSpec and that GPU fuzz test both judge the kernel's ``cache`` output
 with this tier:

@@ -39,7 +39,7 @@ Tier B (FP8-compute routes, attention 4.1 [inferred]): model ``_softmax_model(p_
         logit scale ``F = scale ||q|| max_k ||K_k||`` (``row_scale``). The judge allows
         ``logit_ulps * 2**-23 * F`` per row on top of ``atol`` / ``rtol``: the statistics are
         1-Lipschitz in the logits, and the logit error grows with ``F`` (q x 2**11 in the GPU
-        fuzz: FlashMLA's lse 19-91 fp32 ulps of the lse value off, issue 23), not with the lse.
+        fuzz: FlashMLA's lse 19-91 fp32 ulps of the lse value off), not with the lse.
 Tier B lse adds the FP8 MMA accumulation term ``2**-14 * max scale * sum_i |q_i k_i|`` to the
   model's error (Hopper FP8 MMAs keep ~14 accumulation bits, DeepSeek-V3 report 3.3.2; the LSE
   is 1-Lipschitz in the logits).

@@ -1,4 +1,4 @@
-"""The one matrix runner: judge any entry-like object on its stage's cases (DESIGN.md).
+"""The one matrix runner: judge any entry-like object on its stage's cases (docs/architecture.md).
 
 ``run_entry(entry, cases=None, device=None, arch=None, tolerances=None) -> list[Result]``
 

@@ -8,7 +8,7 @@ reading them is judged by its anomaly positions). By Cauchy-Schwarz ``F >= scale
 k_d|`` for every attended ``k``: it bounds every logit's magnitude and the magnitude of the partial
 sums an accumulation chain over ``d`` holds.
 
-Why the statistics need it (issue 23): a kernel accumulates each logit in fp32, so each logit is
+Why the statistics need it: a kernel accumulates each logit in fp32, so each logit is
 off by up to a few fp32 units of ``F`` (the chain's partial sums reach ``F``, not the logit, under
 cancellation), and ``lse`` / ``max_logits`` are 1-Lipschitz in the logits (max norm): their error
 has a term ``c * 2**-23 * F`` that grows with the row's logit magnitude and has nothing to do with

@@ -1,7 +1,7 @@
 """Constants of the DSv4 formats, defined once.
 
-Every number here is cited to the project spec (``../shared/spec``): ``datapath.md`` (D) and
-``attention.md`` (A). Units are stated per constant: bytes, dims (elements), or plain values.
+Every number here is cited to the DSv4 specification the reference implements: the data path (D)
+and the sparse attention (A), by section. Units are stated per constant: bytes, dims (elements), or plain values.
 No other module may re-state these numbers; import them from here.
 """
 

@@ -54,6 +54,9 @@ class NonFinite(_StrEnum):
         element 51 of a tile makes the whole tile NaN); a NaN element -> 0x7E as TRITON; a tile
         whose amax is NaN or Inf gets scale byte 127 (exponent 0), not 255, and codes 0x7E for
         every element of a NaN tile, +-0 / 0x7E for the finite / Inf elements of an Inf tile.
+    TORCH_SATURATING: torch 2.13's ``float8_e4m3fn`` cast (torch changed the cast between 2.11 and
+        2.13; TORCH is the 2.11 cast: ``|v|`` rounding to >= 480, +-Inf, NaN -> ``0x7F|sign``): finite
+        overflow and +-Inf -> ``0x7E|sign``, NaN -> ``0x7F|sign``.
     SGLANG_JIT: SGLang 0.5.23's JIT-CUDA V4 store (``fused_store_flashmla_cache``,
         ``SG:kernels/jit/csrc/deepseek_v4/store.cuh:47-80``, helpers
         ``SG:kernels/jit/include/sgl_kernel/deepseek_v4/fp8_utils.cuh:26-45``). The tile amax is a
@@ -68,9 +71,6 @@ class NonFinite(_StrEnum):
     TORCH = "torch"
     CUDA_SATFINITE = "cuda_satfinite"
     TRITON = "triton"
-    # Appended by codecs: torch changed its float8_e4m3fn cast between 2.11 and 2.13. TORCH above
-    # is the 2.11 cast the spec measured (|v| rounding to >= 480, +-Inf, NaN -> 0x7F|sign);
-    # TORCH_SATURATING is the 2.13 cast (finite overflow and +-Inf -> 0x7E|sign, NaN -> 0x7F|sign).
     TORCH_SATURATING = "torch_saturating"
     VLLM_CPU = "vllm_cpu"
     # SGLang 0.5.23 JIT-CUDA V4 store (block below the enum's users; ``SG:`` = the sglang wheel).
@@ -126,14 +126,15 @@ class SlotSkip(_StrEnum):
 
     MINUS1_ONLY: Triton ``quantize_and_insert_k_cache`` (other negatives would write out of bounds).
     ALL_NEGATIVE: CUDA writer (every negative slot is skipped).
+    NEGATIVE_WRAPS: NO slot is skipped; a negative slot ``s`` in ``[-capacity, -1]`` writes slot
+        ``capacity + s`` (the last rows of the pool); ``s < -capacity`` is out of bounds -- SGLang
+        0.5.23 ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (``SG:kernels/ops/attention/
+        dsv4/kv_norm_rope_store.py:45-47``, "Preserve PyTorch indexed assignment's negative-index
+        interpretation").
     """
 
     MINUS1_ONLY = "minus1_only"
     ALL_NEGATIVE = "all_negative"
-    # SGLang 0.5.23 ``kv_norm_rope_store.fused_k_norm_rope_uniform_fp8`` (``SG:kernels/ops/attention/
-    # dsv4/kv_norm_rope_store.py:45-47``, "Preserve PyTorch indexed assignment's negative-index
-    # interpretation"): NO slot is skipped; a negative slot ``s`` in ``[-capacity, -1]`` writes slot
-    # ``capacity + s`` (the last rows of the pool); ``s < -capacity`` is out of bounds.
     NEGATIVE_WRAPS = "negative_wraps"
 
 
@@ -177,7 +178,11 @@ class LseConvention(_StrEnum):
 
 
 class NanPolicy(_StrEnum):
-    """NaN in a *valid* KV row (attention 2.7): FlashMLA propagates, ROCm Triton scrubs to 0."""
+    """NaN in a *valid* KV row (attention 2.7).
+
+    PROPAGATE: the NaN reaches the output of every query that attends to the row (FlashMLA).
+    SCRUB: the row's NaN values are read as 0 (ROCm Triton).
+    """
 
     PROPAGATE = "propagate"
     SCRUB = "scrub"
@@ -189,19 +194,24 @@ class RopeArithmetic(_StrEnum):
     FMA: the production writers' contraction ``even' = fma(e, cos, -fl32(o*sin))``,
         ``odd' = fma(e, sin, fl32(o*cos))`` emulated exactly.
     SEPARATE: plain separate fp32 multiplies then add/sub (PyTorch, CuTe compressor).
+    FMA_TRITON: the Triton contraction, where the *first* product written in each expression is
+        fused (compressor forward ``odd*cos + even*sin`` -> ``fma(o, cos, fl32(e*sin))``;
+        ``fused_inv_rope_fp8_quant`` ``x*cos +- x'*sin`` -> ``fma(x, cos, +-fl32(x'*sin))``;
+        ``reference/pipeline/rope.py`` documents the exact formulas).
     """
 
     FMA = "fma"
     SEPARATE = "separate"
-    # Appended by the attention work (reference/pipeline/rope.py documents the exact formulas):
-    # the Triton contraction, where the *first* product written in each expression is fused
-    # (compressor forward ``odd*cos + even*sin`` -> ``fma(o, cos, fl32(e*sin))``;
-    # fused_inv_rope_fp8_quant ``x*cos +- x'*sin`` -> ``fma(x, cos, +-fl32(x'*sin))``).
     FMA_TRITON = "fma_triton"
 
 
 class AttentionMode(_StrEnum):
-    """Oracle arithmetic: EXACT fp64, or BF16_P emulation of the bf16 kernels (attention 7)."""
+    """Oracle arithmetic (attention 7).
+
+    EXACT: the float64 oracle alone.
+    BF16_P: the kernel rounds the softmax weights ``P`` to bf16 before ``P.V``; the judge also
+        applies the three-output rule against the oracle's bf16-P emulation.
+    """
 
     EXACT = "exact"
     BF16_P = "bf16_p"
@@ -235,7 +245,7 @@ class Ue8m0Consumer(_StrEnum):
 
 class V32ScaleDecode(_StrEnum):
     """How a consumer applies a V3.2 656-byte row's fp32 tile scale ``s`` to an E4M3 code ``c``
-    (datapath 1.5, attention.md 6 and H11; appended by the MLA-family owner).
+    (datapath 1.5, attention.md 6 and H11).
 
     All three agree whenever ``s`` is a power of two in the normal range (FlashMLA's quantiser
     only writes such scales); they differ on arbitrary fp32 scales, which the format allows.
@@ -321,7 +331,7 @@ class Nvfp4NonFinite(_StrEnum):
         ``clamp(Inf / 6, 2**-9, 448)`` is 448 (byte 0x7E); ``div_rn`` keeps NaN / +-Inf; then
         ``cvt.rn.satfinite.e2m1x2.f32`` saturates +-Inf to +-6 (codes 0x7 / 0xF) and, E2M1 having
         no NaN, writes NaN as positive MAX_NORM (+6, code 0x7; PTX ISA ``cvt`` ``.satfinite``; not
-        yet observed on hardware: the instruction exists only on sm100+, where the lead confirms it).
+        yet observed on hardware: the instruction exists only on sm100+).
         A group whose 16 elements are all NaN has ``amax = NaN``, and ``tl.clamp`` of NaN is
         unspecified: out of contract, the reference raises. The value is ``"triton"``, as
         ``NonFinite.TRITON``, so one declared ``nonfinite`` serves both records of the producer.

@@ -1,4 +1,4 @@
-"""Deliberately wrong implementations of the pipeline stages (the mutation suite, issue 5).
+"""Deliberately wrong implementations of the pipeline stages (the mutation suite).
 
 Each mutant is a small function over the reference that reproduces one real bug class (cited),
 wrapped as an entry-like object with the fields of ``kernels.registry.KernelEntry`` (family
@@ -467,7 +467,7 @@ def _lse_sink_merged(case: Case) -> dict:
 
 def _lse_offset(case: Case) -> dict:
     """LSE off by a constant ``LSE_OFFSET`` (a stale correction term): the per-row logit allowance
-    (issue 23) must not hide it."""
+    must not hide it."""
     r = _oracle(case, _segs(case))
     return _attn_out(r, r.lse + LSE_OFFSET)
 
@@ -551,7 +551,7 @@ def _oob_clamped(case: Case) -> dict:
     return _attn_out(_oracle(case, [Segment(s.rows, clamped, s.length, s.rule)]))
 
 
-# --------------------------------------------------------------------------- sweep dimensions (issue 23)
+# --------------------------------------------------------------------------- sweep dimensions
 # Each is caught only by the default cases of its dimension (``case.params["dimension"]``);
 # tests/test_mutants.py shows it passes every default case without that dimension.
 
@@ -866,7 +866,7 @@ MUTANTS: list[MutantEntry] = [
        fp8=Fp8Flavour.E4M3FNUZ.value, fp8_clamp="224.0"),
     _m("compressed_scale_rule_swapped", "compressed_write", "Q_A where the CuTe compressor uses Q_S (H1)",
        _insert_with(ScaleRule.AMAX_CLAMP.value)),
-    # DeepSeek-V4.1 records (issue 22)
+    # DeepSeek-V4.1 records
     _m("v41_page_footer_for_interleaved", "v41_write", "V4.1 record written in FlashInfer 0.7.2's page-footer order "
        "where vLLM 0.33.0 / FlashMLA read interleaved records (vFMLA :122-128 BREAKING CHANGE, H13)",
        _v41_insert_with(layout="page_footer")),
@@ -945,8 +945,8 @@ MUTANTS: list[MutantEntry] = [
     _m("sink_scaled", "decode", "sink multiplied by the softmax scale (H14)", _sink_scaled),
     _m("lse_base2", "decode", "LSE returned in base 2 (FlashMLA README, H1)", _lse_base2),
     _m("lse_plus_inf_lonely_unconverted", "decode", "FlashMLA's +inf empty-row LSE not converted (H1)", _lse_plus_inf_lonely),
-    _m("lse_sink_merged", "decode", "sink term folded into the sink-free LSE (attention 2.2; issue 23)", _lse_sink_merged),
-    _m("lse_constant_offset", "decode", "LSE off by a constant 2**-12 (issue 23: hidden by no per-row allowance)",
+    _m("lse_sink_merged", "decode", "sink term folded into the sink-free LSE (attention 2.2)", _lse_sink_merged),
+    _m("lse_constant_offset", "decode", "LSE off by a constant 2**-12 (hidden by no per-row allowance)",
        _lse_offset),
     _m("lonely_query_nan", "decode", "0/0 for a query with no valid key (attention 2.4)", _lonely_nan),
     _m("rowsum_in_bf16", "decode", "softmax row sum accumulated in bf16 (attention 4.1: L stays fp32)",
@@ -958,7 +958,7 @@ MUTANTS: list[MutantEntry] = [
        _topk_length_ignored),
     _m("prefill_topk_length_ignored", "prefill", "topk_length not passed to the prefill kernel (vLLM#36616)",
        _topk_length_ignored),
-    # sweep dimensions (issue 23): each caught only by the default cases of its dimension
+    # sweep dimensions: each caught only by the default cases of its dimension
     _m("page_size_pow2_addressing", "decode", "page/offset by shift and mask: power-of-two page sizes only",
        _pow2_page_addressing, dimension="odd_page_size"),
     _m("topk_tail_dropped", "decode", "top-k loop bounded at the production 512: longer rows truncated",
@@ -1000,7 +1000,7 @@ MUTANTS: list[MutantEntry] = [
        reference_entry("decode", {"fp8_decode": "exp0_as_normal"}).call),
 
 
-    # DeepSeek-V4.1 attention and query quantiser (issue 22, part A)
+    # DeepSeek-V4.1 attention and query quantiser
     _m("v41_mxfp8_scales_per_64_dims", "v41_sparse_decode", "MXFP8 UE8M0 byte j applied to dims [64j, 64j+64): V4's "
        "tile width kept for the 32-wide V4.1 groups (cache_utils.py:44-45 'one UE8M0 scale per 32 dims')",
        _v41_reader(main={"scales_per_64": True})),

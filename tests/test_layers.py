@@ -1,4 +1,4 @@
-"""The dependency direction of DESIGN.md, checked on the source: each layer imports only the
+"""The dependency direction of docs/architecture.md (the layers), checked on the source: each layer imports only the
 layers above it, and importing a lower layer does not drag the application in.
 
 Layers (top = imported by everything below it):

@@ -94,7 +94,7 @@ SWEEP_MUTANTS = [m for m in MUTANTS if m.dimension]
 
 
 def test_sweep_dimensions_have_their_mutants():
-    # every sweep dimension a default case exercises for detection (issue 23) has a mutant
+    # every sweep dimension a default case exercises for detection has a mutant
     assert {m.dimension for m in SWEEP_MUTANTS} == {"odd_page_size", "long_topk", "empty_main", "kv_magnitude",
                                                      "q_magnitude"}
 
@@ -102,7 +102,7 @@ def test_sweep_dimensions_have_their_mutants():
 @pytest.mark.parametrize("mutant", SWEEP_MUTANTS, ids=[m.name for m in SWEEP_MUTANTS])
 def test_sweep_mutant_is_caught_only_by_its_dimension(mutant, matrix_results):
     # the dimension adds detection: the mutant passes every default case that does not exercise
-    # its dimension (the defaults before issue 23 among them) and fails one that does
+    # its dimension (the defaults before the sweep among them) and fails one that does
     own, other = [], []
     for case in _cases(mutant.stage):
         (own if mutant.dimension in case.params.get("dimension", ()) else other).append(case)

@@ -227,7 +227,7 @@ def _state(config) -> _State:
 
 
 def results_of(config) -> list:
-    """The Results collected so far in this session (the controller's view under xdist)."""
+    """The Results collected so far in this pytest run (the controller's view under xdist)."""
     return list(_state(config).results)
 
 

@@ -56,10 +56,9 @@ class BrokerUnreachable(BrokerError):
 
 def default_per_gpu(workers: int, gpus: int) -> int:
     """Children per GPU by default: one per two xdist workers on it, at least 2. A worker whose
-    matrix case group waits for a busy child idles its core: with one child per four workers (the
-    previous default) the 16 workers of one H200 waited 173 s on the children in all; one per two
-    on the same 4-H200 host: 120 s, and the run took 56.1 s against 63.3 s (pytest's wall, the
-    second run of the machine against its first). Each child more is one CUDA context more."""
+    matrix case group waits for a busy child idles its core: on one H200 of a 4-H200 host, the 16
+    workers waited 173 s in all for the children with one child per four workers, 120 s with one
+    per two. Each child more is one CUDA context more (docs/performance.md)."""
     per = -(-max(1, workers) // max(1, gpus))
     return max(2, per // 2)
 

@@ -1,4 +1,4 @@
-"""Kernel entries of the rest of the MLA family the DSv4 kernels also serve (issue 8):
+"""Kernel entries of the rest of the MLA family the DSv4 kernels also serve:
 DeepSeek-V3.2 sparse decode over the 656-byte cache, and dense paged MLA decode / prefill of
 DeepSeek-R1/V3 and Kimi (stages ``v32_decode``, ``dense_mla_decode``, ``dense_mla_prefill`` of
 ``reference.cases.mla``).

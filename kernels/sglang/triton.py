@@ -203,7 +203,7 @@ def gather_args(inputs: dict) -> dict:
     slots, req, row = gather_slots(inputs)
     view = readable_pages(inputs["cache"], bs, TRITON_PAGE_ALIGN)  # [nb, bs, 584], strides (P', 584, 1)
     nb, p = view.shape[0], view.stride(0)
-    pages = torch.as_strided(view, (nb, p), (p, 1))  # the allocation holds nb * P' bytes (DESIGN.md)
+    pages = torch.as_strided(view, (nb, p), (p, 1))  # the allocation holds nb * P' bytes (docs/architecture.md)
     r = inputs["block_table"].shape[0]
     g = inputs.get("gather_lens")
     g = inputs["seq_lens"] if g is None else g

@@ -1,5 +1,5 @@
 """One declarative ``StageSpec`` per pipeline stage: the reference outputs under an entry's declared
-policies, and the judge that compares a kernel's canonical outputs with them (DESIGN.md
+policies, and the judge that compares a kernel's canonical outputs with them (docs/architecture.md
 "The protocols"; spec README 2-4).
 
 ``StageSpec(name, kind, outputs, defaults, expected, judge)``:

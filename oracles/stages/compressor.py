@@ -58,7 +58,7 @@ def _expected_compressor(case: Case, policies: dict) -> dict:
 def _judge_compressor(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
     """``normed`` (fp32 ``[M, 512]``) by the tolerance record (H7: producers' reductions differ),
     and/or ``cache`` (the production kernel's output: the compressed 584-byte records) by the
-    compressor tier of ``oracles.compressor_tier`` (E2's rounding-error model: NoPE bytes cannot be
+    compressor tier of ``oracles.compressor_tier`` (the GPU fuzz test's rounding-error model: NoPE bytes cannot be
     bit-exact across producers, H7; bytes outside the records must be untouched). At least one of
     the two must be returned; every returned one is judged."""
     from ..compressor_tier import judge_compressed_records

@@ -3,7 +3,7 @@
 Spec: datapath.md 1.3 (slot formula), 4.1 (local top-k -> global slots + lengths), 4.8
 (compressed write slots), 4.9 / 7 H10 (sentinels); attention.md 1.4, 2.4-2.5.
 
-Conventions (DESIGN.md "Canonical data conventions"):
+Conventions (docs/architecture.md "Canonical data conventions"):
 
 - A *local* index is an index inside one request: a token position for the SWA cache, a
   compressed-entry index ``j`` for a compressed cache. A *global slot* is

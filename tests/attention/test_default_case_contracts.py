@@ -148,7 +148,7 @@ def test_triton_compressor_adapter_on_default_cases_with_reference_fake(monkeypa
 
 
 def test_compressor_tier_is_the_fuzz_tests_tier(monkeypatch):
-    """oracles.compressor_tier is E2's test_fuzz_writers model and the fuzz test judges with it,
+    """oracles.compressor_tier is test_fuzz_writers' model and the fuzz test judges with it,
     not with a copy: its bound ``A`` is ``compressor_error_bound``'s rows and its assertion is
     ``judge_compressed_records``' verdict."""
     import tests.kernels.test_fuzz_writers as fw

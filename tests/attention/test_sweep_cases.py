@@ -1,4 +1,4 @@
-"""The sweep cases of ``decode`` / ``prefill`` (``reference/cases/attention_sweep.py``, issue 23):
+"""The sweep cases of ``decode`` / ``prefill`` (``reference/cases/attention_sweep.py``):
 their row kinds mean what their params say, magnitudes land on the scale bytes they claim, the
 full set spans every dimension it names (checked on its specs, without building 59 GPU-sized
 cases), and the judge stays right on drawn cases (``dsv4_numerics.strategies.attention``): the

@@ -1,4 +1,4 @@
-"""No green without a verdict (issue 12) and external kernel entries in ``check`` / ``kernels``.
+"""No green without a verdict, and external kernel entries in ``check`` / ``kernels``.
 
 Every path here must end non-zero: ``check`` that judged nothing, a missing ``--root``, a
 required entry that is unavailable or only skipped, a glob matching nothing, ``fixtures verify``

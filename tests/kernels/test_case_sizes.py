@@ -1,4 +1,4 @@
-"""Selecting the case set (issue 23): ``DSV4_CASES=default|full`` for the pytest matrix and the
+"""Selecting the case set: ``DSV4_CASES=default|full`` for the pytest matrix and the
 isolated children (``case_files.stage_cases_file``), ``dsv4-numerics check --cases`` for
 ``check``. The full decode/prefill sets themselves: ``tests/attention/test_sweep_cases.py``."""
 

@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of the GPU sparse-attention kernels at production shapes (issue 13 item 6).
+"""Hypothesis fuzzing of the GPU sparse-attention kernels at production shapes.
 
 For each decode / prefill entry of FlashMLA (``flashmla.sparse_decode.sm90``,
 ``flashmla.sparse_prefill.sm90``), of the ROCm Triton kernels (``rocm_triton.sparse_decode*``,
@@ -32,7 +32,7 @@ compressor state rows); batch 32: 42 -> 1-10; C128A batch 128 x 16384: 8 after; 
 ``test_fuzz_sweep_dimensions_and_magnitudes`` draws whole cases from
 ``dsv4_numerics.strategies.attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
 321 under gpu-nightly, lengths present/absent, all-invalid / zero-length / empty-main rows, sink
-on/off, cache, q and sink magnitudes; issue 23), through the same runner.
+on/off, cache, q and sink magnitudes), through the same runner.
 Skips with the probe's reason where the kernel or a GPU is absent.
 """
 
@@ -144,7 +144,7 @@ def test_fuzz_production_shapes(entry_name, record_property):
 @pytest.mark.slow  # 45-63 s per ROCm entry on an H200 (.ci/gpu-scaling): scheduled first
 @pytest.mark.parametrize("entry_name", _entries())
 def test_fuzz_sweep_dimensions_and_magnitudes(entry_name, record_property):
-    # issue 23: page sizes 2-576, top-k up to 2048, batch up to 321 (gpu-nightly), lengths present
+    # the sweep's dimensions: page sizes 2-576, top-k up to 2048, batch up to 321 (gpu-nightly), lengths present
     # or absent per segment, all-invalid / zero-length / empty-main rows, sink on/off, and cache,
     # q and sink magnitudes (dsv4_numerics.strategies.attention)
     from dsv4_numerics.strategies.attention import decode_cases, prefill_cases

@@ -1,5 +1,5 @@
 """GPU hypothesis fuzzing of the production index kernels against the reference builders
-(issue 6 section 3; datapath 4.1, 4.5, 4.7, hazards H10, H11).
+(datapath 4.1, 4.5, 4.7, hazards H10, H11).
 
 Each entry (``kernels/vllm/triton.py``, ``kernels/vllm/rocm_triton.py``) runs drawn inputs through
 its canonical ``call`` and is judged EXACTLY by the same ``oracles.stages`` judge as the kernel

@@ -1,5 +1,5 @@
 """GPU hypothesis fuzzing of the production 584-byte cache writers against the reference
-(issue 6 section 3; datapath 2.0-2.2, 2.8, hazards H1, H3, H5, H16, H17).
+(datapath 2.0-2.2, 2.8, hazards H1, H3, H5, H16, H17).
 
 Each writer entry (``kernels/vllm/cuda.py``, ``kernels/vllm/triton.py``) is called through its
 canonical ``call`` on drawn inputs and compared BIT-EXACTLY with ``reference.caches.model1.insert``

@@ -1,5 +1,5 @@
-"""Every live-kernel verdict of the GPU matrix is the same under both oracle modes (issue 13,
-item 2): each decode / prefill entry's default cases are judged in its isolated child with the
+"""Every live-kernel verdict of the GPU matrix is the same under both oracle modes:
+each decode / prefill entry's default cases are judged in its isolated child with the
 fast oracle on the GPU (the default there) and with the ordered float64 oracle, on the same
 kernel outputs, and the (verdict, rule) pairs must match case by case. The matrix's own kernel
 run provides both (``conftest.kernel_results`` judges these stages with ``_both_modes.both`` on a

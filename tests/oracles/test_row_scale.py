@@ -1,4 +1,4 @@
-"""The softmax statistics' per-row logit term and the scale-relative degenerate floor (issue 23).
+"""The softmax statistics' per-row logit term and the scale-relative degenerate floor.
 
 (a) lse / max_logits: a correct fp32 tensor-core kernel at q x 2**11 passes with the per-row
 allowance ``logit_ulps * 2**-23 * F`` and fails the old fp32-ulp-of-the-value rule; a wrong LSE
@@ -29,7 +29,7 @@ from ..mutants import _sink_negated
 
 
 def _old_rule_tolerances() -> Tolerances:
-    """The shipped records without the per-row logit term: the rule before issue 23."""
+    """The shipped records without the per-row logit term (the earlier rule)."""
     dicts = []
     for path in shipped_paths():
         for line in path.read_text().splitlines():
@@ -111,7 +111,7 @@ def _shifted_statistics(case, rows: float):
 @pytest.mark.dsv4_unreported  # judges deliberately wrong kernels (or the old rule)
 def test_the_worst_modelled_logit_error_passes_and_failed_the_fp32_ulp_rule():
     # the fp32 chains' worst measured logit error (derive: the record's measured logit_ratio) at
-    # q x 2**11: FlashMLA's lse in the GPU fuzz was 19-91 fp32 ulps of the value off (issue 23)
+    # q x 2**11: FlashMLA's lse in the GPU fuzz was 19-91 fp32 ulps of the value off
     ratio = default_tolerances().lookup("any.kernel", "lse").measured["logit_ratio"]
     case = _big_q_case()
     kernel = _shifted_statistics(case, ratio)

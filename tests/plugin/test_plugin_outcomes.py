@@ -1,4 +1,4 @@
-"""The plugin's report is never greener than the run (issue 24, item 4): a foreign project whose
+"""The plugin's report is never greener than the run: a foreign project whose
 tests judge with the public API and then fail in every way a test can -- ``assert_matches_reference``
 raising (the Results never reach ``dsv4_results``), a test failing for its own reasons after its
 Results passed, a test skipping after judging, the xdist worker dying inside a test -- and the

@@ -1,4 +1,4 @@
-"""The fast case-building paths give the bytes of the plain per-request loops (issue 13 item 6).
+"""The fast case-building paths give the bytes of the plain per-request loops.
 
 ``layer.synthetic_history`` and ``layer.write_tokens`` write all requests with one ``insert`` per
 cache (and, with ``donate=True``, in place); ``attend(build_segments=False)`` skips dequantising

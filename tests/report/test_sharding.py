@@ -1,4 +1,4 @@
-"""Sharding (issue 24, item 5): a suite split over N jobs with pytest-split (``--splits N
+"""Sharding: a suite split over N jobs with pytest-split (``--splits N
 --group K``), each shard writing its own ``--dsv4-report``, merges into the same matrix as one
 run of the whole suite. Run as a foreign project in subprocesses (``tests/plugin/test_plugin``)."""
 
