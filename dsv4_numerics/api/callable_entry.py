@@ -10,7 +10,9 @@ them in place, e.g. insert into ``inputs["cache"]`` and return it) that also car
 stage's output contract (:mod:`dsv4_numerics.api.output_contract`) before they are judged.
 
 Outputs are memoised per case name (``memo``), so judging the same outputs under several policy
-sets (``explain``) calls the kernel once per case.
+sets (``explain``) calls the kernel once per case. Each call is announced first
+(:func:`dsv4_numerics.api.result_sink.announce`), so a call that takes the process down still
+leaves a trace the pytest plugin can report.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import V32ScaleDecode
 
 from dsv4_numerics.api.output_contract import OutputContractError, check_outputs
+from dsv4_numerics.api.result_sink import announce
 
 # policy keys honoured by oracles/stages/ beyond the enum and boolean keys of the registry
 # (its module docstring lists them): key -> allowed values (None: a positive float)
@@ -155,6 +158,8 @@ class JudgedEntry:
     def call(self, case: Case) -> Any:
         hit = self.memo.get(case.name)
         if hit is None:
+            announce({"entry": self.name, "stage": self.stage, "case": case.name, "family": self.family,
+                      "device": case_device(case), "policies": dict(self.policies)})
             try:
                 got = self.produce(case)
                 if self.contract:
@@ -178,14 +183,22 @@ class JudgedEntry:
         check_outputs(self.stage, spec.kind, case.name, cpu_case.inputs, exp, got)
 
 
+def case_device(case: Case) -> str:
+    """The device of the case's first tensor input (``"cpu"`` when it has none)."""
+    return next((str(v.device) for v in case.inputs.values() if isinstance(v, torch.Tensor)), "cpu")
+
+
+def call_callable(fn: Callable[[CaseInputs], dict], case: Case) -> Any:
+    """``fn(inputs)`` on ``case`` the way a plain callable is called (module docstring): its
+    tensors as fresh copies, wrapped in a :class:`CaseInputs`."""
+    inputs = {k: fresh(v) if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
+    return fn(CaseInputs(case, inputs))
+
+
 def from_callable(fn: Callable[[CaseInputs], dict], stage: str, policies: dict[str, str], name: str | None,
                   cases: list[Case]) -> JudgedEntry:
-    def produce(case: Case) -> Any:
-        inputs = {k: fresh(v) if isinstance(v, torch.Tensor) else v for k, v in case.inputs.items()}
-        return fn(CaseInputs(case, inputs))
-
     nm = name or callable_name(fn)
-    return JudgedEntry(nm, stage, dict(policies), nm, produce, True,
+    return JudgedEntry(nm, stage, dict(policies), nm, lambda case: call_callable(fn, case), True,
                        cpu_cases={c.name: c for c in cases})
 
 
@@ -209,5 +222,5 @@ def mark_contract_errors(results: list) -> list:
     return results
 
 
-__all__ = ["CaseInputs", "EXTRA_POLICY_KEYS", "JudgedEntry", "callable_name", "check_policies", "fresh",
-           "from_callable", "from_entry", "is_entry_like", "known_policy_keys", "mark_contract_errors"]
+__all__ = ["CaseInputs", "EXTRA_POLICY_KEYS", "JudgedEntry", "call_callable", "callable_name", "case_device",
+           "check_policies", "fresh", "from_callable", "from_entry", "is_entry_like", "known_policy_keys", "mark_contract_errors"]

@@ -7,6 +7,12 @@ judging).
 installed: outside a pytest session with the plugin, ``judge`` behaves exactly as before).
 ``collecting(sink)`` installs ``sink`` for the duration of a ``with`` block. Sinks must accept
 the same Result objects more than once (the plugin deduplicates by identity).
+
+``announce(call)`` tells every watcher (``watching(watcher)``) that a kernel is about to be
+called on one case, *before* the call: ``call`` is a dict with ``entry``, ``stage``, ``case``,
+``family``, ``device`` and ``policies``. If the call takes its process down (a segfault in a
+kernel judged in-process), that announcement is what is left: the plugin writes it to its
+xdist spool so the controller can still report an ``error`` for that kernel and case.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 _SINKS: list[Callable[[list[Any]], None]] = []
+_WATCHERS: list[Callable[[dict], None]] = []
 
 
 def publish(results: list[Any]) -> None:
@@ -23,14 +30,29 @@ def publish(results: list[Any]) -> None:
         sink(list(results))
 
 
+def announce(call: dict) -> None:
+    """Tell every installed watcher that a kernel call starts (module docstring)."""
+    for watcher in list(_WATCHERS):
+        watcher(dict(call))
+
+
 @contextmanager
-def collecting(sink: Callable[[list[Any]], None]) -> Iterator[None]:
-    """Install ``sink`` while the block runs (nested blocks: every installed sink gets them)."""
-    _SINKS.append(sink)
+def _installed(registry: list, fn: Callable) -> Iterator[None]:
+    registry.append(fn)
     try:
         yield
     finally:
-        _SINKS.remove(sink)
+        registry.remove(fn)
 
 
-__all__ = ["collecting", "publish"]
+def collecting(sink: Callable[[list[Any]], None]):
+    """Install ``sink`` while the block runs (nested blocks: every installed sink gets them)."""
+    return _installed(_SINKS, sink)
+
+
+def watching(watcher: Callable[[dict], None]):
+    """Install ``watcher`` (gets every :func:`announce`) while the block runs."""
+    return _installed(_WATCHERS, watcher)
+
+
+__all__ = ["announce", "collecting", "publish", "watching"]

@@ -26,7 +26,20 @@ The kernel under test (``fn``) is either
   with one message naming the output and what was expected; or
 * a :class:`~dsv4_numerics.kernels.registry.KernelEntry` (or an object with its fields): judged
   exactly as the matrix judges it (its probe, ``supports``, declared policies and tolerance scope;
-  ``policies`` given here override the declared ones).
+  ``policies`` given here override the declared ones); or
+* either of them named by its dotted path, ``"my_pkg.kernels:my_writer"`` (or a registered
+  entry's name).
+
+A kernel that can take its process down (a segfault, an ``abort``, a hang, a device fault) is
+judged with ``isolate=True``: it is then called in a child process
+(:mod:`dsv4_numerics.api.isolation`, the isolation the matrix's built-in entries run in), so
+such a failure becomes an ``error`` Result of that case (rule ``crash`` with the signal,
+``timeout`` after ``timeout_s`` seconds without progress, ``device_fault``) and the other cases
+still run; the outputs come back and are judged here exactly as without isolation. The child
+imports the kernel by its dotted path: a module-level function or callable, a module-level or
+registered ``KernelEntry`` (a lambda or a closure is an ``InputError``). The pytest plugin's
+``--dsv4-isolate`` (ini ``dsv4_isolate = true``) makes isolation the default; a kernel the
+child cannot import is then judged in this process, with a warning saying why.
 
 Everything goes through the matrix's own runner (``oracles.matrix.run_entry``), comparators and
 tolerance records. Bytes and index stages are bit-exact; numeric stages use the tolerance record
@@ -40,7 +53,9 @@ values are an ``InputError`` naming the known ones.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Union
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import torch
 
@@ -62,6 +77,7 @@ from dsv4_numerics.api.callable_entry import (
     is_entry_like,
     mark_contract_errors,
 )
+from dsv4_numerics.api import isolation
 from dsv4_numerics.api.result_sink import publish
 
 Kernel = Union[Callable[[CaseInputs], dict], KernelEntry, Any]
@@ -119,6 +135,8 @@ def _case_list(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[C
 def _entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[Case],
            name: str | None) -> JudgedEntry:
     pol = check_policies(fn_name, policies)
+    if isinstance(fn, str):
+        fn = isolation.resolve(fn, fn_name)
     if is_entry_like(fn):
         if fn.stage != stage:
             raise InputError(f"{fn_name}: kernel entry {getattr(fn, 'name', '?')!r} is for stage {fn.stage!r}, "
@@ -129,6 +147,25 @@ def _entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[
         raise InputError(f"{fn_name}: argument 'fn' must be a callable fn(inputs) -> dict of outputs, or a "
                          f"KernelEntry (got {type(fn).__name__})")
     return from_callable(fn, stage, pol, name, case_list)
+
+
+def _target(fn_name: str, fn: Kernel, isolate: Any) -> isolation.Target | None:
+    """Where an isolated child imports ``fn`` from, or None when ``fn`` runs in this process
+    (``isolate`` False, or None with the default off; with the plugin's default on, a kernel
+    the child cannot import runs here, with a warning)."""
+    if isolate is not None and not isinstance(isolate, bool):
+        raise InputError(f"{fn_name}: argument 'isolate' must be True, False or None (the default: "
+                         f"{isolation.default()}), got {isolate!r}")
+    if not (isolation.default() if isolate is None else isolate):
+        return None
+    try:
+        return isolation.target_of(fn, fn_name)
+    except InputError as e:
+        if isolate:
+            raise
+        warnings.warn(f"{e} -- judged in this process instead (isolation is the default here); pass "
+                      f"isolate=False to say so", stacklevel=3)
+        return None
 
 
 def _run(entry: JudgedEntry, case_list: list[Case], device: Any, arch: str | None,
@@ -145,9 +182,44 @@ def _run(entry: JudgedEntry, case_list: list[Case], device: Any, arch: str | Non
                                           expected_cache=entry.expected_cache))
 
 
+def _prepare(fn_name: str, fn: Kernel, stage: Any, policies: Any, cases: Any, name: str | None, isolate: Any,
+             timeout_s: Any) -> tuple[list[Case], JudgedEntry, isolation.Target | None, float | None]:
+    """The arguments checked: the case list, the entry, where an isolated child finds the kernel
+    (None: called here) and the per-case time limit."""
+    _stage(fn_name, stage)
+    case_list = _case_list(fn_name, stage, cases)
+    timeout = isolation.check_timeout(fn_name, timeout_s)
+    entry = _entry(fn_name, fn, stage, policies, case_list, name)
+    return case_list, entry, _target(fn_name, fn, isolate), timeout
+
+
+@contextmanager
+def _calls(entry: JudgedEntry, target: isolation.Target | None, case_list: list[Case], device: Any,
+           timeout: float | None, default_cases: bool) -> Iterator[tuple[JudgedEntry, isolation.ChildCalls | None]]:
+    """``entry`` as it is judged: itself (``target`` None), or with its calls made in isolated
+    children (and those calls, to ``mark`` the Results)."""
+    if target is None:
+        yield entry, None
+        return
+    with isolation.isolated(entry, target, case_list, device=device, timeout_s=timeout,
+                            default_cases=default_cases) as pair:
+        yield pair
+
+
+def _judge(fn_name: str, fn: Kernel, stage: str, policies: Any, cases: Any, device: Any, arch: str | None,
+           tolerances: Any, name: str | None, isolate: Any, timeout_s: Any) -> list[Result]:
+    case_list, entry, target, timeout = _prepare(fn_name, fn, stage, policies, cases, name, isolate, timeout_s)
+    if target is not None:
+        _run(entry, [], device, arch, tolerances, fn_name)  # argument checks, before any child starts
+    with _calls(entry, target, case_list, device, timeout, cases is None) as (judged, calls):
+        results = _run(judged, case_list, device, arch, tolerances, fn_name)
+    return calls.mark(results) if calls is not None else results
+
+
 def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cases: Iterable[Case] | None = None,
           device: str | torch.device | None = None, arch: str | None = None,
-          tolerances: Tolerances | None = None, name: str | None = None) -> list[Result]:
+          tolerances: Tolerances | None = None, name: str | None = None, isolate: bool | None = None,
+          timeout_s: float | None = None) -> list[Result]:
     """Judge ``fn`` (module docstring) on ``cases`` of ``stage`` (default: all canonical cases);
     one :class:`~dsv4_numerics.oracles.report.Result` per case (``verdict`` pass / fail / skip /
     error, the deciding ``rule``, ``worst_ulps``, ``headroom`` = tolerance / observed, the one-line
@@ -160,14 +232,16 @@ def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cas
     tolerances: another record set (``oracles.tolerances.Tolerances``) instead of the shipped one.
     name:       the entry name shown in results and used as tolerance scope (default
                 ``user.<module>.<function>``).
+    isolate:    call ``fn`` in a crash-isolated child process (module docstring); None: the
+                default (off, unless the pytest plugin's ``--dsv4-isolate`` turned it on).
+    timeout_s:  with isolation, how long one case may run without finishing before its child is
+                killed (an ``error`` Result, rule ``timeout``; default ``DSV4_KERNEL_CASE_TIMEOUT``
+                or 180 s).
     Bad arguments raise ``InputError``; the kernel's own failures are ``error`` Results.
     Inside a pytest test (the plugin installed) the Results are also attached to the test's
     report (``dsv4_numerics.api.result_sink``), whatever the test does next.
     """
-    _stage("judge", stage)
-    case_list = _case_list("judge", stage, cases)
-    entry = _entry("judge", fn, stage, policies, case_list, name)
-    results = _run(entry, case_list, device, arch, tolerances, "judge")
+    results = _judge("judge", fn, stage, policies, cases, device, arch, tolerances, name, isolate, timeout_s)
     publish(results)  # to the pytest plugin's per-test sink, if any: they reach --dsv4-report even if the test fails
     return results
 
@@ -234,6 +308,8 @@ def explain_result(r: Result) -> str:
         for k, v in d.items():
             if k == "traceback":
                 parts.append(str(v).rstrip())
+            elif k == "stderr":  # an isolated child's last words (api.isolation)
+                parts.append("stderr of the child:\n" + str(v).rstrip())
             elif _is_bytes_report(v):
                 parts.append(_bytes_text(v))
             elif isinstance(v, dict) and ("max_abs" in v or "rule" in v):
@@ -294,12 +370,13 @@ def _policy_hint(bad: list[Result]) -> str:
 def assert_matches_reference(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None,
                              cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
                              arch: str | None = None, tolerances: Tolerances | None = None,
-                             name: str | None = None) -> list[Result]:
+                             name: str | None = None, isolate: bool | None = None,
+                             timeout_s: float | None = None) -> list[Result]:
     """:func:`judge`, then ``AssertionError`` unless every judged case passes and at least one
     case was judged (skipped cases -- outside the kernel's contract -- are allowed, all skipped is
     not). The message is the explained diff (:func:`failure_message`). Returns the Results."""
     results = judge(fn, stage, policies=policies, cases=cases, device=device, arch=arch, tolerances=tolerances,
-                    name=name)
+                    name=name, isolate=isolate, timeout_s=timeout_s)
     msg = failure_message(results, stage, results[0].policies if results else None)
     if msg:
         raise AssertionError(msg)
@@ -308,19 +385,21 @@ def assert_matches_reference(fn: Kernel, stage: str, *, policies: dict[str, Any]
 
 def explain(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cases: Iterable[Case] | None = None,
             device: str | torch.device | None = None, arch: str | None = None,
-            tolerances: Tolerances | None = None, name: str | None = None):
+            tolerances: Tolerances | None = None, name: str | None = None, isolate: bool | None = None,
+            timeout_s: float | None = None):
     """Which declared policy set ``fn`` matches on ``stage``: the cases are judged under every
     combination of the values of the stage's policies that the cases can tell apart
     (``policy_search.AXES``), ``fn`` is called once per case. Returns an
     :class:`~dsv4_numerics.api.policy_search.Explanation` (``matches``, ``closest``, ``declare``,
-    per-combination counts; ``str()`` is readable). ``policies`` fixes the keys not searched."""
+    per-combination counts; ``str()`` is readable). ``policies`` fixes the keys not searched.
+    ``isolate`` / ``timeout_s``: as for :func:`judge` (the kernel is called once per case, in the
+    child; a case it crashes on counts as an ``error`` in every combination)."""
     from dsv4_numerics.api.policy_search import search
 
-    _stage("explain", stage)
-    case_list = _case_list("explain", stage, cases)
-    entry = _entry("explain", fn, stage, policies, case_list, name)
+    case_list, entry, target, timeout = _prepare("explain", fn, stage, policies, cases, name, isolate, timeout_s)
     _run(entry, [], device, arch, tolerances, "explain")  # argument checks only
-    return search(entry, case_list, device=device, arch=arch, tolerances=tolerances)
+    with _calls(entry, target, case_list, device, timeout, cases is None) as (judged, _):
+        return search(judged, case_list, device=device, arch=arch, tolerances=tolerances)
 
 
 __all__ = ["CaseInputs", "SIZES", "assert_matches_reference", "cases", "explain", "explain_result",

@@ -39,6 +39,13 @@ Fixture ``dsv4_results``
   tests that attached Results)). Never greener than the run: a test pytest reports failed or
   errored whose Results all passed adds an ``error`` Result (rule ``test_outcome``) naming it.
   The terminal summary shows a kernel x case table whenever any Result was collected.
+  A test whose xdist worker died while a kernel judged in it was running (a segfault in a kernel
+  judged in-process) still leaves a row: an ``error`` Result (rule ``crash``) for that kernel,
+  stage and case, from the call's announcement the worker wrote before the call.
+``--dsv4-isolate`` (ini ``dsv4_isolate = true``)
+  makes ``isolate=True`` the default of ``judge`` / ``assert_matches_reference`` / ``explain``
+  in the run: each kernel is called in a crash-isolated child (``dsv4_numerics.api.isolation``),
+  so a fault, hang or device error is an ``error`` Result of its case and the session goes on.
 ``--dsv4-require ENTRY_OR_GLOB`` (repeatable; env ``DSV4_REQUIRE``, comma-separated) and
 ``--dsv4-require-available``
   at the end of the session, every required entry must have at least one *judged* Result
@@ -211,6 +218,7 @@ class _State:
     outcomes: dict[str, list[str]] = field(default_factory=dict)
     longrepr: dict[str, str] = field(default_factory=dict)
     results_of: dict[str, list] = field(default_factory=dict)  # nodeid -> its Results
+    crashed: dict[str, str] = field(default_factory=dict)  # nodeid -> xdist's line: its worker died in it
     config: Any = None
     writer: Any = None  # the xdist controller's report-writing thread (joined at unconfigure)
     writer_error: list = field(default_factory=list)  # the exception it raised, if any
@@ -242,6 +250,11 @@ def pytest_addoption(parser):
     group.addoption("--dsv4-require-available", action="store_true", default=False,
                     help="fail the session unless every dsv4-numerics registry entry whose architectures match "
                          "the GPU present got a judged Result")
+    group.addoption("--dsv4-isolate", action="store_true", default=False,
+                    help="judge / assert_matches_reference / explain call kernels in a crash-isolated child "
+                         "process unless a call says isolate=False (ini: dsv4_isolate)")
+    parser.addini("dsv4_isolate", type="bool", default=False,
+                  help="dsv4-numerics: judge kernels in a crash-isolated child by default (as --dsv4-isolate)")
     group.addoption("--dsv4-pin-gpus", action="store_true", default=False,
                     help="pin each xdist worker gwK to visible GPU K %% n via CUDA_VISIBLE_DEVICES "
                          "(env DSV4_PIN_GPUS=1; DSV4_NO_GPU_PINNING=1 turns it off)")
@@ -265,6 +278,13 @@ def pytest_configure(config):
         pin_xdist_worker_to_gpu()
     _state(config)
     _start_spool(config)
+    if config.getoption("--dsv4-isolate", default=False) or config.getini("dsv4_isolate"):
+        from dsv4_numerics.api import isolation  # imports torch: only when asked for
+
+        config.stash[_ISOLATE_BEFORE] = isolation.set_default(True)
+
+
+_ISOLATE_BEFORE = pytest.StashKey[bool]()  # the API's isolation default before this pytest run set it
 
 
 def pytest_collection_modifyitems(config, items):
@@ -304,12 +324,29 @@ _SPOOL_FILE: list[str | None] = [None]  # this worker's spool file
 
 
 def _spool(nodeid: str, result) -> None:
+    _spool_line({"nodeid": nodeid, "result": result.to_dict()})
+
+
+def _spool_start(nodeid: str, call: dict) -> None:
+    """A kernel call about to start in this test (``result_sink.announce``): if the worker dies
+    in it, the controller reports an ``error`` for that kernel and case (:func:`recover_spooled`)."""
+    _spool_line({"nodeid": nodeid, "start": call})
+
+
+def _spool_line(doc: dict) -> None:
     path = _SPOOL_FILE[0]
     if path:
         import json
 
-        with open(path, "a") as f:
-            f.write(json.dumps({"nodeid": nodeid, "result": result.to_dict()}, allow_nan=False) + "\n")
+        with open(path, "a") as f:  # closed before the call: a crash after it cannot lose the line
+            f.write(json.dumps(doc, allow_nan=False) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):  # pytest-xdist, in the controller
+    st = _LAST_STATE[0]  # this hook gets no config: the session's state
+    if st is not None:
+        st.crashed[crashitem] = str(report.longrepr)  # "worker 'gw0' crashed while running '...'"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -333,8 +370,10 @@ def _start_spool(config) -> None:
 
 
 def recover_spooled(st: "_State", folder: str) -> int:
-    """Add the spooled Results of tests whose reports brought none (their worker crashed);
-    returns how many were added. Removes the folder."""
+    """Add the spooled Results of tests whose reports brought none (their worker crashed), and
+    for a test whose worker crashed (``st.crashed``, from xdist) while a kernel call it announced
+    had no Result yet, an ``error`` Result (rule ``crash``) for that kernel, stage and case;
+    returns how many Results were added. Removes the folder."""
     import glob
     import json
     import shutil
@@ -343,15 +382,36 @@ def recover_spooled(st: "_State", folder: str) -> int:
 
     delivered = set(st.results_of)  # tests whose reports brought their Results
     n = 0
+    open_call: dict[str, dict | None] = {}  # nodeid -> its last announced call without a Result since
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         with open(path) as f:
             lines = [json.loads(line) for line in f if line.strip()]
         for d in lines:
-            if d["nodeid"] not in delivered:
-                r = Result.from_dict(d["result"])
-                st.results.append(r)
-                st.results_of.setdefault(d["nodeid"], []).append(r)
-                n += 1
+            nodeid = d["nodeid"]
+            if nodeid in delivered:
+                continue
+            if "start" in d:
+                open_call[nodeid] = d["start"]
+                continue
+            r = Result.from_dict(d["result"])
+            st.results.append(r)
+            st.results_of.setdefault(nodeid, []).append(r)
+            n += 1
+            c = open_call.get(nodeid)
+            if c is not None and (c.get("entry"), c.get("stage"), c.get("case")) == (r.entry, r.stage, r.case):
+                open_call[nodeid] = None
+    for nodeid, c in open_call.items():
+        if c is None or nodeid not in st.crashed:
+            continue
+        r = Result(entry=str(c.get("entry", "?")), stage=str(c.get("stage", "?")), case=str(c.get("case", "?")),
+                   verdict="error", rule="crash", family=str(c.get("family", "")), device=str(c.get("device", "")),
+                   policies={str(k): str(v) for k, v in (c.get("policies") or {}).items()},
+                   message=f"the test process died while the kernel ran this case ({st.crashed[nodeid]}); "
+                           f"judge with isolate=True (or run with --dsv4-isolate) to get the signal and let the "
+                           f"other cases run")
+        st.results.append(r)
+        st.results_of.setdefault(nodeid, []).append(r)
+        n += 1
     shutil.rmtree(folder, ignore_errors=True)
     return n
 
@@ -360,12 +420,12 @@ def recover_spooled(st: "_State", folder: str) -> int:
 def pytest_runtest_protocol(item, nextitem):
     # every Result `judge` / `assert_matches_reference` produce while this test runs (setup, call,
     # teardown) is attached to it at once: a later raise, skip or failure cannot lose it
-    from dsv4_numerics.api.result_sink import collecting
+    from dsv4_numerics.api.result_sink import collecting, watching
 
     if item.get_closest_marker(UNREPORTED_MARKER) is not None:
         yield
         return
-    with collecting(lambda rs: attach_results(item, rs)):
+    with collecting(lambda rs: attach_results(item, rs)), watching(lambda call: _spool_start(item.nodeid, call)):
         yield
 
 
@@ -546,7 +606,11 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config):
     """The xdist controller's report is written by now (:func:`pytest_sessionfinish`'s thread);
-    its error, if any, is raised here."""
+    its error, if any, is raised here. The API's isolation default is restored."""
+    if _ISOLATE_BEFORE in config.stash:
+        from dsv4_numerics.api import isolation
+
+        isolation.set_default(config.stash[_ISOLATE_BEFORE])
     st = config.stash.get(_STATE_KEY, None)
     if st is None or st.writer is None:
         return

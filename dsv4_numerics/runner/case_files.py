@@ -156,19 +156,25 @@ def _read_names(path: Path) -> list[str] | None:
     return None
 
 
-def build_cases_file(stage: str, path: str | Path, size: str = "default") -> list:
-    """Build ``stage_cases(stage, size)`` (one torch thread) and ``torch.save`` the list to
-    ``path`` atomically (a temporary file in the same folder, then ``os.replace``), then its
-    names sidecar; returns the cases."""
+def save_cases(cases: list, path: str | Path) -> None:
+    """Write the list of ``Case`` to ``path`` atomically (a temporary file in the same folder,
+    then ``os.replace``), then its names sidecar: the file :func:`load_cases` reads and a kernel
+    child takes as ``--cases``."""
     import torch
 
+    path = Path(path)
+    _atomic_write(path, lambda f: torch.save(list(cases), f))
+    _write_names(path, cases)
+
+
+def build_cases_file(stage: str, path: str | Path, size: str = "default") -> list:
+    """Build ``stage_cases(stage, size)`` (one torch thread) and :func:`save_cases` them to
+    ``path``; returns the cases."""
     from dsv4_numerics.reference.cases import stage_cases
 
     with _torch_threads(1):
         cases = stage_cases(stage, size)
-    path = Path(path)
-    _atomic_write(path, lambda f: torch.save(cases, f))
-    _write_names(path, cases)
+    save_cases(cases, path)
     return cases
 
 

@@ -15,7 +15,7 @@ fault is attributed to the case that caused it (``result`` with rule ``device_fa
 ``poisoned``), and the child exits with status 3, so the next case starts in a fresh one.
 
 Protocol of a serving child (``--serve``): one JSON object per line on stdin, a job --
-``{"entry", "out", "device", "start", "cases", "mode", "judge", "probe", "names"}``
+``{"entry", "out", "device", "start", "cases", "mode", "judge", "judge_options", "probe", "names"}``
 (:func:`run_job`'s arguments; ``entry`` and ``out`` required) -- run one after the other; its events go to the job's
 ``out`` file, never to stdout. Before the first job the child warms up (torch, the device context,
 the staged kernels, the judge's modules). Between jobs it collects garbage and empties the CUDA
@@ -27,14 +27,16 @@ stderr. The one-shot form ``python -m dsv4_numerics.runner.child ENTRY --out LOG
 Two modes:
 
 * ``judge`` (default): ``oracles.matrix.run_entry(entry, cases=[case], device=...)`` per case
-  (or the ``judge`` given as ``module:function`` with its signature); each JSON result is that
-  ``Result`` made JSON-ready (:func:`jsonable`);
+  (or the ``judge`` given as ``module:function`` with its signature, called with the job's
+  ``judge_options`` as keyword arguments too); each JSON result is that ``Result`` made
+  JSON-ready (:func:`jsonable`);
 * ``raw``: ``entry.call(case.to(device))`` per case; the outputs are saved with ``torch.save`` to
   ``LOG.<index>.pt`` (CPU tensors) and the JSON result says ``verdict: "ran"``. Used to record
   kernel fixtures and by GPU fuzz tests that compare outputs in their own process.
 
-``ENTRY`` is a registry name or ``module:attribute`` naming an entry-like object (tests use this
-for fake entries that abort or hang). ``--cases FILE`` loads a ``torch.save``-d list of
+``ENTRY`` is a registry name or ``module:qualname`` naming an entry-like object or a callable
+(tests use this for fake entries that abort or hang; ``dsv4_numerics.api.isolation`` for a user's
+kernel). ``--cases FILE`` loads a ``torch.save``-d list of
 ``reference.cases.Case`` (:func:`dsv4_numerics.runner.case_files.stage_cases_file` builds them once for
 all children) instead of building the stage's default cases.
 """
@@ -76,10 +78,20 @@ def _write(log, event: dict) -> None:
 
 
 def resolve_entry(spec: str):
-    """A registry name, or ``package.module:attribute`` for an entry-like object."""
+    """A registry name, or ``package.module:attribute`` for an entry-like object or a callable;
+    an attribute the module does not have whole (``external``'s module ``__getattr__`` takes a
+    dotted entry name whole) is looked up as a dotted qualname (``module:Class.attribute``)."""
     if ":" in spec:
-        mod, _, attr = spec.partition(":")
-        return getattr(importlib.import_module(mod), attr)
+        mod, _, qualname = spec.partition(":")
+        obj = importlib.import_module(mod)
+        try:
+            return getattr(obj, qualname)
+        except AttributeError:
+            if "." not in qualname:
+                raise
+        for attr in qualname.split("."):
+            obj = getattr(obj, attr)
+        return obj
     from dsv4_numerics.kernels import registry
 
     return registry.get(spec)
@@ -135,8 +147,8 @@ def _device_fault(device: str) -> str | None:
     return None
 
 
-def _judge_one(judge, entry, case, device: str) -> list:
-    results = judge(entry, cases=[case], device=device)
+def _judge_one(judge, entry, case, device: str, options: dict | None = None) -> list:
+    results = judge(entry, cases=[case], device=device, **(options or {}))
     return [jsonable(r) for r in results]
 
 
@@ -178,13 +190,14 @@ def _probe_reason(ent) -> str:
 
 def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cases: str | None = None,
             mode: str = "judge", judge: str | None = None, probe: bool = False,
-            names: list[str] | None = None) -> int:
+            names: list[str] | None = None, judge_options: dict | None = None) -> int:
     """Run one job in this process: ``entry``'s cases from index ``start``, one JSON line per event
     appended to ``out`` (``setup_error`` | ``cases``, then ``start`` / ``result`` per case, then
     ``done``, or ``poisoned`` after a device fault). ``probe``: first run the entry's availability
     probe here; when it fails, write ``unavailable`` (with the reason) and run nothing -- so a
     caller may hand entries over unprobed (``check``). ``names``: run only these cases of the
-    case list, in this order (``start`` then indexes this list). Returns :data:`EXIT_OK`,
+    case list, in this order (``start`` then indexes this list). ``judge_options``: keyword
+    arguments the judge gets besides ``cases`` and ``device`` (JSON values). Returns :data:`EXIT_OK`,
     :data:`EXIT_SETUP_ERROR` or :data:`EXIT_POISONED` (this process must not run another case)."""
     if mode not in ("judge", "raw"):
         raise ValueError(f"mode must be 'judge' or 'raw', got {mode!r}")
@@ -216,7 +229,7 @@ def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cas
             try:
                 with _timeline_row("case", f"{entry}::{case.name}"):
                     if judge_fn is not None:
-                        res = _judge_one(judge_fn, ent, case, device)
+                        res = _judge_one(judge_fn, ent, case, device, judge_options)
                     else:
                         res = [_raw_one(ent, case, device, out, i)]
                 event = {"event": "result", "index": i, "case": case.name, "results": res}
@@ -241,7 +254,7 @@ def run_job(entry: str, out: str, *, device: str = "cuda:0", start: int = 0, cas
     return EXIT_OK
 
 
-_JOB_KEYS = {"entry", "out", "device", "start", "cases", "mode", "judge", "probe", "names"}
+_JOB_KEYS = {"entry", "out", "device", "start", "cases", "mode", "judge", "judge_options", "probe", "names"}
 
 
 def _between_jobs() -> None:

@@ -325,6 +325,7 @@ def run_isolated(
     env: dict | None = None,
     session: WorkerSession | None = None,
     probe: bool = False,
+    judge_options: dict | None = None,
 ) -> dict[str, dict]:
     """Run ``entry``'s cases in child processes; ``{case name: result dict}``.
 
@@ -334,6 +335,8 @@ def run_isolated(
     A child's start-up (imports, device, case building) is bounded separately by
     ``DSV4_KERNEL_STARTUP_TIMEOUT`` (default 300 s).
     In ``raw`` mode the result dicts carry ``outputs_file`` (a ``torch.save`` of the outputs).
+    ``judge_options``: keyword arguments (JSON values) the child's ``judge`` gets besides
+    ``cases`` and ``device``.
 
     ``session``: run in that :class:`WorkerSession`'s live child (started if none; restarted
     first if ``env`` is given and differs from the session's); after a crash, a timeout or a
@@ -359,7 +362,7 @@ def run_isolated(
     try:
         return _run_job_in(sess, entry, case_names, log_path, device=device, cases_file=cases_file,
                            mode=mode, judge=judge, timeout=timeout, startup=startup,
-                           restarts_left=restarts_left, probe=probe)
+                           restarts_left=restarts_left, probe=probe, judge_options=judge_options)
     finally:
         if own:
             sess.close()
@@ -369,7 +372,8 @@ def run_isolated(
 
 def _run_job_in(sess: WorkerSession, entry: str, case_names: list[str] | None, log_path: Path, *,
                 device: str, cases_file: str | None, mode: str, judge: str | None, timeout: float,
-                startup: float, restarts_left: int, probe: bool = False) -> dict[str, dict]:
+                startup: float, restarts_left: int, probe: bool = False,
+                judge_options: dict | None = None) -> dict[str, dict]:
     """:func:`run_isolated`'s loop: one job per (re)start of the session's child."""
     results: dict[str, dict] = {}
     names: list[str] | None = list(case_names) if case_names is not None else None
@@ -382,6 +386,8 @@ def _run_job_in(sess: WorkerSession, entry: str, case_names: list[str] | None, l
             job["names"] = names
         if judge:
             job["judge"] = judge
+        if judge_options:
+            job["judge_options"] = judge_options
         if probe and start == 0:
             job["probe"] = True
         n0 = len(_read_events(log_path))
