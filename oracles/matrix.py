@@ -105,13 +105,21 @@ def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: d
 
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
-              expected_cache: dict | None = None, oracle_mode: str | None = None) -> list[Result]:
+              expected_cache: dict | None = None, oracle_mode: str | None = None,
+              judge_device: bool = False) -> list[Result]:
     """Judge ``entry`` on ``cases`` (default: ``default_cases(entry.stage)``); one Result per case.
 
     ``expected_cache``: a dict shared between calls that judge the *same case objects* (e.g. a
     test running many entries over one list of default cases); reference outputs are memoised in
     it by ``(stage, case name, policies)``. Never share it across differently built cases.
     ``oracle_mode``: ``"fast"``, ``"ordered"`` or None (fast on a CUDA device, else ordered).
+    ``judge_device``: where the fast oracle judges (the attention stages; on ``device``), keep the
+    kernel's outputs and the reference outputs there and compare them there (``numeric.compare``
+    is device-generic; its element rules are exact elementwise float64 operations and its cosine
+    uses ``fixed_sum``, whose bits are the same on every device), reading only the verdict's
+    figures back; the decode caches are dequantised only at the slots some index reads
+    (``stages.attention.decode_segments(compact=True)``). Default False: outputs are copied to
+    the CPU and judged there.
     """
     name = getattr(entry, "name", "?")
     stage = getattr(entry, "stage", "?")
@@ -159,6 +167,9 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                     f"(got {oracle_mode!r})") for c in case_list]
     fast = oracle_mode == st.FAST and stage in st.FAST_ORACLE_STAGES
     pol_exp = dict(pol, oracle=st.FAST, oracle_device=dev_str) if fast else pol
+    on_device = bool(judge_device) and fast
+    if on_device:
+        pol_exp = dict(pol_exp, judge_device="true")
     out: list[Result] = []
     for case in case_list:
         t0 = time.perf_counter()
@@ -180,7 +191,9 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            details={"traceback": traceback.format_exc(limit=6)},
                            duration_s=time.perf_counter() - t0))
             continue
-        got = _cpu(got)  # (a device-to-host copy waits for the kernel: its time is the call's)
+        # (a device-to-host copy waits for the kernel: its time is the call's; judged on the device,
+        # the outputs stay there and the call's time is the time its launch returned in)
+        got = got if on_device else _cpu(got)
         t_call = time.perf_counter() - t_call
         if not isinstance(got, dict):
             out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",

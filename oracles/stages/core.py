@@ -226,7 +226,8 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
                 return _missing(name, got)
             continue
         e = expected[name]
-        g = got[name].detach().cpu()
+        g = got[name].detach()
+        g = g if g.device == e.device else g.to(e.device)  # judged where the reference is (the CPU by default)
         if tuple(g.shape) != tuple(e.shape):
             return Verdict(False, f"{name}:shape", f"{name}: got shape {tuple(g.shape)}, expected {tuple(e.shape)}", headroom=0.0)
         tol = _lookup(tols, scope, name, dtype, case.params)
@@ -378,20 +379,25 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
                  for s in segs]
         fx = fast_sparse_attention(q.to(dev), dsegs, inp["scale"], None if sink is None else sink.to(dev),
                                    nan_policy=nan, want_abs=True)
-        ex = OracleOut(*(t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits, fx.n_valid)))
+        keep = _flag(policies, "judge_device")  # judged on the oracle's device (matrix.run_entry)
+        ex = OracleOut(*(t if keep else t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits,
+                                                          fx.n_valid)))
         names = [k for k, b in fx.bound.items() if b.numel()]
         maxima = torch.stack([fx.bound[k].max() for k in names]).tolist() if names else []  # one sync
         oracle = {"mode": FAST, "device": str(dev), "exact_logits": fx.exact_logits,
                   "bound": {k: dict(zip(names, maxima)).get(k, 0.0) for k in fx.bound}}
         pv = fx.pv_abs
     else:
+        keep = False
         sink = None if sink is None else sink.to(q.device)  # the ordered oracle runs where q is
         ex = sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan)
         oracle = {"mode": ORDERED, "device": str(q.device), "bound": 0.0}
         pv = None
+    lscale = logit_scale(q, segs, inp["scale"])  # [T, H] float64 on the CPU
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
-           "_zero": _zero_rows(ex.n_valid, sink, H), "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
-           "_logit_scale": logit_scale(q, segs, inp["scale"]), "_oracle": oracle}
+           "_zero": _zero_rows(ex.n_valid, None if sink is None else sink.to(ex.n_valid.device), H),
+           "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
+           "_logit_scale": lscale.to(ex.out.device) if keep else lscale, "_oracle": oracle}
     # the bf16-P rounding budget of `out` (row_scale.pv_allowance): the fast oracle's pv_abs, under the
     # ordered oracle from a fast call where it ran (its GEMMs, not a second ordered pass); should that
     # fail, `out` is judged by atol / rtol alone (stricter) and the oracle details say why
@@ -402,7 +408,8 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
             pv = fast_sparse_attention(q, segs, inp["scale"], sink, nan_policy=nan, graph=False,
                                        want_abs=True).pv_abs
         # non-finite where a row reads NaN/Inf: those outputs are judged by their anomaly positions
-        out["_pv_abs"] = pv.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).cpu()
+        pv = pv.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        out["_pv_abs"] = pv if keep else pv.cpu()
     except Exception as e:  # noqa: BLE001 - an allowance only: the judgement goes on without it
         oracle["pv_abs_error"] = f"{type(e).__name__}: {e}"[:300]
     if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
@@ -415,7 +422,9 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
                                              None if s.length is None else s.length.to(where), s.rule) for s in segs]
         out["_same_precision"] = sparse_attention(q.to(where), csegs, inp["scale"],
                                                   None if sink is None else sink.to(where), nan_policy=nan,
-                                                  mode=AttentionMode.BF16_P).out.cpu()
+                                                  mode=AttentionMode.BF16_P).out
+        if not keep:
+            out["_same_precision"] = out["_same_precision"].cpu()
     if _flag(policies, "output_inv_roped"):
         out = _inv_roped(case, policies, out)
     return out
@@ -442,8 +451,9 @@ def _inv_roped(case: Case, policies: dict, out: dict) -> dict:
     arith = _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
     for k in ("out", "_same_precision"):
         if k in out:
-            rot = inverse_rope_output(out[k].to(torch.float32), inp["positions"], cs, arithmetic=arith)
-            out[k] = rot.to(torch.float64)
+            dev = out[k].device  # rotated on the CPU (its bits), returned where the reference is
+            rot = inverse_rope_output(out[k].cpu().to(torch.float32), inp["positions"].cpu(), cs.cpu(), arithmetic=arith)
+            out[k] = rot.to(torch.float64).to(dev)
     out.pop("_pv_abs", None)  # the rotation mixes the RoPE dims' budgets: those outputs keep atol / rtol alone
     return out
 

@@ -155,9 +155,34 @@ def test_fuzz_sweep_dimensions_and_magnitudes(entry_name, record_property):
     _fuzz(entry_name, record_property, strategy, lambda decode: lambda case: case)
 
 
-def _fuzz(entry_name, record_property, strategy, make_case):
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry_name", _entries())
+def test_fuzz_production_shapes_device_built(entry_name, record_property):
+    # the draws of test_fuzz_production_shapes, each case built on the GPU
+    # (reference.cases.attention_device: the same bytes as on the CPU, nothing of production size
+    # crossing the host) and judged there (run_entry(judge_device=True): compact decode segments,
+    # the comparison on the GPU); decode entries only (the device builder builds decode cases)
+    from dsv4_numerics.reference.cases.attention_device import device_decode_case
+
+    if registry.get(entry_name).stage != "decode":
+        pytest.skip("the device case builder builds decode cases")
+
+    def strategy(decode, ci):
+        return st.tuples(_decode_params(ci), st.integers(-6, 6))
+
+    def make(decode):
+        def build(drawn):
+            p, u = drawn
+            return device_decode_case("fuzz", **p, q_scale_log2=u, device="cuda")
+        return build
+
+    _fuzz(entry_name, record_property, strategy, make, judge_device=True)
+
+
+def _fuzz(entry_name, record_property, strategy, make_case, judge_device: bool = False):
     """Run ``entry_name`` on cases drawn by ``strategy(decode, ci)`` and built by
-    ``make_case(decode)(drawn)``, judged on the GPU; prints and records the fuzz rate."""
+    ``make_case(decode)(drawn)``, judged on the GPU (``judge_device``: the comparison too); prints
+    and records the fuzz rate."""
     from dsv4_numerics.oracles.matrix import run_entry
 
     entry = registry.get(entry_name)
@@ -185,7 +210,7 @@ def _fuzz(entry_name, record_property, strategy, make_case):
         t0 = time.perf_counter()
         case = make(drawn)
         t1 = time.perf_counter()
-        (res,) = run_entry(entry, cases=[case], device="cuda")
+        (res,) = run_entry(entry, cases=[case], device="cuda", judge_device=judge_device)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         spent["build"] += t1 - t0
