@@ -99,12 +99,22 @@ def _check_fmt(fn: str, fmt: str) -> tuple[int, int]:
     return FORMATS[fmt]
 
 
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """``2**k`` (float64) for int64 ``k`` in ``[-1074, 1023]``, from its bit fields: the biased
+    exponent for normal powers, the one mantissa bit for subnormal ones (the same bits on every
+    device)."""
+    sub = torch.bitwise_left_shift(torch.ones_like(k), torch.clamp(k + 1074, 0, 62))
+    return torch.where(k >= -1022, torch.bitwise_left_shift(k + 1023, 52), sub).view(torch.float64)
+
+
 def ulp(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Unit in the last place of format ``fmt`` at each value of ``x`` (float64 tensor).
 
     ``ulp(r) = 2**(max(floor(log2|r|), emin) - p)``, p = fraction bits; ``ulp(0)`` is the
     smallest subnormal step ``2**(emin - p)``. Exact: the exponent comes from ``torch.frexp``
-    on float64, no log2. Non-finite inputs give NaN.
+    on float64, no log2, and the power of two is assembled from its float64 bit fields (not
+    ``ldexp``, which a GPU evaluates through ``pow``: a last-bit difference in the ulp figures of
+    a comparison made there). Non-finite inputs give NaN.
     """
     check_tensor("ulp", "x", x)
     p, emin = _check_fmt("ulp", fmt)
@@ -112,7 +122,7 @@ def ulp(x: torch.Tensor, fmt: str) -> torch.Tensor:
     _, e = torch.frexp(x64.abs())
     expo = torch.clamp(e.to(torch.int64) - 1, min=emin)
     expo = torch.where(x64 == 0, torch.full_like(expo, emin), expo)
-    out = torch.ldexp(torch.ones_like(x64), (expo - p).to(torch.float64))
+    out = _pow2(expo - p)
     return torch.where(torch.isfinite(x64), out, torch.full_like(out, float("nan")))
 
 
