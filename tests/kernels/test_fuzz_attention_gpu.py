@@ -36,8 +36,8 @@ nothing of production size crosses the host) and judges it there (``run_entry(ju
 only the cache slots the indices read are dequantised, the comparison runs on the GPU). On one
 H200 (16 cores) under gpu-nightly: FlashMLA decode 770 examples/minute (100 examples, build 0.02
 s, judge 0.05 s per example) against 87.6 for the CPU-built property in the same harness; ROCm
-Triton decode 261 and 217 (ragged) on 60 examples each, their judge time the Triton kernels'
-own. Where an example's time goes, per step: ``.ci/fuzz-breakdown``.
+Triton decode 261 and 217 (ragged) on 60 examples each (judge 0.21-0.23 s per example, the
+Triton kernels' calls included). Where an example's time goes, per step: ``.ci/fuzz-breakdown``.
 ``test_fuzz_sweep_dimensions_and_magnitudes`` draws whole cases from
 ``dsv4_numerics.strategies.attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
 321 under gpu-nightly, lengths present/absent, all-invalid / zero-length / empty-main rows, sink
