@@ -1,5 +1,5 @@
-"""Decode cases built where they are judged: drawn parameters become tensors on any device, with
-the same bytes on every device (``device_decode_case``).
+"""Decode and prefill cases built where they are judged: drawn parameters become tensors on any
+device, with the same bytes on every device (``device_decode_case``, ``device_prefill_case``).
 
 The GPU fuzz (``tests/kernels/test_fuzz_attention_gpu.py``) draws production-shaped decode
 parameters (batch up to 128, 64/128 heads, sequences up to 16384 tokens, top-k up to 2048). The
@@ -34,6 +34,13 @@ q likewise (``2**-5 .. 2``) times ``2**q_scale_log2`` (exact); sinks ``2**-3 .. 
 head 1 ``+inf`` and head 2 ``-inf``. ``invalid_tokens`` (lonely rows) and ``stale_past_len``
 (stale valid ids past the lengths, the rule of ``attention._stale_fill``) as ``decode_case``.
 
+Prefill (``device_prefill_case``): the bf16 workspace of ``attention.prefill_case`` in its
+geometry (per request the compressed entries, then the gathered window; ``pipeline.layer.attend``),
+every row random bfloat16 as above, the combined indices and lengths from the reference builder
+(``indices.prefill.combine_topk_swa_indices``, C4A local top-k as for decode, C128A every visible
+entry), rows no valid entry references NaN, ``empty_tokens`` and ``stale_past_len`` as
+``prefill_case``: the lengths, widths and poisoned rows of ``prefill_case`` for the same draw.
+
 Differences from ``decode_case`` (a different builder: the draw is the same, the bits are not):
 the K rows are random rather than a simulated layer's roped projections, only the rows some index
 reads are written, and q is random bfloat16 rather than a roped projection. The pipeline builder
@@ -50,6 +57,7 @@ from ..caches.model1 import empty_cache, insert
 from ..cases import Case
 from ..constants import C4_RATIO, C128A_TOPK_ALIGN, HEAD_DIM, production_page_stride
 from ..errors import check_int, fail
+from ..indices.prefill import combine_topk_swa_indices
 from ..indices.slots import compute_global_topk_indices_and_lens
 from ..indices.window import build_c128a_topk_metadata, compute_swa_indices_and_lens
 from ..pipeline.layer import _COMPRESS_ROPE_THETA, _MAIN_ROPE_THETA, _YARN, LayerSpec
@@ -57,15 +65,17 @@ from ..pipeline.rope import cos_sin_cache
 from ..policies import IndexRule
 from .attention import _LAYERS, CASE_SCALE
 
-__all__ = ["device_decode_case", "decode_stages", "STAGES"]
+__all__ = ["device_decode_case", "device_prefill_case", "decode_stages", "prefill_stages", "STAGES",
+           "PREFILL_STAGES"]
 
 _M32 = 0xFFFFFFFF
 _WRITE_ROWS = 1 << 15  # rows generated and written per insert call (bounds the writer's temporaries)
 # streams of the hash (one per kind of value)
-_S_SWA_BT, _S_COMP_BT, _S_TOPK, _S_SWA_ROWS, _S_COMP_ROWS, _S_Q, _S_SINK = range(7)
+_S_SWA_BT, _S_COMP_BT, _S_TOPK, _S_SWA_ROWS, _S_COMP_ROWS, _S_Q, _S_SINK, _S_KV = range(8)
 # the stages a test compares byte for byte (``decode_stages``)
 STAGES = ("swa_block_table", "comp_block_table", "local_topk", "swa_rows", "comp_rows", "swa_cache",
           "extra_cache", "swa_indices", "swa_lens", "extra_indices", "extra_lens", "q", "sink", "cos_sin")
+PREFILL_STAGES = ("local_topk", "kv", "indices", "topk_length", "q", "sink", "positions")
 
 
 def _mix_int(x: int) -> int:
@@ -309,3 +319,99 @@ def device_decode_case(name: str, layer: str, num_heads: int, seq_lens: list[int
     if rope_table:
         params["cos_sin_rows"] = int(inputs["cos_sin"].shape[0])
     return Case(name, "decode", inputs, params)
+
+
+def prefill_stages(layer: str, num_heads: int, seq_lens: list[int], query_lens: list[int], topk: int = 128,
+                   seed: int = 0, stale_past_len: bool = False, empty_tokens: tuple[int, ...] = (),
+                   q_scale_log2: int = 0, device: str | torch.device = "cpu") -> dict:
+    """Every stage of ``device_prefill_case`` (``PREFILL_STAGES``; ``local_topk`` None on SWA-only
+    layers). Arguments as ``device_prefill_case``."""
+    fn = "device_prefill_case"
+    if layer not in _LAYERS:
+        fail(fn, "layer", f"must be one of {sorted(_LAYERS)}", layer)
+    check_int(fn, "num_heads", num_heads, minimum=1)
+    if not seq_lens or len(query_lens) != len(seq_lens):
+        fail(fn, "query_lens", "must give one query length per request (at least one request)")
+    for s, q in zip(seq_lens, query_lens):
+        check_int(fn, "seq_lens", s, minimum=1)
+        check_int(fn, "query_lens", q, minimum=1)
+        if q > s:
+            fail(fn, "query_lens", "must not exceed the request's seq_len", (q, s))
+    if not -60 <= q_scale_log2 <= 60:
+        fail(fn, "q_scale_log2", "must be in [-60, 60] (q stays a normal bfloat16)", q_scale_log2)
+    T = sum(query_lens)
+    for t in empty_tokens:
+        if not 0 <= t < T:
+            fail(fn, "empty_tokens", f"must be token numbers in [0, {T})", t)
+    dev = torch.device(device)
+    ratio = _LAYERS[layer]
+    spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=64, scale=CASE_SCALE)
+    R, W = len(seq_lens), spec.window
+    seq = torch.tensor(seq_lens, dtype=torch.int64).to(dev)
+    ql = torch.tensor(query_lens, dtype=torch.int64).to(dev)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64, device=dev), torch.cumsum(ql, 0)])
+    req = torch.repeat_interleave(torch.arange(R, device=dev), ql, output_size=T)
+    pos = seq[req] - ql[req] + (torch.arange(T, device=dev) - qsl[req])
+    # the pipeline builder's workspace geometry (pipeline.layer.attend, form "prefill")
+    gather_lens = ql + torch.clamp(seq - ql, min=0, max=W - 1)
+    N = max(s // ratio for s in seq_lens) if spec.compressed else 0
+    M = N + max(q + min(max(s - q, 0), W - 1) for s, q in zip(seq_lens, query_lens))
+    st: dict = dict.fromkeys(PREFILL_STAGES)
+    if spec.compressed and ratio == C4_RATIO:
+        st["local_topk"] = _local_topk(seed, torch.div(pos + 1, ratio, rounding_mode="floor"), topk)
+        local, top = st["local_topk"], topk
+    elif spec.compressed:  # C128A: every visible entry, request-local
+        n = max(s // ratio for s in seq_lens)
+        width = max(C128A_TOPK_ALIGN, -(-n // C128A_TOPK_ALIGN) * C128A_TOPK_ALIGN)
+        vis = torch.clamp(torch.div(pos + 1, ratio, rounding_mode="floor"), max=width)
+        k = torch.arange(width, device=dev)
+        local = torch.where(k[None, :] < vis[:, None], k[None, :], torch.full((), -1, device=dev)).to(torch.int32)
+        st["local_topk"], top = local, width
+    else:
+        local, top = torch.full((T, 1), -1, dtype=torch.int32, device=dev), 0
+    idx, ln = combine_topk_swa_indices(local, qsl, seq, gather_lens, W, ratio, top, M, N)
+    if empty_tokens:
+        bad = torch.tensor(sorted(set(empty_tokens)), dtype=torch.int64).to(dev)
+        idx[bad] = -1
+        ln[bad] = 0
+    S = R * M
+    col = torch.arange(idx.shape[1], device=dev)
+    i64 = idx.to(torch.int64)
+    ok = (col[None, :] < ln[:, None].to(torch.int64)) & (i64 >= 0) & (i64 < S)
+    ref = torch.zeros(S, dtype=torch.bool, device=dev)
+    ref[i64[ok]] = True
+    kv = torch.cat([_rows(seed, _S_KV, min(_WRITE_ROWS, S - i0), dev, i0) for i0 in range(0, S, _WRITE_ROWS)])
+    st["kv"] = kv.masked_fill_(~ref[:, None], float("nan"))  # rows no valid entry references: NaN
+    if stale_past_len:
+        idx = _stale_fill(idx, ln, torch.nonzero(ref).reshape(-1), seed)
+    st.update(indices=idx, topk_length=ln)
+    qb = _bits(seed, _S_Q, T * num_heads * HEAD_DIM, dev).view(T, num_heads, HEAD_DIM)
+    st["q"] = _bf16(qb, -5, 0, q_scale_log2)
+    sink = _bf16(_bits(seed, _S_SINK, num_heads, dev), -3, 2).to(torch.float32)
+    if num_heads >= 4:
+        sink[1:3] = torch.tensor([float("inf"), float("-inf")], dtype=torch.float32).to(dev)
+    st["sink"], st["positions"] = sink, pos
+    return st
+
+
+def device_prefill_case(name: str, layer: str, num_heads: int, seq_lens: list[int], query_lens: list[int],
+                        topk: int = 128, seed: int = 0, stale_past_len: bool = False,
+                        empty_tokens: tuple[int, ...] = (), q_scale_log2: int = 0, edge: str = "",
+                        device: str | torch.device = "cpu") -> Case:
+    """A prefill case built on ``device`` (module docstring; ``attention.prefill_case``'s inputs on
+    the bf16 workspace, its parameters less ``oob_mix``, plus ``q_scale_log2`` and ``device``):
+    every workspace row random bfloat16 (the pipeline builder's workspace geometry: per request the
+    compressed entries, then the gathered window), the combined indices from the reference
+    builder (``indices.prefill.combine_topk_swa_indices``), rows no valid entry references NaN.
+    The same bytes on every device."""
+    st = prefill_stages(layer, num_heads, seq_lens, query_lens, topk, seed, stale_past_len, empty_tokens,
+                        q_scale_log2, device)
+    inputs = {"q": st["q"], "kv": st["kv"], "indices": st["indices"], "topk_length": st["topk_length"],
+              "scale": CASE_SCALE, "sink": st["sink"], "positions": st["positions"]}
+    params = {"layer": layer, "num_heads": num_heads, "seq_lens": list(seq_lens), "query_lens": list(query_lens),
+              "topk": topk if layer == "c4a" else None, "width": int(st["indices"].shape[1]), "scale": CASE_SCALE,
+              "edge": edge, "seed": seed, "index_rule": IndexRule.MINUS1_ONLY.value, "builder": "device",
+              "q_scale_log2": q_scale_log2}
+    if stale_past_len:
+        params["past_len"] = "stale_valid"
+    return Case(name, "prefill", inputs, params)

@@ -29,7 +29,7 @@ compressor state rows); batch 32: 42 -> 1-10; C128A batch 128 x 16384: 8 after; 
 128 x 4096: 17 -> 0.5; mid-size decode C4A batch 8: 1.2 -> 0.2; prefill 4 x 4096 tokens with
 32 queries each: 0.3 -> 0.3 (never the bottleneck). Same bits:
 ``tests/reference/test_case_build_fast.py``.
-``test_fuzz_production_shapes_device_built`` takes the same draws (decode entries) and builds
+``test_fuzz_production_shapes_device_built`` takes the same draws and builds
 each case on the GPU (``reference.cases.attention_device``: hashed bit fields, the reference
 writer and index builders; the same bytes as on the CPU, ``tests/reference/test_case_build_device.py``;
 nothing of production size crosses the host) and judges it there (``run_entry(judge_device=True)``:
@@ -170,19 +170,17 @@ def test_fuzz_production_shapes_device_built(entry_name, record_property):
     # the draws of test_fuzz_production_shapes, each case built on the GPU
     # (reference.cases.attention_device: the same bytes as on the CPU, nothing of production size
     # crossing the host) and judged there (run_entry(judge_device=True): compact decode segments,
-    # the comparison on the GPU); decode entries only (the device builder builds decode cases)
-    from dsv4_numerics.reference.cases.attention_device import device_decode_case
-
-    if registry.get(entry_name).stage != "decode":
-        pytest.skip("the device case builder builds decode cases")
+    # the comparison on the GPU)
+    from dsv4_numerics.reference.cases.attention_device import device_decode_case, device_prefill_case
 
     def strategy(decode, ci):
-        return st.tuples(_decode_params(ci), st.integers(-6, 6))
+        return st.tuples(_decode_params(ci) if decode else _prefill_params(ci), st.integers(-6, 6))
 
     def make(decode):
         def build(drawn):
             p, u = drawn
-            return device_decode_case("fuzz", **p, q_scale_log2=u, device="cuda")
+            fn = device_decode_case if decode else device_prefill_case
+            return fn("fuzz", **p, q_scale_log2=u, device="cuda")
         return build
 
     _fuzz(entry_name, record_property, strategy, make, judge_device=True)

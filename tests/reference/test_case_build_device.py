@@ -15,8 +15,9 @@ import torch
 
 from dsv4_numerics.reference.attention.ordered import sparse_attention
 from dsv4_numerics.reference.caches.model1 import dequantize_all
-from dsv4_numerics.reference.cases.attention import decode_case
-from dsv4_numerics.reference.cases.attention_device import STAGES, decode_stages, device_decode_case
+from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
+from dsv4_numerics.reference.cases.attention_device import (PREFILL_STAGES, STAGES, decode_stages, device_decode_case,
+                                                            device_prefill_case, prefill_stages)
 
 # (layer, heads, seq_lens, options): every layer, page size and index option the fuzz draws, small
 DRAWS = [
@@ -34,9 +35,9 @@ def _bytes(t):
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _same_bytes(a: dict, b: dict) -> list[str]:
+def _same_bytes(a: dict, b: dict, stages=STAGES) -> list[str]:
     bad = []
-    for k in STAGES:
+    for k in stages:
         x, y = a[k], b[k]
         if (x is None) != (y is None):
             bad.append(k)
@@ -162,3 +163,43 @@ def test_judge_on_the_device_gives_the_host_judges_verdict(layer, heads, seq, op
     bad = dataclasses.replace(entry, call=lambda case: {k: v * 1.01 for k, v in entry.call(case).items()})
     (fail,) = run_entry(bad, cases=[c], device=dev, arch="sm90", oracle_mode="fast", judge_device=True)
     assert fail.verdict == "fail"
+
+
+# (layer, heads, seq_lens, query_lens, options): the prefill draws' layers and options, small
+PREFILL_DRAWS = [
+    ("swa", 64, [300, 20, 1000], [3, 2, 30], {"empty_tokens": (1,), "stale_past_len": True}),
+    ("c4a", 128, [700, 16], [32, 16], {"topk": 512, "q_scale_log2": 6}),
+    ("c4a", 64, [4096, 300], [5, 1], {"topk": 2048, "stale_past_len": True, "empty_tokens": (0, 3)}),
+    ("c128a", 64, [130, 520, 1000], [1, 7, 2], {"q_scale_log2": -6}),
+]
+
+
+@pytest.mark.parametrize("layer,heads,seq,ql,opts", PREFILL_DRAWS)
+def test_prefill_every_stage_same_bytes_on_every_device(layer, heads, seq, ql, opts):
+    ref = prefill_stages(layer, heads, seq, ql, seed=11, **opts)
+    assert _same_bytes(ref, prefill_stages(layer, heads, seq, ql, seed=11, **opts), PREFILL_STAGES) == []
+    assert _same_bytes(ref, prefill_stages(layer, heads, seq, ql, seed=12, **opts), PREFILL_STAGES) != []
+    if torch.cuda.is_available():
+        got = prefill_stages(layer, heads, seq, ql, seed=11, device="cuda", **opts)
+        assert _same_bytes(ref, got, PREFILL_STAGES) == []
+
+
+@pytest.mark.parametrize("layer,heads,seq,ql,opts", PREFILL_DRAWS)
+def test_prefill_contract_matches_the_pipeline_builder(layer, heads, seq, ql, opts):
+    c = device_prefill_case("d", layer, heads, seq, ql, seed=5, **opts)
+    ref = prefill_case("p", layer, heads, seq, ql, seed=5, **{k: v for k, v in opts.items() if k != "q_scale_log2"})
+    assert set(c.inputs) == set(ref.inputs)
+    for k, v in ref.inputs.items():
+        if isinstance(v, torch.Tensor):
+            assert (c.inputs[k].dtype, tuple(c.inputs[k].shape)) == (v.dtype, tuple(v.shape)), k
+        else:
+            assert c.inputs[k] == v, k
+    for k in ("topk_length", "positions"):
+        assert torch.equal(c.inputs[k], ref.inputs[k]), k
+    # the same rows are poisoned (NaN: no valid entry reads them), every valid entry reads a finite row
+    nan_c = torch.isnan(c.inputs["kv"].float()).all(dim=1)
+    assert torch.equal(nan_c, torch.isnan(ref.inputs["kv"].float()).all(dim=1))
+    i = c.inputs["indices"].to(torch.int64)
+    valid = (torch.arange(i.shape[1])[None, :] < c.inputs["topk_length"][:, None]) & (i >= 0)
+    assert not bool(nan_c[i[valid]].any())
+    assert bool(torch.isfinite(c.inputs["kv"][~nan_c].float()).all())
