@@ -37,7 +37,8 @@ only the cache slots the indices read are dequantised, the comparison runs on th
 H200 (16 cores) under gpu-nightly: FlashMLA decode 770 examples/minute (100 examples, build 0.02
 s, judge 0.05 s per example) against 87.6 for the CPU-built property in the same harness; ROCm
 Triton decode 261 and 217 (ragged) on 60 examples each (judge 0.21-0.23 s per example, the
-Triton kernels' calls included). Where an example's time goes, per step: ``.ci/fuzz-breakdown``.
+Triton kernels' calls included). FlashMLA prefill on one H100: 338 device-built against 96.7
+CPU-built in the same run. Where an example's time goes, per step: ``.ci/fuzz-breakdown``.
 ``test_fuzz_sweep_dimensions_and_magnitudes`` draws whole cases from
 ``dsv4_numerics.strategies.attention`` instead (page sizes 2-576, top-k up to 2048, batch up to
 321 under gpu-nightly, lengths present/absent, all-invalid / zero-length / empty-main rows, sink
