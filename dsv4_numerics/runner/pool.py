@@ -80,7 +80,7 @@ DEFAULT_STARTUP_TIMEOUT_S = float(os.environ.get("DSV4_KERNEL_STARTUP_TIMEOUT", 
 
 def _reuse_default() -> bool:
     return os.environ.get("DSV4_KERNEL_REUSE", "1").strip().lower() not in ("0", "off", "no", "false")
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # dsv4_numerics/runner/pool.py -> the checkout (or site-packages)
 
 
 UNAVAILABLE = "<unavailable>"  # run_isolated's result key when a probing job found the entry unavailable
