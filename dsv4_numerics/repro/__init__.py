@@ -23,14 +23,16 @@ adapter module), the same code the judge calls, so the two cannot drift apart.
 
 Modules: ``judge`` (one case under one policy set; the contract policy sets), ``shrink``,
 ``write`` (the files; the script is ``templates/repro_op.py`` with its call block filled in),
-``issue`` (ISSUE.md), ``make`` (the job).
+``issue`` (ISSUE.md), ``job`` (the job: ``make``).
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
-from .make import NothingToReproduce, Reproducer, Unavailable, make
+from .job import NothingToReproduce, Reproducer, Unavailable, make
 
 
 def repro(kernel: Any, stage: str, *, case: Any = None, out: Any = None, contract: str | None = None,
@@ -60,5 +62,16 @@ def repro_entry(name: str, *, case: Any = None, out: Any = None, contract: str |
     return make(entry, entry.stage, case=case, out=out, contract=contract, force=force, device=device, run=run,
                 log=log)
 
+
+class _CallableModule(types.ModuleType):
+    """``dsv4_numerics.repro`` is both this package and the function: once the package is
+    imported it is the attribute ``repro`` of ``dsv4_numerics``, so ``dn.repro(kernel, stage, ...)``
+    calls :func:`repro` through the module object."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Reproducer:
+        return repro(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["NothingToReproduce", "Reproducer", "Unavailable", "repro", "repro_entry"]

@@ -76,7 +76,7 @@ def write_all(out: Path, gpu: bool, log: Callable[[str], None] = print, device: 
     not raised."""
     from dsv4_numerics.kernels import registry
 
-    from .make import NothingToReproduce, Unavailable, make
+    from .job import NothingToReproduce, Unavailable, make
 
     written = 0
     for f in FINDINGS:

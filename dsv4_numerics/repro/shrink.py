@@ -16,6 +16,7 @@ Dimensions reduced, in order (each by halves, then one at a time when few are le
 * pages and page size: the cache rows the indices reach (or the slots written) are re-laid into
   a cache of as few entries as possible, page size 1 tried first (indices / slot mapping
   remapped, other cache bytes zero); for ``prefill`` the workspace rows likewise;
+* ``rope``: rows of ``x`` (with their positions), the cos/sin table cut to the rows used;
 * values: ``q`` zeroed, or kept on one 64-dim tile; cache records kept on one FP8 tile (the other
   tiles' codes and the RoPE bytes zero); written rows kept on one tile (the rest zero).
 
@@ -268,12 +269,27 @@ def _values_rows(inp: Inputs) -> Iterator[Inputs]:
             yield dict(inp, k=cand)
 
 
+def _rope_rows(inp: Inputs) -> Iterator[Inputs]:
+    for keep in _subsets(inp["x"].shape[0]):
+        yield _take(inp, ("x", "positions"), keep)
+
+
+def _rope_table(inp: Inputs) -> Iterator[Inputs]:
+    """The cos/sin table cut to the rows the positions use (positions renumbered)."""
+    pos, cs = inp.get("positions"), inp.get("cos_sin")
+    if isinstance(pos, torch.Tensor) and isinstance(cs, torch.Tensor) and pos.numel():
+        used, new = torch.unique(pos.to(torch.int64), return_inverse=True)
+        if used.numel() < cs.shape[0] and int(used.max()) < cs.shape[0]:
+            yield dict(inp, cos_sin=cs.index_select(0, used).contiguous(), positions=new.to(pos.dtype))
+
+
 TRANSFORMS: dict[str, list[tuple[str, Callable[[Inputs], Iterator[Inputs]]]]] = {
     "decode": [("tokens", _tokens), ("heads", _heads), ("drop", _drops), ("columns", _columns),
                ("pages", _pages), ("values", _values_attention)],
     "prefill": [("tokens", _tokens), ("heads", _heads), ("drop", _drops), ("columns", _columns),
                 ("pages", _pages), ("values", _values_attention)],
     "swa_write": [("rows", _rows), ("pages", _write_pages), ("values", _values_rows)],
+    "rope": [("rows", _rope_rows), ("table", _rope_table)],
 }
 
 

@@ -234,14 +234,28 @@ def explain_sources(index: tuple, check: dict) -> None:
             print(f"      reads {explain_model1(cache.cpu(), (page, off), c)}")
 
 
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def compare_exact(label: str, got: torch.Tensor, exp: torch.Tensor, max_lines: int) -> int:
-    g = got.detach().cpu().to(exp.dtype)
-    diff = ~((g == exp) | (g.isnan() & exp.isnan()) if exp.is_floating_point() else (g == exp))
+    """Bit for bit: equal values, and for floats equal bit patterns (so -0.0 is not 0.0 and a
+    NaN's payload counts)."""
+    g = got.detach().cpu()
+    if g.dtype != exp.dtype or tuple(g.shape) != tuple(exp.shape):
+        print(f"{label}: got {g.dtype} {tuple(g.shape)}, expected {exp.dtype} {tuple(exp.shape)}")
+        return 1
+    bits = BITS[exp.element_size()]
+    diff = g.contiguous().view(bits) != exp.contiguous().view(bits)
     idx = diff.nonzero().tolist()
-    print(f"{label}: {len(idx)} of {exp.numel()} elements differ (exact)")
+    print(f"{label}: {len(idx)} of {exp.numel()} elements differ (bit for bit)")
     for i in idx[:max_lines]:
         t = tuple(i)
-        print(f"  {t}: expected {exp[t].item()} got {g[t].item()}")
+        gb, eb = int(g.contiguous().view(bits)[t]), int(exp.contiguous().view(bits)[t])
+        w = 2 * exp.element_size()
+        print(f"  {t}: expected {exp[t].item()!r} (0x{eb & (2 ** (8 * exp.element_size()) - 1):0{w}x}) "
+              f"got {g[t].item()!r} (0x{gb & (2 ** (8 * exp.element_size()) - 1):0{w}x})")
+    if len(idx) > max_lines:
+        print(f"  ... {len(idx) - max_lines} more")
     return len(idx)
 
 
