@@ -14,23 +14,32 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-_SINKS: list[Callable[[list[Any]], None]] = []
+RESULTS, JUDGED = "results", "judged"
+_SINKS: dict[str, list[Callable[..., None]]] = {RESULTS: [], JUDGED: []}
 
 
 def publish(results: list[Any]) -> None:
     """Give ``results`` (``oracles.report.Result`` objects) to every installed sink."""
-    for sink in list(_SINKS):
+    for sink in list(_SINKS[RESULTS]):
         sink(list(results))
 
 
+def publish_judged(kernel: Any, stage: str, cases: list[Any], policies: dict, results: list[Any]) -> None:
+    """Give one ``judge`` call -- the kernel, its stage, the Case objects, the policies it was
+    given and its Results -- to every ``judged`` sink (the plugin's ``--dsv4-repro``)."""
+    for sink in list(_SINKS[JUDGED]):
+        sink(kernel, stage, list(cases), dict(policies), list(results))
+
+
 @contextmanager
-def collecting(sink: Callable[[list[Any]], None]) -> Iterator[None]:
-    """Install ``sink`` while the block runs (nested blocks: every installed sink gets them)."""
-    _SINKS.append(sink)
+def collecting(sink: Callable[..., None], kind: str = RESULTS) -> Iterator[None]:
+    """Install ``sink`` (of ``kind``: ``results`` or ``judged``) while the block runs (nested
+    blocks: every installed sink gets them)."""
+    _SINKS[kind].append(sink)
     try:
         yield
     finally:
-        _SINKS.remove(sink)
+        _SINKS[kind].remove(sink)
 
 
-__all__ = ["collecting", "publish"]
+__all__ = ["JUDGED", "RESULTS", "collecting", "publish", "publish_judged"]

@@ -62,7 +62,7 @@ from dsv4_numerics.api.callable_entry import (
     is_entry_like,
     mark_contract_errors,
 )
-from dsv4_numerics.api.result_sink import publish
+from dsv4_numerics.api.result_sink import publish, publish_judged
 
 Kernel = Union[Callable[[CaseInputs], dict], KernelEntry, Any]
 SIZES = ("default", "small", "full")
@@ -169,6 +169,7 @@ def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cas
     entry = _entry("judge", fn, stage, policies, case_list, name)
     results = _run(entry, case_list, device, arch, tolerances, "judge")
     publish(results)  # to the pytest plugin's per-test sink, if any: they reach --dsv4-report even if the test fails
+    publish_judged(fn, stage, case_list, dict(policies or {}), results)  # --dsv4-repro, if any
     return results
 
 

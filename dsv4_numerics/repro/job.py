@@ -227,12 +227,14 @@ def library_args(call: OpCall) -> list[str]:
 
 def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = None, contract: str | None = None,
          force: bool = False, device: str | None = None, run: bool = True, impact: bool = True,
-         log: Callable[[str], None] = lambda s: None) -> Reproducer:
+         policies: dict | None = None, log: Callable[[str], None] = lambda s: None) -> Reproducer:
     """Write the reproducer of ``kernel``'s failure on ``case`` (default: its first failing
     default case) into ``out`` (module docstring); ``contract``: ``None`` (the declared policies),
-    ``"all"`` or ``"KEY[=VALUE],..."`` (``judge.contract_policies``)."""
+    ``"all"`` or ``"KEY[=VALUE],..."`` (``judge.contract_policies``); ``policies``: declared on
+    top of the entry's own (as ``judge(..., policies=)``)."""
     if not isinstance(stage, str) or stage not in st.STAGES:
         raise InputError(f"repro: unknown stage {stage!r}; known stages: {sorted(st.STAGES)}")
+    check_out(out, force)
     entry_like = is_entry_like(kernel)
     name = getattr(kernel, "name", None) if entry_like else None
     if entry_like:
@@ -249,8 +251,8 @@ def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = Non
         name = f"{kernel.__module__}.{kernel.__qualname__}"
     else:
         raise InputError(f"repro: argument 'kernel' must be a KernelEntry or a callable (got {type(kernel).__name__})")
-    check_out(out, force)
-    declared = declared_policies(kernel) if entry_like else {}
+    declared = {**(declared_policies(kernel) if entry_like else {}),
+                **{k: (v.value if hasattr(v, "value") else str(v)) for k, v in (policies or {}).items()}}
     judged = contract_policies(declared, stage, contract) if contract else dict(declared)
     under = "its stage's contract" if contract else "its declared policies"
 

@@ -203,3 +203,37 @@ def test_template_is_standalone_source():
     assert "dsv4_numerics" not in text
     compile(text, "repro_op.py", "exec")
     assert torch is not None
+
+
+def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
+    """``--dsv4-repro DIR`` in a user's own suite: the failing judged case gets a folder, the
+    passing one none, and the test outcome is the test's own."""
+    from tests.plugin.test_plugin import _env, _pytest, _suite
+
+    _suite(tmp_path, {
+        "my_kernels.py": '''
+            import torch
+
+            def rope_wrong(inputs):
+                out = inputs["x"].to(torch.float32).clone()
+                out[..., 448:] = -out[..., 448:]
+                return {"out": out}
+        ''',
+        "test_mine.py": '''
+            import dsv4_numerics as dn
+            from my_kernels import rope_wrong
+
+            def test_rope():
+                cases = [c for c in dn.cases("rope") if c.name == "plain-per-head-broadcast"]
+                assert dn.judge(rope_wrong, "rope", cases=cases)[0].verdict == "fail"
+        ''',
+    })
+    out = tmp_path / "repros"
+    p = _pytest(tmp_path, "--dsv4-repro", str(out), env=_env(PYTHONPATH=str(tmp_path)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    folders = sorted(x.parent.name for x in out.rglob("repro.py"))
+    assert folders == ["plain-per-head-broadcast"], p.stdout
+    assert "dsv4-numerics reproducers" in p.stdout
+    written = next(out.rglob("repro.py")).parent
+    real = run_alone(written, ["--path", str(tmp_path)], standin=False)
+    assert real.returncode == 1, real.stdout + real.stderr
