@@ -43,6 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
+from dsv4_numerics.reference.constants import RECORD_BYTES
+
 
 @dataclass
 class OpCall:
@@ -81,6 +85,17 @@ class OpCall:
         return out
 
 
+def pages_like(pages: torch.Tensor, like: torch.Tensor, block_size: int, record_bytes: int = RECORD_BYTES) -> torch.Tensor:
+    """``pages`` (``[num_blocks, page_stride]``, any dtype: a cache or a mask over its bytes) laid
+    out as an op's page buffer ``like`` (``[num_blocks, page_stride']``, a repacked copy such as
+    ``vllm.cuda.writable_pages`` makes): the ``block_size * record_bytes`` record bytes of every
+    page copied, the rest zero. On the CPU."""
+    used = block_size * record_bytes
+    out = torch.zeros(like.shape, dtype=pages.dtype)
+    out[:, :used] = pages[:, :used].cpu()
+    return out
+
+
 def torch_library_loader(dist: str, file: str, namespace: str, name: str) -> dict:
     """The ``loader`` of an op registered by a shared library (``torch.ops.<namespace>.<name>``)."""
     return {"kind": "torch_library", "dist": dist, "file": file, "namespace": namespace, "name": name}
@@ -109,4 +124,4 @@ def op_call_for(entry_name: str) -> Callable[[Any], OpCall] | None:
     return None
 
 
-__all__ = ["OpCall", "op_call_for", "python_loader", "torch_library_loader"]
+__all__ = ["OpCall", "op_call_for", "pages_like", "python_loader", "torch_library_loader"]

@@ -216,10 +216,13 @@ def library_args(call: OpCall) -> list[str]:
 
         found = staged.staged_file(loader["file"])
         return ["--library", str(found[0])] if found else []
-    mod = importlib.import_module(loader["module"]) if loader["module"] in sys.modules else None
-    if mod is None:
+    if loader["module"] not in sys.modules:
         return []
-    return ["--path", _module_root(loader["module"])]
+    root = Path(_module_root(loader["module"]))
+    out = ["--path", str(root)]
+    if (root / "site").is_dir():  # a staged folder's packages (dsv4-numerics stage-vllm --site-wheels)
+        out += ["--path", str(root / "site")]
+    return out
 
 
 # --------------------------------------------------------------------------- the job
@@ -257,7 +260,7 @@ def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = Non
     under = "its stage's contract" if contract else "its declared policies"
 
     def judge(c: Case, pol: dict) -> Any:
-        return judge_case(kernel, stage, c.to(device) if device else c, pol)
+        return judge_case(kernel, stage, c, pol, device)
 
     if isinstance(case, str):
         case = find_case(stage, case)

@@ -81,14 +81,16 @@ def contract_policies(declared: dict[str, str], stage: str, spec: str) -> dict[s
     return out
 
 
-def judge_case(kernel: Any, stage: str, case: Case, policies: dict[str, str]) -> Result:
-    """The Result of ``kernel`` on ``case`` under exactly ``policies`` (module docstring)."""
+def judge_case(kernel: Any, stage: str, case: Case, policies: dict[str, str], device: str | None = None) -> Result:
+    """The Result of ``kernel`` on ``case`` (CPU tensors; the runner moves them to ``device``)
+    under exactly ``policies`` (module docstring)."""
     if is_entry_like(kernel):
         ent = dataclasses.replace(kernel, policies=dict(policies)) if dataclasses.is_dataclass(kernel) else kernel
         judged = from_entry(ent, {} if ent is not kernel else dict(policies), [case])
     else:
         judged = from_callable(kernel, stage, dict(policies), None, [case])
-    return mark_contract_errors(run_entry(judged, cases=[case], expected_cache=judged.expected_cache))[0]
+    return mark_contract_errors(run_entry(judged, cases=[case], device=device,
+                                          expected_cache=judged.expected_cache))[0]
 
 
 def expected_outputs(stage: str, case: Case, policies: dict[str, str]) -> dict:

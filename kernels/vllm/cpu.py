@@ -88,7 +88,7 @@ import torch
 
 from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.constants import HEAD_DIM, RECORD_BYTES
+from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.indices.slots import local_to_global_slots
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import (
@@ -106,7 +106,7 @@ from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import PagedSegment, decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.convert import in_prefix, refuse_non_minus1
-from dsv4_numerics.kernels.op_call import OpCall, torch_library_loader
+from dsv4_numerics.kernels.op_call import OpCall, pages_like, torch_library_loader
 from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.vllm.cuda import RMS_EPS, paged_cache_2d, swa_write_args
 
@@ -313,16 +313,6 @@ def insert_op(case: Case) -> OpCall:
                   meta={"block_size": bs})
 
 
-def pages_like(pages: torch.Tensor, like: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``pages`` (``[num_blocks, page_stride]``, any dtype) laid out as the op's page buffer
-    ``like`` (``[num_blocks, page_stride']``, ``writable_pages``): the ``block_size * 584``
-    record bytes of every page copied, the rest zero."""
-    used = block_size * RECORD_BYTES
-    out = torch.zeros(like.shape, dtype=pages.dtype)
-    out[:, :used] = pages[:, :used].cpu()
-    return out
-
-
 def insert_call(case: Case) -> dict[str, torch.Tensor]:
     """Canonical ``swa_write`` case -> ``{"cache"}`` through ``fused_qnorm_rope_kv_insert_cpu``
     (``insert_op``)."""
@@ -441,5 +431,5 @@ OP_CALLS = {"vllm_cpu.sparse_decode": sparse_decode_op, "vllm_cpu.qnorm_rope_kv_
 
 __all__ = ["ENTRIES", "CPU_WRITER_POLICIES", "library_reason", "library_version", "workspace_cache",
            "sparse_decode_call", "sparse_prefill_call", "insert_call", "OP_CALLS",
-           "attention_op", "sparse_decode_op", "insert_op", "pages_like", "compressor_call", "inverse_rope_call",
+           "attention_op", "sparse_decode_op", "insert_op", "compressor_call", "inverse_rope_call",
            "mla_decode_call"]

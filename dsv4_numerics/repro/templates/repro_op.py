@@ -9,7 +9,7 @@ Needs torch, safetensors and the production package (or its library); nothing el
 --library PATH  the shared library that registers the op (torch.ops.load_library, as the package
                 itself does), when the package is not installed
 --path DIR      a folder to put first on sys.path (an unpacked package, or the folder of a
-                kernel imported by its dotted path) for a Python op
+                kernel imported by its dotted path) for a Python op; repeatable
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import json
 import math
+import site
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def build(saved: dict, geometry: dict, device: str):
     return [conv(a) for a in ARGS], {k: conv(v) for k, v in KWARGS.items()}
 
 
-def load_op(library: str | None, path: str | None):
+def load_op(library: str | None, path: list | None):
     """The production op, or raise RuntimeError saying why it is not available here."""
     if LOADER["kind"] == "torch_library":
         ns, name = LOADER["namespace"], LOADER["name"]
@@ -96,8 +97,9 @@ def load_op(library: str | None, path: str | None):
                                "--library PATH")
         torch.ops.load_library(lib)
         return getattr(getattr(torch.ops, ns), name)
-    if path:
-        sys.path.insert(0, path)
+    for p in reversed(path or []):
+        sys.path.insert(0, p)
+        site.addsitedir(p)  # its .pth files too (packages installed into that folder)
     mod = importlib.import_module(LOADER["module"])
     return getattr(mod, LOADER["attr"])
 
@@ -262,7 +264,7 @@ def compare_exact(label: str, got: torch.Tensor, exp: torch.Tensor, max_lines: i
 def main(argv: list | None = None, op=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--library")
-    ap.add_argument("--path")
+    ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--max-lines", type=int, default=12)
     a = ap.parse_args(argv)
     if op is None:
