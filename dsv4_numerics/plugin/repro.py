@@ -1,7 +1,8 @@
 """``--dsv4-repro DIR``: one reproducer (``dsv4_numerics.repro``) per failing case that ``judge``
 (or ``assert_matches_reference``) judges inside a test, in ``DIR/<test id>/<case>/``.
 
-A registry entry's reproducer calls its production op; a plain callable's imports it by its
+Inside a hypothesis test only the final replay of the shrunk failing example is written (the
+examples drawn and shrunk before it are not). A registry entry's reproducer calls its production op; a plain callable's imports it by its
 dotted path (a callable that is not importable that way -- a lambda, a local function -- gets a
 line saying so instead). Writing never changes the test's outcome: a problem is reported in the
 terminal summary.
@@ -29,6 +30,9 @@ def sink_for(nodeid: str, root: str):
         from dsv4_numerics.reference.errors import InputError
         from dsv4_numerics.repro.job import make
 
+        if drawing_not_final():
+            return
+
         by_name = {c.name: c for c in cases}
         for r in results:
             if r.verdict != "fail" or r.case not in by_name:
@@ -45,6 +49,18 @@ def sink_for(nodeid: str, root: str):
     return sink
 
 
+def drawing_not_final() -> bool:
+    """Inside a hypothesis test, true for every example but the final replay of the shrunk
+    failing one: only that one is written (hypothesis has already minimised it)."""
+    try:
+        from hypothesis.control import current_build_context, currently_in_test_context
+    except ImportError:
+        return False
+    if not currently_in_test_context():
+        return False
+    return not getattr(current_build_context(), "is_final", True)
+
+
 def summary(terminalreporter) -> None:
     if WRITTEN:
         terminalreporter.section("dsv4-numerics reproducers")
@@ -52,4 +68,4 @@ def summary(terminalreporter) -> None:
             terminalreporter.write_line(line)
 
 
-__all__ = ["OPTION", "WRITTEN", "folder_name", "sink_for", "summary"]
+__all__ = ["OPTION", "WRITTEN", "drawing_not_final", "folder_name", "sink_for", "summary"]

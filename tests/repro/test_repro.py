@@ -237,3 +237,38 @@ def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
     written = next(out.rglob("repro.py")).parent
     real = run_alone(written, ["--path", str(tmp_path)], standin=False)
     assert real.returncode == 1, real.stdout + real.stderr
+
+
+def test_plugin_writes_hypothesis_final_example_only(tmp_path):
+    """A failure drawn by hypothesis: the plugin writes the final replay of the shrunk example, not
+    the examples drawn and shrunk before it."""
+    from tests.plugin.test_plugin import _env, _pytest, _suite
+
+    _suite(tmp_path, {
+        "my_kernels.py": '''
+            import torch
+
+            def rope_wrong(inputs):
+                out = inputs["x"].to(torch.float32).clone()
+                out[..., 448:] = -out[..., 448:]
+                return {"out": out}
+        ''',
+        "test_mine.py": '''
+            import dsv4_numerics as dn
+            from hypothesis import given, settings, strategies as st
+            from my_kernels import rope_wrong
+
+            CASES = [c for c in dn.cases("rope") if c.name == "plain-per-head-broadcast"]
+
+            @settings(max_examples=5, deadline=None, database=None)
+            @given(st.integers(0, 3))
+            def test_rope(i):
+                assert dn.judge(rope_wrong, "rope", cases=CASES)[0].verdict == "pass"
+        ''',
+    })
+    out = tmp_path / "repros"
+    p = _pytest(tmp_path, "--dsv4-repro", str(out), env=_env(PYTHONPATH=str(tmp_path)))
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if "plain-per-head-broadcast]:" in ln]
+    assert len(lines) == 1, p.stdout  # one write: the final replay
+    assert len(list(out.rglob("repro.py"))) == 1
