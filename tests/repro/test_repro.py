@@ -205,20 +205,24 @@ def test_template_is_standalone_source():
     assert torch is not None
 
 
+# a user's kernel module for the plugin tests: a RoPE that negates the rotated lanes
+MY_KERNELS = '''
+    import torch
+
+    def rope_wrong(inputs):
+        out = inputs["x"].to(torch.float32).clone()
+        out[..., 448:] = -out[..., 448:]
+        return {"out": out}
+'''
+
+
 def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
     """``--dsv4-repro DIR`` in a user's own suite: the failing judged case gets a folder, the
     passing one none, and the test outcome is the test's own."""
     from tests.plugin.test_plugin import _env, _pytest, _suite
 
     _suite(tmp_path, {
-        "my_kernels.py": '''
-            import torch
-
-            def rope_wrong(inputs):
-                out = inputs["x"].to(torch.float32).clone()
-                out[..., 448:] = -out[..., 448:]
-                return {"out": out}
-        ''',
+        "my_kernels.py": MY_KERNELS,
         "test_mine.py": '''
             import dsv4_numerics as dn
             from my_kernels import rope_wrong
@@ -245,14 +249,7 @@ def test_plugin_writes_hypothesis_final_example_only(tmp_path):
     from tests.plugin.test_plugin import _env, _pytest, _suite
 
     _suite(tmp_path, {
-        "my_kernels.py": '''
-            import torch
-
-            def rope_wrong(inputs):
-                out = inputs["x"].to(torch.float32).clone()
-                out[..., 448:] = -out[..., 448:]
-                return {"out": out}
-        ''',
+        "my_kernels.py": MY_KERNELS,
         "test_mine.py": '''
             import dsv4_numerics as dn
             from hypothesis import given, settings, strategies as st
