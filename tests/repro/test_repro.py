@@ -269,3 +269,36 @@ def test_plugin_writes_hypothesis_final_example_only(tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if "plain-per-head-broadcast]:" in ln]
     assert len(lines) == 1, p.stdout  # one write: the final replay
     assert len(list(out.rglob("repro.py"))) == 1
+
+
+def test_gpu_finding_machinery_on_the_sglang_store_stand_in(tmp_path, monkeypatch):
+    """The GPU findings go through the same machinery: ``sglang-store-nan-448`` written from the
+    CPU stand-in of SGLang's JIT store (``tests/kernels/_fake_sglang_jit.py``, the store.cuh
+    arithmetic: NaN -> +448), a Python op called with keyword arguments. Its script names SGLang's
+    module as the op; called with the stand-in it exits 1, with a correct op 0."""
+    import dataclasses
+    import importlib.util
+
+    import tests.kernels._fake_sglang_jit as FAKE
+    from dsv4_numerics.kernels.sglang import jit as sglang_jit
+
+    monkeypatch.setattr(sglang_jit, "_module", lambda name: FAKE)
+    finding = next(f for f in FINDINGS if f.slug == "sglang-store-nan-448")
+    entry = dataclasses.replace(registry.get(finding.entry), probe=lambda: None)
+    rep = mk.make(entry, entry.stage, case=finding.case_value(), out=tmp_path / "r", contract=finding.contract,
+                  run=False)
+    assert rep.size_after["shapes"]["k"] == [1, 512]
+    text = (rep.out / "repro.py").read_text()
+    assert "sglang.kernels.ops.attention.dsv4.attn" in text and "'layout': 'v4'" in text
+    spec = importlib.util.spec_from_file_location("repro_sglang", rep.out / "repro.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([], op=FAKE.fused_store_cache) == 1
+    saved = script.load_tensors()
+
+    def correct(input, cache, indices, **kwargs):  # noqa: A002 - the op's own parameter name
+        cache.copy_(saved["expected.cache"])
+
+    assert script.main([], op=correct) == 0
+    issue = (rep.out / "ISSUE.md").read_text()
+    assert "nonfinite" in issue and "sglang_jit" in issue
