@@ -55,6 +55,7 @@ _LAZY = {
     "Result": "dsv4_numerics.oracles.report",
     "KernelEntry": "dsv4_numerics.kernels.registry",
     "Case": "dsv4_numerics.reference.cases",
+    "repro": "dsv4_numerics.repro",  # the package (a callable module: dn.repro(kernel, stage, ...))
 }
 
 __all__ = ["__version__", *_LAZY]

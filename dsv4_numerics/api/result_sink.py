@@ -20,14 +20,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-_SINKS: list[Callable[[list[Any]], None]] = []
+RESULTS, JUDGED = "results", "judged"
+_SINKS: dict[str, list[Callable[..., None]]] = {RESULTS: [], JUDGED: []}
 _WATCHERS: list[Callable[[dict], None]] = []
 
 
 def publish(results: list[Any]) -> None:
     """Give ``results`` (``oracles.report.Result`` objects) to every installed sink."""
-    for sink in list(_SINKS):
+    for sink in list(_SINKS[RESULTS]):
         sink(list(results))
+
+
+def publish_judged(kernel: Any, stage: str, cases: list[Any], policies: dict, results: list[Any]) -> None:
+    """Give one ``judge`` call -- the kernel, its stage, the Case objects, the policies it was
+    given and its Results -- to every ``judged`` sink (the plugin's ``--dsv4-repro``)."""
+    for sink in list(_SINKS[JUDGED]):
+        sink(kernel, stage, list(cases), dict(policies), list(results))
 
 
 def announce(call: dict) -> None:
@@ -45,9 +53,10 @@ def _installed(registry: list, fn: Callable) -> Iterator[None]:
         registry.remove(fn)
 
 
-def collecting(sink: Callable[[list[Any]], None]):
-    """Install ``sink`` while the block runs (nested blocks: every installed sink gets them)."""
-    return _installed(_SINKS, sink)
+def collecting(sink: Callable[..., None], kind: str = RESULTS):
+    """Install ``sink`` (of ``kind``: ``results`` or ``judged``) while the block runs (nested
+    blocks: every installed sink gets them)."""
+    return _installed(_SINKS[kind], sink)
 
 
 def watching(watcher: Callable[[dict], None]):
@@ -55,4 +64,4 @@ def watching(watcher: Callable[[dict], None]):
     return _installed(_WATCHERS, watcher)
 
 
-__all__ = ["announce", "collecting", "publish", "watching"]
+__all__ = ["JUDGED", "RESULTS", "announce", "collecting", "publish", "publish_judged", "watching"]

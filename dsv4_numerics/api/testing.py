@@ -78,7 +78,7 @@ from dsv4_numerics.api.callable_entry import (
     mark_contract_errors,
 )
 from dsv4_numerics.api import isolation
-from dsv4_numerics.api.result_sink import publish
+from dsv4_numerics.api.result_sink import publish, publish_judged
 
 Kernel = Union[Callable[[CaseInputs], dict], KernelEntry, Any]
 SIZES = ("default", "small", "full")
@@ -207,13 +207,14 @@ def _calls(entry: JudgedEntry, target: isolation.Target | None, case_list: list[
 
 
 def _judge(fn_name: str, fn: Kernel, stage: str, policies: Any, cases: Any, device: Any, arch: str | None,
-           tolerances: Any, name: str | None, isolate: Any, timeout_s: Any) -> list[Result]:
+           tolerances: Any, name: str | None, isolate: Any, timeout_s: Any) -> tuple[list[Result], list[Case]]:
+    """(Results, the Case objects judged) of one judge call."""
     case_list, entry, target, timeout = _prepare(fn_name, fn, stage, policies, cases, name, isolate, timeout_s)
     if target is not None:
         _run(entry, [], device, arch, tolerances, fn_name)  # argument checks, before any child starts
     with _calls(entry, target, case_list, device, timeout, cases is None) as (judged, calls):
         results = _run(judged, case_list, device, arch, tolerances, fn_name)
-    return calls.mark(results) if calls is not None else results
+    return (calls.mark(results) if calls is not None else results), case_list
 
 
 def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cases: Iterable[Case] | None = None,
@@ -241,8 +242,10 @@ def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cas
     Inside a pytest test (the plugin installed) the Results are also attached to the test's
     report (``dsv4_numerics.api.result_sink``), whatever the test does next.
     """
-    results = _judge("judge", fn, stage, policies, cases, device, arch, tolerances, name, isolate, timeout_s)
+    results, case_list = _judge("judge", fn, stage, policies, cases, device, arch, tolerances, name, isolate,
+                                timeout_s)
     publish(results)  # to the pytest plugin's per-test sink, if any: they reach --dsv4-report even if the test fails
+    publish_judged(fn, stage, case_list, dict(policies or {}), results)  # --dsv4-repro, if any
     return results
 
 

@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_external(c)
     _add_root(c)
 
+    from dsv4_numerics.cli import repro as _repro  # one module per command
+
+    _repro.add_parser(sub)
     k = sub.add_parser("kernels", help="list kernel entries with availability and reasons")
     k.add_argument("--json", action="store_true", help="print JSON instead of a table")
     k.add_argument("--available", action="store_true", help="only entries that can run here")
@@ -514,9 +517,15 @@ def cmd_stage_sglang(args) -> int:
         raise UsageError(f"stage-sglang: {e}") from None
 
 
+def cmd_repro(args) -> int:
+    from dsv4_numerics.cli import repro
+
+    return repro.run(args)
+
+
 COMMANDS = {"check": cmd_check, "kernels": cmd_kernels, "fixtures": cmd_fixtures, "inspect": cmd_inspect, "bench": cmd_bench, "stage-vllm": cmd_stage_vllm,
             "stage-sglang": cmd_stage_sglang,
-            "report": cmd_report}
+            "report": cmd_report, "repro": cmd_repro}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,9 @@ Fixture ``dsv4_results``
   reason). A glob matching no entry fails too. Entries are known from the registry, installed
   packages, ``DSV4_ENTRIES_FROM`` sources and the Results. ``--dsv4-require-available`` requires every
   built-in registry entry whose architectures match the GPU present (and fails if none does).
+``--dsv4-repro DIR``
+  one minimal standalone reproducer (``dsv4_numerics.repro``) per case ``judge`` fails inside a
+  test, in ``DIR/<test id>/<case>/`` (``plugin.repro``), listed in the terminal summary.
 ``--dsv4-pin-gpus`` (or env ``DSV4_PIN_GPUS=1``): opt-in xdist GPU pinning
   each xdist worker ``gwK`` gets ``CUDA_VISIBLE_DEVICES`` = visible GPU ``K % n``. It is done in
   ``pytest_load_initial_conftests`` (before any conftest or test module is imported, so before
@@ -255,6 +258,9 @@ def pytest_addoption(parser):
                          "process unless a call says isolate=False (ini: dsv4_isolate)")
     parser.addini("dsv4_isolate", type="bool", default=False,
                   help="dsv4-numerics: judge kernels in a crash-isolated child by default (as --dsv4-isolate)")
+    group.addoption("--dsv4-repro", action="store", default=None, metavar="DIR",
+                    help="write a minimal standalone reproducer (dsv4_numerics.repro) of every case that judge "
+                         "fails inside a test, into DIR/<test id>/<case>/")
     group.addoption("--dsv4-pin-gpus", action="store_true", default=False,
                     help="pin each xdist worker gwK to visible GPU K %% n via CUDA_VISIBLE_DEVICES "
                          "(env DSV4_PIN_GPUS=1; DSV4_NO_GPU_PINNING=1 turns it off)")
@@ -425,8 +431,22 @@ def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker(UNREPORTED_MARKER) is not None:
         yield
         return
-    with collecting(lambda rs: attach_results(item, rs)), watching(lambda call: _spool_start(item.nodeid, call)):
+    repro_dir = item.config.getoption("--dsv4-repro", default=None)
+    with collecting(lambda rs: attach_results(item, rs)), watching(lambda call: _spool_start(item.nodeid, call)), \
+            _repro_sink(item, repro_dir):
         yield
+
+
+def _repro_sink(item, folder):
+    """``--dsv4-repro``'s per-test sink (``plugin.repro``); a no-op context without the option."""
+    import contextlib
+
+    if not folder:
+        return contextlib.nullcontext()
+    from dsv4_numerics.api.result_sink import JUDGED, collecting
+    from dsv4_numerics.plugin.repro import sink_for
+
+    return collecting(sink_for(item.nodeid, folder), kind=JUDGED)
 
 
 @pytest.fixture
@@ -666,6 +686,9 @@ def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    from dsv4_numerics.plugin.repro import summary
+
+    summary(terminalreporter)
     st = config.stash.get(_STATE_KEY, None)
     if st is None:
         return

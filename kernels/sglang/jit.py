@@ -96,6 +96,7 @@ from dsv4_numerics.reference.policies import (
 )
 
 from dsv4_numerics.kernels import probe as P
+from dsv4_numerics.kernels.op_call import OpCall, pages_like, python_loader
 from dsv4_numerics.kernels.registry import KernelEntry
 
 SGLANG_VERSION = "0.5.23"
@@ -317,12 +318,35 @@ def rope_args(inputs: dict, inverse: bool) -> dict:
 # --------------------------------------------------------------------------- calls
 
 
+def store_op(case: Case, layout: str) -> OpCall:
+    """Canonical write case -> the ``fused_store_cache(input, cache, indices, page_size=,
+    type="flashmla", layout=)`` call; ``cache`` (arg 1, the exact-stride page buffer) is written in
+    place. For ``layout="v4"`` the reproducer compares it bit for bit over the defined bytes of
+    the written slots (the 584-byte record; the pad byte is never written)."""
+    a = store_args(case.inputs, layout)
+    bs, buf = a["page_size"], a["cache"]
+    call = OpCall(op=f"{STORE_MODULE}.fused_store_cache", fn=_module(STORE_MODULE).fused_store_cache,
+                  loader=python_loader("sglang", STORE_MODULE, "fused_store_cache"),
+                  args=[a["input"], buf, a["indices"]],
+                  kwargs={"page_size": bs, "type": "flashmla", "layout": a["layout"]},
+                  outputs={"cache": ("arg", 1)}, finish=lambda ret: {"cache": a["_finish"]()})
+    if layout == "v4":
+        from dsv4_numerics.kernels.vllm.cuda import paged_cache_2d
+        from dsv4_numerics.reference.caches import model1
+
+        def masks(exp: dict, c: Case) -> dict:
+            defined = model1.defined_byte_mask(exp["cache"], c.inputs["slot_mapping"][: c.inputs["k"].shape[0]], bs)
+            return {"cache": pages_like(defined, buf, bs)}
+
+        call.to_op = lambda exp: {"cache": pages_like(paged_cache_2d(exp["cache"], bs), buf, bs)}
+        call.compare, call.masks = {"cache": "bytes"}, masks
+        call.decode, call.meta = {"cache": "model1_584"}, {"block_size": bs}
+    return call
+
+
 def _store_call(layout_of: Callable[[dict], str]):
     def call(case: Case) -> dict:
-        a = store_args(case.inputs, layout_of(case.inputs))
-        _module(STORE_MODULE).fused_store_cache(a["input"], a["cache"], a["indices"], page_size=a["page_size"],
-                                                type="flashmla", layout=a["layout"])
-        return {"cache": a["_finish"]()}
+        return store_op(case, layout_of(case.inputs)).run()
 
     return call
 
@@ -439,3 +463,7 @@ ENTRIES: list[KernelEntry] = [
               "bf16 P, fp32 accumulation); power-of-two page sizes only; exponent-0 FP8 codes read as normals.",
     ),
 ]
+
+
+# entry name -> ``(case) -> OpCall`` (``kernels.op_call``): the calls a standalone reproducer makes
+OP_CALLS = {"sglang.store_jit": lambda case: store_op(case, "v4")}

@@ -106,6 +106,7 @@ from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import PagedSegment, decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.convert import in_prefix, refuse_non_minus1
+from dsv4_numerics.kernels.op_call import OpCall, pages_like, torch_library_loader
 from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.vllm.cuda import RMS_EPS, paged_cache_2d, swa_write_args
 
@@ -217,8 +218,14 @@ def _sink(sink: torch.Tensor | None, h: int, device: torch.device) -> torch.Tens
     return sink.to(torch.float32).contiguous()
 
 
-def _attention(q: torch.Tensor, main: PagedSegment, extra: PagedSegment | None, sink: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
+def _loader(key: str) -> dict:
+    return torch_library_loader(DIST, LIBRARY, "_C", OPS[key])
+
+
+def attention_op(q: torch.Tensor, main: PagedSegment, extra: PagedSegment | None, sink: torch.Tensor | None,
+                 scale: float) -> OpCall:
+    """The ``flash_mla_with_kvcache_cpu`` call ``forward_mqa`` makes for these segments (module
+    docstring): ``out`` (arg 0) is written in place and is the canonical ``out``."""
     t, h = q.shape[0], q.shape[1]
     window = paged_cache_2d(main.cache, main.block_size)
     win_slots = _slots(main, "SWA")
@@ -227,15 +234,29 @@ def _attention(q: torch.Tensor, main: PagedSegment, extra: PagedSegment | None, 
     else:  # SWA-only layer: forward_mqa passes [T, 0] slots over the window cache, block size 1
         comp, comp_slots, comp_bs = window, torch.full((t, 0), -1, dtype=torch.int64, device=q.device), 1
     out = torch.empty_like(q)
-    _op("sparse")(out, q.contiguous(), window, win_slots, main.block_size, comp, comp_slots, comp_bs,
-                  _sink(sink, h, q.device), scale)
-    return out
+    args = [out, q.contiguous(), window, win_slots, main.block_size, comp, comp_slots, comp_bs,
+            _sink(sink, h, q.device), scale]
+    return OpCall(op=f"torch.ops._C.{OPS['sparse']}", fn=_op("sparse"), loader=_loader("sparse"), args=args,
+                  outputs={"out": ("arg", 0)}, finish=lambda ret: {"out": out},
+                  to_op=lambda exp: {"out": exp["out"]}, compare={"out": "numeric"}, decode={"out": "values"},
+                  meta={"sources": [{"cache": 2, "slots": 3, "block_size": main.block_size},
+                                    {"cache": 5, "slots": 6, "block_size": comp_bs}]})
+
+
+def _attention(q: torch.Tensor, main: PagedSegment, extra: PagedSegment | None, sink: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
+    return attention_op(q, main, extra, sink, scale).run()["out"]
+
+
+def sparse_decode_op(case: Case) -> OpCall:
+    """Canonical ``decode`` case -> the ``flash_mla_with_kvcache_cpu`` call (module docstring)."""
+    d = decode_inputs(case, "vllm_cpu.sparse_decode")
+    return attention_op(d.q, d.main, d.extra, d.sink, d.scale)
 
 
 def sparse_decode_call(case: Case) -> dict[str, torch.Tensor]:
     """Canonical ``decode`` case -> ``{"out": bf16 [T, H, 512]}`` (module docstring)."""
-    d = decode_inputs(case, "vllm_cpu.sparse_decode")
-    return {"out": _attention(d.q, d.main, d.extra, d.sink, d.scale)}
+    return sparse_decode_op(case).run()
 
 
 def workspace_cache(kv: torch.Tensor, idx: torch.Tensor, length: torch.Tensor | None,
@@ -271,13 +292,31 @@ def sparse_prefill_call(case: Case) -> dict[str, torch.Tensor]:
     return {"out": _attention(p.q, seg, None, p.sink, p.scale)}
 
 
+def insert_op(case: Case) -> OpCall:
+    """Canonical ``swa_write`` case -> the ``fused_qnorm_rope_kv_insert_cpu`` call (zero dummy
+    query, identity RoPE, the page copy of ``vllm_cuda.swa_write_args``): ``k_cache`` (arg 3, a
+    ``[num_blocks, page_stride']`` page buffer) is written in place; compared bit for bit over the
+    defined bytes of the written slots."""
+    a = swa_write_args(case.inputs)
+    bs = a["cache_block_size"]
+    args = [a["q_in"], a["kv"], a["position_ids"], a["k_cache"], a["slot_mapping"], a["cos_sin_cache"],
+            a["q_head_padded"], RMS_EPS, bs]
+
+    def masks(exp: dict, c: Case) -> dict:
+        defined = cache_model1.defined_byte_mask(exp["cache"], c.inputs["slot_mapping"][: c.inputs["k"].shape[0]], bs)
+        return {"k_cache": pages_like(defined, a["k_cache"], bs)}
+
+    return OpCall(op=f"torch.ops._C.{OPS['insert']}", fn=_op("insert"), loader=_loader("insert"), args=args,
+                  outputs={"k_cache": ("arg", 3)}, finish=lambda ret: {"cache": a["_finish"]()},
+                  to_op=lambda exp: {"k_cache": pages_like(paged_cache_2d(exp["cache"], bs), a["k_cache"], bs)},
+                  compare={"k_cache": "bytes"}, masks=masks, decode={"k_cache": "model1_584"},
+                  meta={"block_size": bs})
+
+
 def insert_call(case: Case) -> dict[str, torch.Tensor]:
     """Canonical ``swa_write`` case -> ``{"cache"}`` through ``fused_qnorm_rope_kv_insert_cpu``
-    (zero dummy query, identity RoPE, the page copy of ``vllm_cuda.swa_write_args``)."""
-    a = swa_write_args(case.inputs)
-    _op("insert")(a["q_in"], a["kv"], a["position_ids"], a["k_cache"], a["slot_mapping"], a["cos_sin_cache"],
-                  a["q_head_padded"], RMS_EPS, a["cache_block_size"])
-    return {"cache": a["_finish"]()}
+    (``insert_op``)."""
+    return insert_op(case).run()
 
 
 def compressor_call(case: Case) -> dict[str, torch.Tensor]:
@@ -387,6 +426,10 @@ ENTRIES: list[KernelEntry] = [
            "the GPU SWA writers are Q_A with subnormals). Zero dummy query [N, 64, 512], identity RoPE."),
 ]
 
+# entry name -> ``(case) -> OpCall`` (``kernels.op_call``): the op boundary a reproducer calls
+OP_CALLS = {"vllm_cpu.sparse_decode": sparse_decode_op, "vllm_cpu.qnorm_rope_kv_insert": insert_op}
+
 __all__ = ["ENTRIES", "CPU_WRITER_POLICIES", "library_reason", "library_version", "workspace_cache",
-           "sparse_decode_call", "sparse_prefill_call", "insert_call", "compressor_call", "inverse_rope_call",
+           "sparse_decode_call", "sparse_prefill_call", "insert_call", "OP_CALLS",
+           "attention_op", "sparse_decode_op", "insert_op", "compressor_call", "inverse_rope_call",
            "mla_decode_call"]

@@ -70,6 +70,7 @@ from dsv4_numerics.reference.policies import (
 )
 
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
+from dsv4_numerics.kernels.op_call import OpCall, python_loader
 from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, readable_pages
 from dsv4_numerics.kernels.vllm.triton import bool_flags, index_case_builder, int32, staged_triton_probe
@@ -81,6 +82,9 @@ __all__ = [
     "trim_ragged",
     "prefill_args",
     "decode_args",
+    "prefill_op",
+    "decode_op",
+    "OP_CALLS",
     "ragged_from_dense_args",
     "prefill_topk_ragged_args",
     "gfx942_dispatch",
@@ -274,25 +278,43 @@ def gfx942_dispatch(module: Any):
         module._ON_GFX942 = old
 
 
+def prefill_op(case: Case, ragged: bool) -> OpCall:
+    """Canonical ``prefill`` case -> the ``rocm_sparse_attn_prefill(**prefill_args)`` call; the
+    ``output`` keyword is written in place (the canonical ``out``)."""
+    a = prefill_args(case, ragged)
+    return OpCall(op=f"{ROCM_OPS}.rocm_sparse_attn_prefill", fn=_mod(ROCM_OPS).rocm_sparse_attn_prefill,
+                  loader=python_loader("vllm", ROCM_OPS, "rocm_sparse_attn_prefill"), args=[], kwargs=a,
+                  outputs={"output": ("kwarg", "output")}, finish=lambda ret: {"out": a["output"]},
+                  to_op=lambda exp: {"output": exp["out"]}, compare={"output": "numeric"})
+
+
+def decode_op(case: Case, ragged: bool, inv_rope: bool) -> OpCall:
+    """Canonical ``decode`` case -> the ``rocm_sparse_attn_decode(**decode_args)`` call (the
+    wrapper's default dispatch); ``output`` is written in place, the return value is the number of
+    rows it reports rotated (``meta["rotated_expected"]``: the number it should)."""
+    a = decode_args(case, ragged, inv_rope)
+    want = a.pop("_rotated_expected")
+    return OpCall(op=f"{ROCM_OPS}.rocm_sparse_attn_decode", fn=_mod(ROCM_OPS).rocm_sparse_attn_decode,
+                  loader=python_loader("vllm", ROCM_OPS, "rocm_sparse_attn_decode"), args=[], kwargs=a,
+                  outputs={"output": ("kwarg", "output")},
+                  finish=lambda ret: {"out": a["output"], "rotated_rows": torch.tensor([int(ret), want], dtype=torch.int64)},
+                  to_op=lambda exp: {"output": exp["out"]}, compare={"output": "numeric"},
+                  meta={"rotated_expected": want})
+
+
 def _call_prefill(ragged: bool) -> Callable[[Case], dict]:
     def call(case: Case) -> dict:
-        a = prefill_args(case, ragged)
-        _mod(ROCM_OPS).rocm_sparse_attn_prefill(**a)
-        return {"out": a["output"]}
+        return prefill_op(case, ragged).run()
 
     return call
 
 
 def _call_decode(ragged: bool, inv_rope: bool, splitk: bool) -> Callable[[Case], dict]:
     def call(case: Case) -> dict:
-        a = decode_args(case, ragged, inv_rope)
-        want_rot = a.pop("_rotated_expected")
-        mod = _mod(ROCM_OPS)
-        ctx = gfx942_dispatch(mod) if splitk else contextlib.nullcontext()
+        op = decode_op(case, ragged, inv_rope)
+        ctx = gfx942_dispatch(_mod(ROCM_OPS)) if splitk else contextlib.nullcontext()
         with ctx:
-            rotated = mod.rocm_sparse_attn_decode(**a)
-        return {"out": a["output"],
-                "rotated_rows": torch.tensor([int(rotated), want_rot], dtype=torch.int64)}
+            return op.run()
 
     return call
 
@@ -451,3 +473,14 @@ ENTRIES: list[KernelEntry] = [
               "cases.",
     ),
 ]
+
+
+# entry name -> ``(case) -> OpCall`` (``kernels.op_call``): the calls a standalone reproducer can
+# make (the ``.splitk`` entries set a module flag around the call, which a reproducer does not)
+OP_CALLS = {
+    "rocm_triton.sparse_prefill": lambda case: prefill_op(case, False),
+    "rocm_triton.sparse_prefill.ragged": lambda case: prefill_op(case, True),
+    "rocm_triton.sparse_decode": lambda case: decode_op(case, False, False),
+    "rocm_triton.sparse_decode.ragged": lambda case: decode_op(case, True, False),
+    "rocm_triton.sparse_decode.inv_rope": lambda case: decode_op(case, False, True),
+}
