@@ -64,7 +64,7 @@ def changes(prev: dict[str, Any], cur: dict[str, Any]) -> list[str]:
         out.append(f"appeared ({pv or 'not run'} -> {cv})")
     elif pv in JUDGED and cv in ABSENT:
         out.append(f"vanished ({pv} -> {cv or 'not run'})")
-    elif pv != cv:
+    elif pv != cv and not (pv in ABSENT and cv in ABSENT):
         out.append(f"verdict {pv} -> {cv}")
     if pv in JUDGED and cv in JUDGED:
         both = sorted(set(prev["digests"]) & set(cur["digests"]))
@@ -97,6 +97,7 @@ def history(m: dict[str, Any]) -> dict[str, Any]:
         releases.setdefault(dist, set()).add(rel)
         for arch, cell in r["cells"].items():
             groups.setdefault((r["entry"], r["stage"], arch, dist), {})[rel] = cell
+    groups = fold_absent_archs(groups)
     order = {d: sorted(v, key=release_sort_key) for d, v in releases.items()}
     rows = []
     for (entry, stage, arch, dist), cells in sorted(groups.items()):
@@ -112,6 +113,26 @@ def history(m: dict[str, Any]) -> dict[str, Any]:
             prev = cur
         rows.append({"entry": entry, "stage": stage, "arch": arch, "dist": dist, "releases": seq, "first_change": first})
     return {"releases": order, "rows": rows, "departures": dated_departures(m.get("departures", []))}
+
+
+def fold_absent_archs(groups: dict[tuple[str, str, str, str], dict[str, dict]]
+                      ) -> dict[tuple[str, str, str, str], dict[str, dict]]:
+    """An entry unavailable on a release has no Result to name its architecture, so its row sits
+    under its run's (``cpu`` for a CPU run); place such a cell under every architecture where the
+    same entry was judged on another release (a CPU kernel's ``x86-amx``), so one history row
+    shows the op appearing."""
+    judged_archs: dict[tuple[str, str, str], set[str]] = {}
+    for (entry, stage, arch, dist), cells in groups.items():
+        if any(c.get("results") for c in cells.values()):
+            judged_archs.setdefault((entry, stage, dist), set()).add(arch)
+    out: dict[tuple[str, str, str, str], dict[str, dict]] = {}
+    for (entry, stage, arch, dist), cells in groups.items():
+        others = judged_archs.get((entry, stage, dist), set())
+        row_only = not any(c.get("results") for c in cells.values())
+        for a in (sorted(others) if row_only and others and arch not in others else [arch]):
+            for rel, c in cells.items():
+                out.setdefault((entry, stage, a, dist), {}).setdefault(rel, c)
+    return out
 
 
 def dated_departures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,13 +151,15 @@ def dated_departures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         first = next((r for r in judged if statuses[r] == "present"), None)
         gone = next((r for r in judged[judged.index(first) + 1:] if statuses[r] != "present"), None) if first else None
         if first is None:
-            span = "not shown by any judged release"
+            span = "shown by no judged release (the cases do not tell the policy values apart)"
         elif gone is None and first == judged[0]:
             span = "present in every judged release"
         elif gone is None:
             span = f"from {first}, present in every later judged release"
         else:
-            span = f"from {first}; {statuses[gone]} in {gone}"
+            span = f"from {first}; {statuses[gone]} from {gone} on" if all(
+                statuses[r] != "present" for r in judged[judged.index(gone):]) else \
+                f"from {first}; {statuses[gone]} in {gone}, present again later"
         entry, stage, policy, value = key
         out.append({"entry": entry, "stage": stage, "policy": policy, "value": value, **info[key],
                     "statuses": {r: statuses[r] for r in rels}, "first_present": first, "first_gone": gone,
@@ -146,7 +169,7 @@ def dated_departures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _cell_text(x: dict[str, Any]) -> str:
     v = x["verdict"]
-    txt = v if v not in JUDGED else f"{v} {_g(x['worst_ulps'])}u"
+    txt = v if v not in JUDGED or x["worst_ulps"] is None else f"{v} {_g(x['worst_ulps'])}u"
     return txt + ("*" if x["changes"] else "")
 
 
@@ -176,13 +199,16 @@ def format_history(h: dict[str, Any], width: int = 200) -> str:
         lines.append("changes:")
         for r, x in changed:
             lines.append(f"  {x['release']}: {r['entry']} [{r['stage']}] @{r['arch']}: {'; '.join(x['changes'])}")
-    policies = [(r, x) for r in h["rows"] for x in r["releases"][:1] if x["policies"]]
+    policies = {}
+    for r in h["rows"]:
+        pol = next((x["policies"] for x in r["releases"] if x["policies"] and any(x["policies"])), None)
+        if pol:
+            policies.setdefault((r["entry"], r["stage"]), pol)
     if policies:
         lines.append("")
-        lines.append("declared policies (first judged release; changes listed above):")
-        for r in {(r["entry"], r["stage"]): r for r, _ in policies}.values():
-            pol = next((x["policies"] for x in r["releases"] if x["policies"]), [])
-            lines.append(f"  {r['entry']} [{r['stage']}]: {'; '.join(pol)}")
+        lines.append("declared policies (the first judged release's; changes are listed above):")
+        for (entry, stage), pol in policies.items():
+            lines.append(f"  {entry} [{stage}]: {'; '.join(pol)}")
     if h["departures"]:
         lines.append("")
         lines.append("departures dated:")
@@ -196,9 +222,10 @@ def markdown(h: dict[str, Any]) -> str:
     """The dated departures and the release table as a Markdown page (``--markdown``)."""
     out = ["# Divergences by release", "",
            "Generated by `dsv4-numerics report history --markdown` from a `check` that judged every staged release. "
-           "A departure is *present* in a release when the entry's row is bit-exact under the declared policy and "
-           "at least one case fails with the value of the producers it departs from; *gone* when every case also "
-           "passes with that value; *unexplained* when the row no longer passes under the declared policy.", ""]
+           "A departure is *present* in a release when the entry's row passes under the declared policy and at least "
+           "one case fails with the value of the producers it departs from; *not shown* when every case also passes "
+           "with that value (gone, or not exercised by the cases); *unexplained* when the row no longer passes under "
+           "the declared policy; *not judged* where the entry is unavailable.", ""]
     if h["departures"]:
         rels = list(dict.fromkeys(r for d in h["departures"] for r in d["statuses"]))
         rels.sort(key=release_sort_key)
@@ -246,5 +273,5 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "changes", "dated_departures", "format_history", "history", "markdown",
+__all__ = ["add_arguments", "changes", "dated_departures", "fold_absent_archs", "format_history", "history", "markdown",
            "release_sort_key", "run", "summary"]

@@ -17,8 +17,8 @@ with): each is judged again with the other producers' value over the same cases 
 outputs of the first run reused, so the kernel runs once). Status per release:
 
 ``present``      the row passes under the declared value and at least one case fails without it;
-``gone``         every judged case also passes with the other producers' value (nothing in the
-                 cases shows the departure in this release);
+``not shown``    every judged case also passes with the other producers' value (nothing in the
+                 cases shows the departure in this release: gone, or not exercised by the cases);
 ``unexplained``  the row does not pass under the declared value (the policy no longer explains
                  the kernel's bytes);
 ``not judged``   the entry is unavailable or every case was skipped.
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-PRESENT, GONE, UNEXPLAINED, NOT_JUDGED = "present", "gone", "unexplained", "not judged"
+PRESENT, NOT_SHOWN, UNEXPLAINED, NOT_JUDGED = "present", "not shown", "unexplained", "not judged"
 CHILD_MODULE = "dsv4_numerics.runner.releases"
 # seconds one release's process may take (env DSV4_RELEASE_TIMEOUT_S)
 TIMEOUT_S = float(os.environ.get("DSV4_RELEASE_TIMEOUT_S", "3600") or 3600)
@@ -207,7 +207,7 @@ def judge_departures(entry: Any, release: str, cases: list | None, declared: lis
             bad = [r.case for r in rs if r.verdict in ("fail", "error")]
             rec["failing_without"] = len(bad)
             rec["cases_failing_without"] = bad[:8]
-            rec["status"] = PRESENT if bad else GONE
+            rec["status"] = PRESENT if bad else NOT_SHOWN
         out.append(rec)
     return out
 
@@ -295,7 +295,7 @@ def list_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["GONE", "Job", "NOT_JUDGED", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
+__all__ = ["Job", "NOT_JUDGED", "NOT_SHOWN", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
            "plan", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
            "run_jobs"]
 

