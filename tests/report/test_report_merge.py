@@ -44,13 +44,13 @@ def test_merge_places_cells_by_arch_and_keeps_conflicts(tmp_path):
     assert (h200["verdict"], h200["cases"], h200["judged"]) == ("fail", 2, 2)
     assert h200["worst_ulps"] == 9.0 and h200["headroom"] == 0.5 and h200["conflict"] is True
     assert len(h200["results"]) == 4  # nothing overwritten
-    assert m["conflicts"] == [{"entry": E, "stage": "decode", "arch": "sm90", "case": "c2",
+    assert m["conflicts"] == [{"entry": E, "stage": "decode", "release": "", "arch": "sm90", "case": "c2",
                                "verdicts": {"h200-check.json": "pass", "h200-pytest.json": "fail"}}]
     failing = next(x for x in h200["results"] if x["verdict"] == "fail")
     assert "out: 3 elements outside" in failing["explain"]
     b200 = rows[(E, "decode")]["cells"]["sm100"]
     assert (b200["verdict"], b200["headroom"], b200["conflict"]) == ("pass", 5.0, False)
-    assert m["divergences"] == [{"entry": E, "stage": "decode", "passing": ["sm100"], "failing": ["sm90"]}]
+    assert m["divergences"] == [{"entry": E, "stage": "decode", "release": "", "passing": ["sm100"], "failing": ["sm90"]}]
     # the same entry: unavailable on the H200 (check row with the probe's reason), judged on the B200
     kv = rows[("vllm_cuda.kv_rope_insert", "swa_write")]["cells"]
     assert kv["sm90"]["verdict"] == "unavailable" and kv["sm90"]["note"] == "needs sm100"
@@ -63,7 +63,7 @@ def test_one_run_judging_a_case_twice_is_a_conflict_labelled_by_policies(tmp_pat
     a, b = R(E, "c1", "pass", 1.0, 4.0), R(E, "c1", "fail", 9.0, 0.5)
     a.policies, b.policies = {"scale_rule": "scale_clamp"}, {"scale_rule": "amax_clamp"}
     m = merge_reports([pytest_report(tmp_path / "r.json", [a, b], meta("sm90"))])
-    assert m["conflicts"] == [{"entry": E, "stage": "decode", "arch": "sm90", "case": "c1",
+    assert m["conflicts"] == [{"entry": E, "stage": "decode", "release": "", "arch": "sm90", "case": "c1",
                                "verdicts": {"r.json [scale_rule=scale_clamp]": "pass",
                                             "r.json [scale_rule=amax_clamp]": "fail"}}]
     b.policies = dict(a.policies)  # the same policies twice, different verdicts: still both kept
@@ -180,7 +180,7 @@ def test_cli_merge_writes_matrix_and_page_and_diff_reads_them_back(tmp_path, cap
     # the B200 run alone as NEW: the H200 cells are missing there (regressions)
     assert cli.main(["report", "diff", str(out), paths[2]]) == cli.EXIT_FAIL
     assert "REGRESSION missing     flashmla.sparse_decode.sm90 [decode] @sm90" in capsys.readouterr().out
-    for argv, msg in ((["report"], "choose an action: merge or diff"),
+    for argv, msg in ((["report"], "choose an action: merge, diff or history"),
                       (["report", "merge", paths[0], "--html", str(tmp_path / "no" / "p.html")], "--html"),
                       (["report", "diff", paths[0]], "the following arguments are required: NEW")):
         assert cli.main(argv) == cli.EXIT_USAGE
