@@ -80,7 +80,7 @@ DEFAULT_STARTUP_TIMEOUT_S = float(os.environ.get("DSV4_KERNEL_STARTUP_TIMEOUT", 
 
 def _reuse_default() -> bool:
     return os.environ.get("DSV4_KERNEL_REUSE", "1").strip().lower() not in ("0", "off", "no", "false")
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # dsv4_numerics/runner/pool.py -> the checkout (or site-packages)
 
 
 UNAVAILABLE = "<unavailable>"  # run_isolated's result key when a probing job found the entry unavailable
@@ -333,7 +333,7 @@ def run_isolated(
     ``DSV4_KERNEL_CASE_TIMEOUT`` or 180 s); a case over it is killed and reported as timed out.
     A child's start-up (imports, device, case building) is bounded separately by
     ``DSV4_KERNEL_STARTUP_TIMEOUT`` (default 300 s).
-    In ``raw`` mode the result dicts carry ``outputs_file`` (a ``torch.save`` of the outputs).
+    In ``raw`` mode the result dicts carry ``outputs_file`` (``case_files.load_outputs`` reads it).
 
     ``session``: run in that :class:`WorkerSession`'s live child (started if none; restarted
     first if ``env`` is given and differs from the session's); after a crash, a timeout or a
