@@ -135,7 +135,7 @@ def format_diff(base: dict[str, Any], new: dict[str, Any], changes: list[Change]
 
 def diff_paths(base: list[str], new: list[str], ratio: float = DEFAULT_RATIO):
     """``(base matrix, new matrix, changes)`` for the reports or matrices at the paths."""
-    b, n = load_matrix(base), load_matrix(new)
+    b, n = load_matrix(base, ("report diff", "BASE")), load_matrix(new, ("report diff", "NEW"))
     return b, n, diff_matrices(b, n, ratio)
 
 
