@@ -99,7 +99,7 @@ def test_every_reader_refuses_a_pickle_with_the_file_named(tmp_path):
             read(planted)
     assert not marker.exists()
     # a real case file is not an outputs file, nor the other way round
-    cf.write_cases(tmp_path / "real.safetensors", default_cases(STAGE)[:1])
+    cf.save_cases(default_cases(STAGE)[:1], tmp_path / "real.safetensors")
     with pytest.raises(InputError, match="expected 'dsv4-numerics-outputs'"):
         cf.load_outputs(tmp_path / "real.safetensors")
 
@@ -142,7 +142,7 @@ def test_case_files_round_trip_what_a_case_holds_and_name_what_they_cannot(tmp_p
     case = Case("c", "fake", {"view": x[:, 1:4], "n": 3, "eps": float("-inf"), "dt": torch.float8_e4m3fn,
                               "nested": {"pair": (1, torch.tensor([True, False])), "names": ["a", None]}},
                 {"seed": 7, "nan": float("nan")})
-    cf.write_cases(tmp_path / "c.safetensors", [case])
+    cf.save_cases([case], tmp_path / "c.safetensors")
     (got,) = cf.load_cases(tmp_path / "c.safetensors")
     assert (got.name, got.stage, list(got.inputs)) == ("c", "fake", list(case.inputs))
     assert got.inputs["view"].stride() == (6, 1) and torch.equal(got.inputs["view"], x[:, 1:4])
@@ -155,7 +155,7 @@ def test_case_files_round_trip_what_a_case_holds_and_name_what_they_cannot(tmp_p
     assert got.inputs["view"].data_ptr() % 64 == 0 and got.inputs["nested"]["pair"][1].data_ptr() % 64 == 0
     bad = Case("odd", "fake", {"fn": len}, {})
     with pytest.raises(InputError, match=r"case 'odd' of stage 'fake'.*unsupported builtin_function_or_method at inputs\.fn"):
-        cf.write_cases(tmp_path / "bad.safetensors", [bad])
+        cf.save_cases([bad], tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
 
 

@@ -211,15 +211,19 @@ def encode_cases(cases: list) -> bytes:
     return _encode(parts, CASES_FORMAT, "case file")
 
 
-def write_cases(path: str | Path, cases: list) -> None:
-    """Write ``cases`` to ``path`` atomically (:func:`encode_cases`)."""
+def save_cases(cases: list, path: str | Path) -> None:
+    """Write the list of ``Case`` to ``path`` atomically (:func:`encode_cases`; a temporary file in
+    the same folder, then ``os.replace``), then its names sidecar: the file :func:`load_cases`
+    reads and a kernel child takes as ``--cases``."""
     from dsv4_numerics.fixtures.store import atomic_write_bytes
 
+    path = Path(path)
     atomic_write_bytes(path, encode_cases(cases))
+    _write_names(path, cases)
 
 
 def load_cases(path: str | Path) -> list:
-    """The list of ``Case`` in case file ``path`` (:func:`write_cases`, :func:`stage_cases_file`).
+    """The list of ``Case`` in case file ``path`` (:func:`save_cases`, :func:`stage_cases_file`).
     Raises InputError naming the file when it is not one (never unpickles anything)."""
     from dsv4_numerics.reference.cases import Case
     from dsv4_numerics.reference.errors import InputError
@@ -255,15 +259,12 @@ def load_outputs(path: str | Path) -> dict:
 
 def build_cases_file(stage: str, path: str | Path, size: str = "default") -> list:
     """Build ``stage_cases(stage, size)`` (one torch thread) and write it to ``path``
-    (:func:`write_cases`: atomic, a temporary file in the same folder, then ``os.replace``), then
-    its names sidecar; returns the cases."""
+    (:func:`save_cases`); returns the cases."""
     from dsv4_numerics.reference.cases import stage_cases
 
     with _torch_threads(1):
         cases = stage_cases(stage, size)
-    path = Path(path)
-    write_cases(path, cases)
-    _write_names(path, cases)
+    save_cases(cases, path)
     return cases
 
 
@@ -317,7 +318,7 @@ def _prune(cache: Path, stem: str, keep: Path) -> None:
 
 
 def stage_cases_file(stage: str, size: str | None = None) -> str:
-    """Path of a case file (:func:`write_cases`) of ``stage_cases(stage, size)`` for ``worker_child --cases``
+    """Path of a case file (:func:`save_cases`) of ``stage_cases(stage, size)`` for ``worker_child --cases``
     (``size`` None: :func:`selected_case_size`, i.e. ``DSV4_CASES``, default ``"default"``).
 
     Built at most once per process and, with the persistent cache (:func:`cases_cache_dir`),

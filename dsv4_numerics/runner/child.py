@@ -36,7 +36,7 @@ Two modes:
 
 ``ENTRY`` is a registry name or ``module:attribute`` naming an entry-like object (tests use this
 for fake entries that abort or hang). ``--cases FILE`` loads a case file (safetensors and JSON,
-:func:`dsv4_numerics.runner.case_files.write_cases`) of ``reference.cases.Case`` (:func:`dsv4_numerics.runner.case_files.stage_cases_file` builds them once for
+:func:`dsv4_numerics.runner.case_files.save_cases`) of ``reference.cases.Case`` (:func:`dsv4_numerics.runner.case_files.stage_cases_file` builds them once for
 all children) instead of building the stage's default cases.
 """
 
@@ -315,7 +315,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="JSON-lines event log (appended; one-shot mode)")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--start", type=int, default=0, help="index of the first case to run")
-    ap.add_argument("--cases", default=None, help="case file (case_files.write_cases; default: the stage's cases)")
+    ap.add_argument("--cases", default=None, help="case file (case_files.save_cases; default: the stage's cases)")
     ap.add_argument("--mode", choices=("judge", "raw"), default="judge")
     ap.add_argument("--judge", default=DEFAULT_JUDGE,
                     help="module:function with run_entry's signature (judge mode)")

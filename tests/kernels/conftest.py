@@ -224,7 +224,7 @@ def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str,
 
 @pytest.fixture(scope="session")
 def run_cases_isolated(kernel_session):
-    from dsv4_numerics.runner.case_files import write_cases
+    from dsv4_numerics.runner.case_files import save_cases
     from dsv4_numerics.runner.pool import run_isolated
 
     counter = [0]
@@ -233,7 +233,7 @@ def run_cases_isolated(kernel_session):
         counter[0] += 1
         wd = _workdir(f"{entry_name}-batch{counter[0]}")
         path = os.path.join(wd, "cases.safetensors")
-        write_cases(path, list(cases))
+        save_cases(list(cases), path)
         return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
                             mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env(),
                             session=kernel_session)

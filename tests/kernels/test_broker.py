@@ -18,7 +18,7 @@ import torch
 
 from dsv4_numerics.runner import broker as wb
 from dsv4_numerics.runner import pool as wp
-from dsv4_numerics.runner.case_files import load_outputs, write_cases
+from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError
 
@@ -41,7 +41,7 @@ def _cases(tmp_path, actions, **params):
     cases = [Case(f"c{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a, **params})
              for i, a in enumerate(actions)]
     path = tmp_path / f"cases-{'-'.join(actions)}.safetensors"
-    write_cases(path, cases)
+    save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 

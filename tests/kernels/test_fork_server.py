@@ -15,7 +15,7 @@ import torch
 
 from dsv4_numerics.runner import fork_server
 from dsv4_numerics.runner import pool as wp
-from dsv4_numerics.runner.case_files import load_outputs, write_cases
+from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 
 FAKE = "tests.kernels._fake_entries:FAKE"
@@ -35,7 +35,7 @@ def _proc(tmp_path, tag, env):
     """(pid, parent pid, torch threads, DSV4_FAKE_MARK, cwd) of a child running the ``proc`` action."""
     case = Case(f"{tag}-proc", "fake", {"x": torch.tensor([1.0])}, {"action": "proc"})
     path = tmp_path / f"{tag}.safetensors"
-    write_cases(path, [case])
+    save_cases([case], path)
     with wp.WorkerSession(env, workdir=str(tmp_path / f"s{tag}")) as sess:
         res = wp.run_isolated(FAKE, [case.name], device="cpu", cases_file=str(path), mode="raw",
                               workdir=str(tmp_path / f"w{tag}"), session=sess)

@@ -38,7 +38,7 @@ def _cases(tmp_path, actions):
     cases = [Case(f"c{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a})
              for i, a in enumerate(actions)]
     path = tmp_path / "cases.safetensors"
-    cf.write_cases(path, cases)
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -114,7 +114,7 @@ def _entry(tmp_path, tag, actions):
     cases = [Case(f"{tag}{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a})
              for i, a in enumerate(actions)]
     path = tmp_path / f"{tag}.safetensors"
-    cf.write_cases(path, cases)
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -358,7 +358,7 @@ def _meet_cases(tmp_path, tag, actions, meet_dir, peers, wait_s):
                   {"action": a, "dir": str(meet_dir), "peers": peers, "wait_s": wait_s})
              for i, a in enumerate(actions)]
     path = tmp_path / f"{tag}.safetensors"
-    cf.write_cases(path, cases)
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
