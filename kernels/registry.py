@@ -278,6 +278,33 @@ def get(name: str) -> KernelEntry:
                              f"`dsv4-numerics kernels` lists them){hint}")
 
 
+def match_patterns(patterns: Any, names: list[str]) -> dict[str, list[str]]:
+    """``{pattern: the names it matches, in the order of names}``: the one vocabulary of every
+    option that names kernel entries (``check --entry / --require``, pytest ``--dsv4-require``,
+    ``fixtures regen / verify``, ``check --case``): an exact name, or an ``fnmatch`` glob matched
+    case-sensitively (``cutedsl.*``, ``vllm_cpu.sparse_?ecode``, ``*[!_]decode``)."""
+    import fnmatch
+
+    return {p: [n for n in names if fnmatch.fnmatchcase(n, p)] for p in dict.fromkeys(patterns or ())}
+
+
+def expand_patterns(patterns: Any, names: list[str], option: str, what: str = "kernel entry",
+                    listing: str = "`dsv4-numerics kernels` lists them") -> list[tuple[str, str]]:
+    """``(pattern, name)`` for every name each pattern matches (:func:`match_patterns`); a pattern
+    that matches nothing is an :class:`UnknownKernelError` (an ``InputError``: a usage error, exit
+    2) naming ``option``, the pattern, how many ``what`` there are and the close ones (an
+    ``InputError`` for anything but kernel entries)."""
+    out: list[tuple[str, str]] = []
+    for pat, hits in match_patterns(patterns, names).items():
+        if not hits:
+            close = difflib.get_close_matches(pat, names, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            err = UnknownKernelError if what == "kernel entry" else InputError
+            raise err(f"{option} {pat!r} matches no {what} ({len(names)} known: {listing}){hint}")
+        out += [(pat, n) for n in hits]
+    return list(dict.fromkeys(out))
+
+
 def for_stage(stage: str) -> list[KernelEntry]:
     return [e for e in all_entries() if e.stage == stage]
 

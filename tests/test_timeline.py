@@ -137,11 +137,12 @@ def test_a_serving_kernel_child_writes_its_rows_under_the_timeline(tmp_path):
     import torch
 
     from dsv4_numerics.runner import pool as wp
+    from dsv4_numerics.runner.case_files import save_cases
     from dsv4_numerics.reference.cases import Case
 
     cases = [Case(f"c{i}", "fake", {"x": torch.tensor([float(i)])}, {"action": "ok"}) for i in range(3)]
-    path = tmp_path / "cases.pt"
-    torch.save(cases, path)
+    path = tmp_path / "cases.safetensors"
+    save_cases(cases, path)
     env = dict(os.environ, DSV4_TIMELINE=str(tmp_path / "tl"), DSV4_WORKER_DEVICE="cpu")
     with wp.WorkerSession(env, workdir=str(tmp_path / "s")) as sess:
         res = wp.run_isolated("tests.kernels._fake_entries:FAKE", [c.name for c in cases], device="cpu",

@@ -382,14 +382,14 @@ class ChildCalls:
             return True
 
     def run(self) -> dict[str, dict]:
-        from dsv4_numerics.runner.case_files import save_cases, stage_cases_file
+        from dsv4_numerics.runner.case_files import CASES_SUFFIX, save_cases, stage_cases_file
         from dsv4_numerics.runner.pool import run_isolated
 
         names = [c.name for c in self.cases if self._supported(c)]
         if self.default_cases:
             cases_file = stage_cases_file(self.stage, "default")
         else:
-            cases_file = str(Path(self.workdir) / "cases.pt")
+            cases_file = str(Path(self.workdir) / f"cases{CASES_SUFFIX}")
             save_cases(self.cases, cases_file)
         out_dir = Path(self.workdir) / "outputs"
         out_dir.mkdir()

@@ -65,7 +65,7 @@ from dsv4_numerics.oracles.bytes_diff import BytesReport, Difference
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.oracles.tolerances import Tolerances
-from dsv4_numerics.reference.cases import Case, default_cases
+from dsv4_numerics.reference.cases import Case, default_cases, stage_cases
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.api.callable_entry import (

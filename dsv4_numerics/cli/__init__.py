@@ -2,7 +2,7 @@
 
 Commands::
 
-    dsv4-numerics check [--json PATH] [--device DEV] [--entry NAME]... [--no-kernels] [--no-fixtures]
+    dsv4-numerics check [--json PATH] [--device DEV] [--entry ENTRY_OR_GLOB]... [--no-kernels] [--no-fixtures]
                         [--require ENTRY_OR_GLOB]... [--require-available]
                         [--entries-from FILE_OR_MODULE]... [--no-external] [--cases default|full]
                         [--case GLOB]... [--jobs N]
@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "fixtures (reference and kernel-recorded), print the matrix, exit non-zero on any failure.")
     c.add_argument("--json", metavar="PATH", help="write the report (schema dsv4-numerics/check/2) to PATH")
     c.add_argument("--device", default=None, help="device for kernels and the reference (default: cuda if available, else cpu)")
-    c.add_argument("--entry", action="append", metavar="NAME", help="only this kernel entry (repeatable)")
+    c.add_argument("--entry", action="append", metavar="ENTRY_OR_GLOB",
+                   help="only the kernel entries this name or glob matches, as --require (repeatable)")
     c.add_argument("--no-kernels", action="store_true", help="skip the kernel entries")
     c.add_argument("--no-fixtures", action="store_true", help="skip fixture verification")
     c.add_argument("--no-isolate", action="store_true", help="run GPU kernels in this process (no crash isolation)")

@@ -65,7 +65,6 @@ Fixture ``dsv4_results``
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -547,11 +546,12 @@ def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns:
     names = list(dict.fromkeys([*known, *seen]))
     wanted: list[tuple[str, str]] = []
     failures: list[str] = []
-    for pat in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
+    from dsv4_numerics.kernels.registry import match_patterns
+
+    for pat, hits in match_patterns(patterns, names).items():
         if not hits:
-            failures.append(f"required {pat!r} matches no kernel entry (none registered, installed or "
-                            "reported by a test)")
+            failures.append(f"--dsv4-require: required {pat!r} matches no kernel entry (none registered, installed "
+                            "or reported by a test)")
         wanted += [(pat, n) for n in hits]
     if require_available:
         from dsv4_numerics.kernels import probe, registry

@@ -173,8 +173,8 @@ def diff_paths(base: list[str], new: list[str], ratio: float = DEFAULT_RATIO, ba
     """``(base matrix, new matrix, changes)`` for the reports or matrices at the paths; with
     ``base_release`` / ``new_release`` only that release's rows of each side (the gate between two
     releases of one matrix: ``report diff M M --base-release 0.31.0 --new-release 0.32.0``)."""
-    b = select_release(load_matrix(base), base_release, "base")
-    n = select_release(load_matrix(new), new_release, "new")
+    b = select_release(load_matrix(base, ("report diff", "BASE")), base_release, "base")
+    n = select_release(load_matrix(new, ("report diff", "NEW")), new_release, "new")
     return b, n, diff_matrices(b, n, ratio)
 
 

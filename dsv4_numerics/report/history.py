@@ -262,7 +262,7 @@ def run(args) -> int:
     from dsv4_numerics.fixtures import store
     from dsv4_numerics.report.merge import load_matrix
 
-    h = history(load_matrix(args.reports))
+    h = history(load_matrix(args.reports, ("report history", "REPORT")))
     print(format_history(h))
     if args.json:
         store.atomic_write_bytes(args.json, (json.dumps(h, indent=1, allow_nan=False) + "\n").encode())

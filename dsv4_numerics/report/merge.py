@@ -97,19 +97,24 @@ class Run:
         return jsonable(d)
 
 
-def load_run(path: str | Path, label: str | None = None) -> Run:
-    """Read one ``check --json`` or ``--dsv4-report`` file. ``InputError`` naming the path for a
-    missing file, a file that is not JSON, or another schema."""
+MERGE_COMMAND = ("report merge", "REPORT")  # (command, argument) the errors of a merge name
+
+
+def load_run(path: str | Path, label: str | None = None, command: tuple[str, str] = MERGE_COMMAND) -> Run:
+    """Read one ``check --json`` or ``--dsv4-report`` file. ``InputError`` naming ``command``
+    (the command the user ran and its argument, e.g. ``("report diff", "BASE")``) and the path
+    for a missing file, a file that is not JSON, or another schema."""
+    cmd, arg = command
     p = Path(path)
     if not p.is_file():
-        raise InputError(f"report merge: argument REPORT {p} is not a file")
+        raise InputError(f"{cmd}: argument {arg} {p} is not a file")
     try:
         d = json.loads(_read_text(p))
     except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise InputError(f"report merge: argument REPORT {p} is not JSON ({e})") from None
+        raise InputError(f"{cmd}: argument {arg} {p} is not JSON ({e})") from None
     schema = d.get("schema") if isinstance(d, dict) else None
     if schema not in (CHECK_SCHEMA, REPORT_SCHEMA):
-        raise InputError(f"report merge: argument REPORT {p} must be a '{CHECK_SCHEMA}' (check --json) or "
+        raise InputError(f"{cmd}: argument {arg} {p} must be a '{CHECK_SCHEMA}' (check --json) or "
                          f"'{REPORT_SCHEMA}' (--dsv4-report) report, got schema {schema!r}")
     results = [Result.from_dict(x) for x in d.get("results", [])]
     rows = list(d.get("rows", [])) if schema == CHECK_SCHEMA else []
@@ -133,11 +138,11 @@ def _unique_labels(paths: list[Path]) -> list[str]:
     return [f"{p.parent.name}/{p.name}" if names.count(p.name) > 1 else p.name for p in paths]
 
 
-def load_runs(paths: list[str | Path]) -> list[Run]:
+def load_runs(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND) -> list[Run]:
     if not paths:
-        raise InputError("report merge: give at least one REPORT")
+        raise InputError(f"{command[0]}: give at least one {command[1]}")
     ps = [Path(p) for p in paths]
-    return [load_run(p, lab) for p, lab in zip(ps, _unique_labels(ps))]
+    return [load_run(p, lab, command) for p, lab in zip(ps, _unique_labels(ps))]
 
 
 def _entry_info(entry: str, results: list[Result]) -> tuple[str, list[str]]:
@@ -284,14 +289,15 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
                      "departures": departures})
 
 
-def merge_reports(paths: list[str | Path]) -> dict[str, Any]:
-    """Load the reports at ``paths`` and merge them (module docstring)."""
-    return merge_runs(load_runs(paths))
+def merge_reports(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND) -> dict[str, Any]:
+    """Load the reports at ``paths`` and merge them (module docstring); errors name ``command``
+    (:func:`load_run`)."""
+    return merge_runs(load_runs(paths, command))
 
 
-def load_matrix(paths: list[str | Path]) -> dict[str, Any]:
+def load_matrix(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND) -> dict[str, Any]:
     """A merged matrix: one ``--json`` output of ``report merge`` as it is, or the merge of the
-    reports at ``paths``."""
+    reports at ``paths``; errors name ``command`` (:func:`load_run`)."""
     if len(paths) == 1:
         p = Path(paths[0])
         if p.is_file():
@@ -301,7 +307,7 @@ def load_matrix(paths: list[str | Path]) -> dict[str, Any]:
                 d = None
             if isinstance(d, dict) and d.get("schema") == MATRIX_SCHEMA:
                 return d
-    return merge_reports(paths)
+    return merge_reports(paths, command)
 
 
 def format_matrix(m: dict[str, Any], width: int = 160) -> str:

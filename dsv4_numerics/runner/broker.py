@@ -11,7 +11,8 @@ How: the pytest-xdist controller (the process that starts the workers) starts a
 :class:`KernelBroker` before it starts them: an :class:`~dsv4_numerics.runner.pool.IsolatedPool`
 of ``per_gpu`` long-lived children per visible GPU (each pinned to its GPU with
 ``CUDA_VISIBLE_DEVICES``, so its ``cuda:0`` is that GPU) behind a Unix socket
-(``multiprocessing.connection``, with an authentication key). The workers find it through
+(``multiprocessing.connection``, with an authentication key; the messages are JSON, sent as
+bytes, never pickles: :func:`send_json` / :func:`recv_json`). The workers find it through
 :data:`ADDRESS_ENV` / :data:`KEY_ENV` and hand it their jobs (:func:`run_isolated`, the same
 arguments as :func:`dsv4_numerics.runner.pool.run_isolated` less ``session`` and ``env``); a free
 child takes the next job, whichever worker sent it. Crash isolation is the pool's: a crash, a hang
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -52,6 +54,24 @@ class BrokerError(RuntimeError):
 class BrokerUnreachable(BrokerError):
     """No broker answers at :data:`ADDRESS_ENV` (none listens there, or it went away): the job was
     not run, so the caller may run it elsewhere."""
+
+
+def send_json(conn, obj: Any) -> None:
+    """Send ``obj`` (JSON-ready: the requests and the pool's result dicts; paths are sent as
+    strings) over ``conn``."""
+
+    def path(o: Any) -> str:
+        if isinstance(o, os.PathLike):
+            return os.fspath(o)
+        raise TypeError(f"kernel broker: a {type(o).__name__} cannot be sent (JSON values and paths only)")
+
+    conn.send_bytes(json.dumps(obj, default=path).encode())
+
+
+def recv_json(conn) -> Any:
+    """The next message of ``conn`` (:func:`send_json`), parsed as JSON: ``Connection.recv`` would
+    unpickle it."""
+    return json.loads(conn.recv_bytes())
 
 
 def default_per_gpu(workers: int, gpus: int) -> int:
@@ -168,8 +188,8 @@ class KernelBroker:
         with conn:
             while True:
                 try:
-                    req = conn.recv()
-                except (EOFError, OSError):
+                    req = recv_json(conn)
+                except (EOFError, OSError, ValueError):  # ValueError: not JSON
                     return
                 if self._closing:
                     return  # the worker sees the connection end: BrokerError "went away"
@@ -184,7 +204,7 @@ class KernelBroker:
                 except BaseException:  # noqa: BLE001 - sent back to the worker that asked
                     reply = {"ok": False, "error": traceback.format_exc()}
                 try:
-                    conn.send(reply)
+                    send_json(conn, reply)
                 except (OSError, EOFError):
                     return
 
@@ -231,9 +251,9 @@ def _request(req: dict) -> dict:
                 raise BrokerUnreachable(f"no kernel broker at {address!r}: {type(e).__name__}: {e}") from e
         conn = _CONN[address]
         try:
-            conn.send(req)
-            reply = conn.recv()
-        except (OSError, EOFError) as e:
+            send_json(conn, req)
+            reply = recv_json(conn)
+        except (OSError, EOFError, ValueError) as e:
             del _CONN[address]
             raise BrokerUnreachable(f"the kernel broker went away: {type(e).__name__}: {e}") from e
     if not reply.get("ok"):

@@ -77,7 +77,6 @@ case was skipped, else ``pass``.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import platform
@@ -249,12 +248,12 @@ class Selection:
 
 def select(only: Iterable[str] | None = None, require: Iterable[str] = (), require_available: bool = False,
            entries_from: Iterable[str] = (), include_installed: bool = True) -> Selection:
-    """Built-in, installed and ``entries_from`` entries; those named in ``only`` plus the required
-    ones (all when ``only`` is empty). A name in ``only`` that no entry has is an
-    ``UnknownKernelError``; a ``require`` glob matching no entry an ``InputError`` (both exit 2)."""
+    """Built-in, installed and ``entries_from`` entries; those ``only`` names plus the required
+    ones (all when ``only`` is empty). ``only`` and ``require`` are names or globs
+    (``registry.match_patterns``); one matching no entry is an ``UnknownKernelError`` naming
+    ``--entry`` / ``--require`` (exit 2)."""
     from dsv4_numerics.api import external
     from dsv4_numerics.kernels import registry
-    from dsv4_numerics.reference.errors import InputError
 
     builtin = registry.all_entries()
     provided, problems = external.collect(entries_from, include_installed=include_installed,
@@ -263,12 +262,7 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
     by_name = {c.entry.name: c for c in cands}
     names = list(by_name) + [p.name for p in problems if p.name not in by_name]
     sel = Selection(sources=external.source_paths(entries_from))
-    for pat in require:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            raise InputError(f"--require {pat!r} matches no kernel entry ({len(names)} known: `dsv4-numerics kernels` "
-                             "lists them)")
-        sel.required += [(pat, n) for n in hits]
+    sel.required += registry.expand_patterns(require, names, "--require")
     if require_available:
         from dsv4_numerics.kernels.probe import arch_reason, gpu_info
 
@@ -278,10 +272,7 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
                                 f"({gpu_info().describe()})")
         sel.required += [(REQUIRE_AVAILABLE, n) for n in fit]
     sel.required = list(dict.fromkeys(sel.required))
-    only = list(only or [])
-    for n in only:
-        if n not in by_name and n not in names:
-            registry.get(n)  # raises UnknownKernelError with close matches
+    only = [n for _, n in registry.expand_patterns(only, names, "--entry")]
     wanted = set(only) | {n for _, n in sel.required}
     sel.candidates = [c for c in cands if not only or c.entry.name in wanted]
     sel.problems = [p for p in problems if not only or p.name in wanted]
@@ -385,7 +376,9 @@ GROUP_CASES = int(os.environ.get("DSV4_CHECK_GROUP_CASES", "6") or 6)
 
 
 def _matches(name: str, globs: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+    from dsv4_numerics.kernels.registry import match_patterns
+
+    return any(match_patterns(globs, [name]).values())
 
 
 def _stage_case_names(stage: str) -> list[str] | None:

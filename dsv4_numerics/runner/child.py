@@ -30,14 +30,15 @@ Two modes:
   (or the ``judge`` given as ``module:function`` with its signature, called with the job's
   ``judge_options`` as keyword arguments too); each JSON result is that ``Result`` made
   JSON-ready (:func:`jsonable`);
-* ``raw``: ``entry.call(case.to(device))`` per case; the outputs are saved with ``torch.save`` to
-  ``LOG.<index>.pt`` (CPU tensors) and the JSON result says ``verdict: "ran"``. Used to record
+* ``raw``: ``entry.call(case.to(device))`` per case; the outputs (CPU tensors, plain values) are
+  written to ``LOG.<index>.safetensors`` (:func:`dsv4_numerics.runner.case_files.write_outputs`;
+  read back with ``load_outputs``, nothing unpickled) and the JSON result says ``verdict: "ran"``. Used to record
   kernel fixtures and by GPU fuzz tests that compare outputs in their own process.
 
 ``ENTRY`` is a registry name or ``module:qualname`` naming an entry-like object or a callable
 (tests use this for fake entries that abort or hang; ``dsv4_numerics.api.isolation`` for a user's
-kernel). ``--cases FILE`` loads a ``torch.save``-d list of
-``reference.cases.Case`` (:func:`dsv4_numerics.runner.case_files.stage_cases_file` builds them once for
+kernel). ``--cases FILE`` loads a case file (safetensors and JSON,
+:func:`dsv4_numerics.runner.case_files.save_cases`) of ``reference.cases.Case`` (:func:`dsv4_numerics.runner.case_files.stage_cases_file` builds them once for
 all children) instead of building the stage's default cases.
 """
 
@@ -54,7 +55,7 @@ import traceback
 from typing import Any
 
 from dsv4_numerics.runner import timeline
-from dsv4_numerics.runner.case_files import load_cases, selected_case_size
+from dsv4_numerics.runner.case_files import load_cases, selected_case_size, write_outputs
 
 # the most characters of a traceback (here) or of a child's stderr (the parent) carried in a result
 STDERR_TAIL = 2000
@@ -161,8 +162,8 @@ def _raw_one(entry, case, device: str, out_prefix: str, index: int) -> dict:
     if fault:
         raise RuntimeError(f"device fault after the call: {fault}")
     cpu = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in outputs.items()}
-    path = f"{out_prefix}.{index}.pt"
-    torch.save(cpu, path)
+    path = f"{out_prefix}.{index}.safetensors"
+    write_outputs(path, cpu)
     return {"case": case.name, "verdict": "ran", "outputs_file": path,
             "outputs": {k: jsonable(v) if not isinstance(v, torch.Tensor)
                         else {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
@@ -327,7 +328,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="JSON-lines event log (appended; one-shot mode)")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--start", type=int, default=0, help="index of the first case to run")
-    ap.add_argument("--cases", default=None, help="torch.save-d list of Case (default: stage cases)")
+    ap.add_argument("--cases", default=None, help="case file (case_files.save_cases; default: the stage's cases)")
     ap.add_argument("--mode", choices=("judge", "raw"), default="judge")
     ap.add_argument("--judge", default=DEFAULT_JUDGE,
                     help="module:function with run_entry's signature (judge mode)")

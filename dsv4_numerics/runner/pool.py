@@ -334,7 +334,7 @@ def run_isolated(
     ``DSV4_KERNEL_CASE_TIMEOUT`` or 180 s); a case over it is killed and reported as timed out.
     A child's start-up (imports, device, case building) is bounded separately by
     ``DSV4_KERNEL_STARTUP_TIMEOUT`` (default 300 s).
-    In ``raw`` mode the result dicts carry ``outputs_file`` (a ``torch.save`` of the outputs).
+    In ``raw`` mode the result dicts carry ``outputs_file`` (``case_files.load_outputs`` reads it).
     ``judge_options``: keyword arguments (JSON values) the child's ``judge`` gets besides
     ``cases`` and ``device``.
 

@@ -7,7 +7,8 @@ import torch
 
 import dsv4_numerics as dn
 from dsv4_numerics.reference.caches import model1 as cache_model1
-from dsv4_numerics.reference.cases import default_cases
+from dsv4_numerics.api.testing import SIZES, SMALL_CASES
+from dsv4_numerics.reference.cases import default_cases, has_full_cases, stage_cases
 from dsv4_numerics.reference.errors import InputError
 
 from ..mutants import MUTANTS, reference_entry
@@ -38,6 +39,34 @@ def test_cases_are_the_matrix_cases():
     assert all(torch.equal(a.inputs["k"], b.inputs["k"]) for a, b in zip(got, ref))
     assert [c.name for c in dn.cases("swa_write", size="small")] == [c.name for c in ref[:2]]
     assert "swa_write" in dn.stages() and "[bytes]" in dn.stages()["swa_write"]
+
+
+def test_public_case_sizes_are_the_documented_ones():
+    # the sizes the docstring and the README name; a new size needs a case in the test below
+    assert SIZES == ("default", "small", "full")
+    assert all(f'"{z}"' in dn.cases.__doc__ for z in SIZES)
+
+
+@pytest.mark.parametrize("stage", sorted(dn.stages()))
+def test_public_cases_every_size_of_every_stage(stage):
+    # through the public call, not the reference function under it
+    got = {z: dn.cases(stage, size=z) for z in SIZES}
+    for z, cs in got.items():
+        assert cs, (stage, z)
+        assert all(c.stage == stage for c in cs), (stage, z)
+        names = [c.name for c in cs]
+        assert len(set(names)) == len(names), (stage, z, names)
+    names = {z: [c.name for c in cs] for z, cs in got.items()}
+    # what `check` / the matrix run for the same size (`check --cases default|full`)
+    assert names["default"] == [c.name for c in stage_cases(stage, "default")]
+    assert names["full"] == [c.name for c in stage_cases(stage, "full")]
+    assert names["small"] == names["default"][:SMALL_CASES]
+    # full: the default cases first, then the sweep (a stage without a sweep: its default set)
+    assert names["full"][:len(names["default"])] == names["default"]
+    if has_full_cases(stage):
+        assert len(names["full"]) > len(names["default"])
+    else:
+        assert names["full"] == names["default"]
 
 
 @pytest.mark.parametrize("call, needle", [

@@ -170,8 +170,8 @@ def _run(*args, cwd=None):
 @pytest.mark.parametrize("setup, args, msg", [
     ("bad-manifest", ["fixtures", "verify", "--root", "{root}"], "is not valid JSON"),
     ("bad-manifest", ["check", "--no-kernels", "--root", "{root}"], "is not valid JSON"),
-    ("none", ["fixtures", "regen", "--record-kernel", "no.such.kernel", "--out-dir", "{root}"], "unknown kernel entry 'no.such.kernel'"),
-    ("none", ["check", "--entry", "no.such.kernel", "--no-fixtures"], "unknown kernel entry 'no.such.kernel'"),
+    ("none", ["fixtures", "regen", "--record-kernel", "no.such.kernel", "--out-dir", "{root}"], "--record-kernel 'no.such.kernel' matches no kernel entry"),
+    ("none", ["check", "--entry", "no.such.kernel", "--no-fixtures"], "--entry 'no.such.kernel' matches no kernel entry"),
     ("none", ["inspect", "{root}/missing.bin"], "does not exist"),
     ("none", ["fixtures", "import", "{root}/nowhere"], "is not a directory"),
     ("none", ["check", "--json", "{root}/no/such/dir/r.json"], "does not exist"),

@@ -113,10 +113,10 @@ def test_verify_missing_file_and_orphan(tmp_path):
 
 
 def test_unknown_names_raise_input_error(tmp_path):
-    with pytest.raises(InputError, match="unknown fixture name.*nope"):
+    with pytest.raises(InputError, match="fixtures regen: NAME 'nope' matches no fixture name"):
         golden.regen(tmp_path, toy_catalog(), ["nope"])
     golden.regen(tmp_path, toy_catalog())
-    with pytest.raises(InputError, match="no committed fixture named 'nope'"):
+    with pytest.raises(InputError, match="fixtures verify: NAME 'nope' matches no committed fixture"):
         golden.verify(tmp_path, toy_catalog(), ["nope"])
 
 

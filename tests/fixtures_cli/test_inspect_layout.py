@@ -43,6 +43,64 @@ def test_each_v41_layout_is_told_apart_with_a_reason(record, layout):
     assert want in v.reason and "plausible scale bytes" in v.reason
 
 
+def _stale(nb: int, bs: int, record: V41Record, seed: int, tail: int = 0) -> torch.Tensor:
+    """A pool reused by a server: every byte stale (random), as the reference's own write cases hold."""
+    stride = bs * cache_v41.record_bytes(record) + tail
+    return torch.randint(0, 256, (nb, stride), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("layout", list(V41Layout))
+def test_the_reference_nvfp4_write_case_is_told_in_both_orders(layout):
+    # v41_write's own NVFP4 case: 50 of 128 slots written over a stale pool, 64 entries per page
+    from dsv4_numerics.reference.cases import default_cases
+
+    c = next(c for c in default_cases("v41_write") if c.name == "nvfp4-bs64-ties-realistic")
+    i = c.inputs
+    cache = cache_v41.insert(i["cache"].clone(), i["k"], i["slot_mapping"], i["block_size"], i["record"], layout)
+    v = detect_layout(cache, i["block_size"])
+    assert v.best == f"v41_nvfp4_288_{layout.value}", v.reason
+    assert "50 slots have plausible scale bytes" in v.reason and "look unwritten" in v.reason
+
+
+@pytest.mark.parametrize("record", list(V41Record))
+@pytest.mark.parametrize("layout", list(V41Layout))
+@pytest.mark.parametrize("bs, nb, n, tail", [(3, 8, 20, 0), (7, 4, 12, 40), (17, 2, 30, 0), (33, 3, 40, 8), (64, 16, 12, 0)])
+def test_odd_page_sizes_and_mostly_stale_pools(record, layout, bs, nb, n, tail):
+    # (64, 16, 12): 12 written slots of 1024, the rest stale bytes
+    slots = torch.randperm(nb * bs, generator=torch.Generator().manual_seed(bs))[:n]
+    cache = cache_v41.insert(_stale(nb, bs, record, bs + n, tail), _rows(n, 7), slots, bs, record, layout)
+    v = detect_layout(cache, bs)
+    assert v.best == f"v41_{record.value}_{layout.value}", v.reason
+    zero = cache_v41.insert(cache_v41.empty_cache(nb, bs, record, bs * cache_v41.record_bytes(record) + tail),
+                            _rows(n, 7), slots, bs, record, layout)
+    assert detect_layout(zero, bs).best == f"v41_{record.value}_{layout.value}"
+
+
+@pytest.mark.parametrize("layout", list(V41Layout))
+def test_too_few_written_slots_say_what_is_missing(layout):
+    # two written slots in a stale pool: not enough to tell the orders apart, and the verdict says so
+    record, bs = V41Record.NVFP4, 16
+    cache = cache_v41.insert(_stale(4, bs, record, 9), _rows(2, 8), torch.tensor([5, 40]), bs, record, layout)
+    v = detect_layout(cache, bs)
+    assert v.best is None
+    assert f"v41_nvfp4_288_{layout.value}" in v.reason and "a verdict needs at least 4" in v.reason
+    assert "more written entries per page would tell" in v.reason
+
+
+def test_a_stale_pool_with_nothing_written_names_what_to_check():
+    v = detect_layout(_stale(4, 16, V41Record.MXFP8, 3), 16)
+    assert v.best is None and "no written slot found" in v.reason and "page size (16)" in v.reason
+
+
+def test_constant_rows_read_in_the_wrong_order_are_not_a_verdict():
+    # one constant NVFP4 row: its 256 equal code bytes read as 8 page-footer scale windows that
+    # pass; the one true slot cannot outweigh them, so no verdict -- never the wrong one
+    record, bs = V41Record.NVFP4, 63
+    k = torch.full((1, 512), 3.0, dtype=torch.bfloat16)
+    cache = cache_v41.insert(_stale(4, bs, record, 1), k, torch.tensor([70]), bs, record, V41Layout.INTERLEAVED)
+    assert detect_layout(cache, bs).best in (None, "v41_nvfp4_288_interleaved")
+
+
 def test_v4_model1_pages_are_not_taken_for_v41():
     cache = cache_model1.insert(cache_model1.empty_cache(NB, BS), _rows(20, 3), _slots(20), BS, "amax_clamp")
     v = detect_layout(cache, BS)

@@ -63,6 +63,7 @@ def fake_gpu(monkeypatch):
         return entries[name]
 
     monkeypatch.setattr(registry, "get", get)
+    monkeypatch.setattr(registry, "names", lambda: list(entries))  # what --record-kernel's pattern matches
     monkeypatch.setattr(probe, "gpu_info", lambda: probe.GpuInfo(True, "cuda", "NVIDIA H200", (9, 0), "sm90"))
     return entries
 
@@ -121,6 +122,7 @@ def test_record_unavailable_entry_is_one_line(tmp_path, monkeypatch, capsys):
             return False, "needs sm90 GPU (no GPU visible)"
 
     monkeypatch.setattr(registry, "get", lambda n: Unavail("fake.unavail"))
+    monkeypatch.setattr(registry, "names", lambda: ["fake.unavail"])
     assert main(["fixtures", "regen", "--record-kernel", "fake.unavail", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err == "dsv4-numerics: error: kernel entry 'fake.unavail' cannot run here: needs sm90 GPU (no GPU visible)\n"

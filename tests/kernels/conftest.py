@@ -19,7 +19,7 @@ per xdist worker), a broker's child is pinned by the broker, so ``cuda:0`` in a 
 ``run_cases_isolated(entry_name, cases, mode="raw")`` is the same mechanism for an explicit list of
 cases (GPU fuzz tests draw a batch of cases, run them in one child, and compare the outputs in
 their own process): it returns ``{case name: result}``; in ``raw`` mode each result carries
-``outputs_file`` (``torch.load`` it) or an ``error`` verdict with the crash message.
+``outputs_file`` (``dsv4_numerics.runner.case_files.load_outputs`` reads it) or an ``error`` verdict with the crash message.
 
 Environment: ``DSV4_KERNEL_DEVICE`` (default ``cuda:0``), ``DSV4_KERNEL_CASE_TIMEOUT`` (seconds,
 default 180), ``DSV4_KERNEL_WORKDIR`` (keep the child logs there instead of a temp folder).
@@ -33,7 +33,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
 from dsv4_numerics.runner.host_cpus import usable_cpus
 
 
@@ -225,6 +224,7 @@ def run_group(entry_name: str, names: list[str], own_session, **kw) -> dict[str,
 
 @pytest.fixture(scope="session")
 def run_cases_isolated(kernel_session):
+    from dsv4_numerics.runner.case_files import save_cases
     from dsv4_numerics.runner.pool import run_isolated
 
     counter = [0]
@@ -232,8 +232,8 @@ def run_cases_isolated(kernel_session):
     def run(entry_name: str, cases, mode: str = "raw", case_timeout_s: float | None = None):
         counter[0] += 1
         wd = _workdir(f"{entry_name}-batch{counter[0]}")
-        path = os.path.join(wd, "cases.pt")
-        torch.save(list(cases), path)
+        path = os.path.join(wd, "cases.safetensors")
+        save_cases(list(cases), path)
         return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
                             mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env(),
                             session=kernel_session)

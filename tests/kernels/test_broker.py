@@ -18,6 +18,7 @@ import torch
 
 from dsv4_numerics.runner import broker as wb
 from dsv4_numerics.runner import pool as wp
+from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError
 
@@ -39,8 +40,8 @@ def _cpu_children(monkeypatch):
 def _cases(tmp_path, actions, **params):
     cases = [Case(f"c{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a, **params})
              for i, a in enumerate(actions)]
-    path = tmp_path / f"cases-{'-'.join(actions)}.pt"
-    torch.save(cases, path)
+    path = tmp_path / f"cases-{'-'.join(actions)}.safetensors"
+    save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -56,10 +57,10 @@ def test_jobs_of_several_workers_share_per_gpu_children_pinned_to_their_gpus(tmp
 
         def client(i):  # one connection per "worker", as each xdist worker holds its own
             with Client(broker.address, family="AF_UNIX", authkey=key) as conn:
-                conn.send({"op": "run", "entry": FAKE, "case_names": names,
-                           "kwargs": {"device": "cpu", "cases_file": path, "mode": "raw",
-                                      "workdir": str(tmp_path / f"w{i}")}})
-                replies.append(conn.recv())
+                wb.send_json(conn, {"op": "run", "entry": FAKE, "case_names": names,
+                                    "kwargs": {"device": "cpu", "cases_file": path, "mode": "raw",
+                                               "workdir": str(tmp_path / f"w{i}")}})
+                replies.append(wb.recv_json(conn))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
         for t in threads:
@@ -67,7 +68,7 @@ def test_jobs_of_several_workers_share_per_gpu_children_pinned_to_their_gpus(tmp
         for t in threads:
             t.join(120)
         assert len(replies) == 4 and all(r["ok"] for r in replies), replies
-        outs = [torch.load(r["result"][names[0]]["outputs_file"]) for r in replies]
+        outs = [load_outputs(r["result"][names[0]]["outputs_file"]) for r in replies]
         assert sorted(int(o["cvd"]) for o in outs) == [3, 3, 5, 5]  # two children per GPU, pinned
         # a client with a wrong key is refused, and the broker goes on serving the others
         from multiprocessing import AuthenticationError

@@ -15,6 +15,7 @@ import torch
 
 from dsv4_numerics.runner import fork_server
 from dsv4_numerics.runner import pool as wp
+from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 
 FAKE = "tests.kernels._fake_entries:FAKE"
@@ -33,12 +34,12 @@ def _fresh_servers(monkeypatch):
 def _proc(tmp_path, tag, env):
     """(pid, parent pid, torch threads, DSV4_FAKE_MARK, cwd) of a child running the ``proc`` action."""
     case = Case(f"{tag}-proc", "fake", {"x": torch.tensor([1.0])}, {"action": "proc"})
-    path = tmp_path / f"{tag}.pt"
-    torch.save([case], path)
+    path = tmp_path / f"{tag}.safetensors"
+    save_cases([case], path)
     with wp.WorkerSession(env, workdir=str(tmp_path / f"s{tag}")) as sess:
         res = wp.run_isolated(FAKE, [case.name], device="cpu", cases_file=str(path), mode="raw",
                               workdir=str(tmp_path / f"w{tag}"), session=sess)
-    out = torch.load(res[case.name]["outputs_file"])
+    out = load_outputs(res[case.name]["outputs_file"])
     pid, ppid, threads, mark = (int(v) for v in out["proc"])
     return pid, ppid, threads, mark, "".join(chr(int(c)) for c in out["cwd"])
 

@@ -37,8 +37,8 @@ JUDGE = "tests.kernels._fake_entries:fake_judge"
 def _cases(tmp_path, actions):
     cases = [Case(f"c{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a})
              for i, a in enumerate(actions)]
-    path = tmp_path / "cases.pt"
-    torch.save(cases, path)
+    path = tmp_path / "cases.safetensors"
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -52,7 +52,7 @@ def test_abort_and_segfault_fail_only_their_case(tmp_path):
     for i in (0, 2, 5):  # survivors ran, in fresh processes after each crash
         r = res[names[i]]
         assert r["verdict"] == "ran", r
-        out = torch.load(r["outputs_file"])
+        out = cf.load_outputs(r["outputs_file"])
         # y = 2x for x = [i, -1.5]: [2i, -3.0]
         assert out["y"].tolist() == [2.0 * i, -3.0]
     assert res[names[1]]["verdict"] == "error"
@@ -64,7 +64,7 @@ def test_abort_and_segfault_fail_only_their_case(tmp_path):
     assert res[names[4]]["verdict"] == "error"
     assert res[names[4]]["rule"] == "exception"
     assert "fake kernel rejected its input" in res[names[4]]["message"]
-    assert torch.load(res[names[6]]["outputs_file"])["cvd"].tolist() == [7]
+    assert cf.load_outputs(res[names[6]]["outputs_file"])["cvd"].tolist() == [7]
 
 
 def test_hang_times_out_and_the_rest_runs_through_the_judge(tmp_path):
@@ -113,8 +113,8 @@ def test_setup_error_fails_every_case_with_the_reason(tmp_path):
 def _entry(tmp_path, tag, actions):
     cases = [Case(f"{tag}{i}-{a}", "fake", {"x": torch.tensor([float(i), -1.5])}, {"action": a})
              for i, a in enumerate(actions)]
-    path = tmp_path / f"{tag}.pt"
-    torch.save(cases, path)
+    path = tmp_path / f"{tag}.safetensors"
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -218,7 +218,7 @@ def test_each_job_gets_the_environment_it_asks_for(tmp_path):
             wd = tmp_path / f"w{len(seen)}"
             res = run_isolated(FAKE, names, device="cpu", cases_file=path, mode="raw", workdir=str(wd),
                                env=dict(os.environ, CUDA_VISIBLE_DEVICES=cvd), session=sess)
-            seen.append((int(torch.load(res[names[0]]["outputs_file"])["cvd"]), _pids(wd)[names[0]]))
+            seen.append((int(cf.load_outputs(res[names[0]]["outputs_file"])["cvd"]), _pids(wd)[names[0]]))
         assert [v for v, _ in seen] == [7, 9, 9]
         # another environment needs another child; the same one reuses it
         assert seen[0][1] != seen[1][1] and seen[1][1] == seen[2][1] and sess.starts == 2
@@ -263,7 +263,7 @@ def test_pool_sessions_take_the_queue_by_environment_and_close_their_children(tm
                         env=dict(os.environ, CUDA_VISIBLE_DEVICES=cvd))
         res = pool.results()
     assert list(res) == ["A", "B", "C"]
-    assert [int(torch.load(res[k][names[0]]["outputs_file"])["cvd"]) for k in "ABC"] == [4, 6, 4]
+    assert [int(cf.load_outputs(res[k][names[0]]["outputs_file"])["cvd"]) for k in "ABC"] == [4, 6, 4]
     # C (same environment as A) was taken before B: one restart, not two
     assert pool.sessions[0].starts == 2
     pids = {_pids(tmp_path / k)[names[0]] for k in "ABC"}
@@ -357,8 +357,8 @@ def _meet_cases(tmp_path, tag, actions, meet_dir, peers, wait_s):
     cases = [Case(f"{tag}{i}-{a}", "fake", {"x": torch.tensor([float(i), 0.25])},
                   {"action": a, "dir": str(meet_dir), "peers": peers, "wait_s": wait_s})
              for i, a in enumerate(actions)]
-    path = tmp_path / f"{tag}.pt"
-    torch.save(cases, path)
+    path = tmp_path / f"{tag}.safetensors"
+    cf.save_cases(cases, path)
     return str(path), [c.name for c in cases]
 
 
@@ -379,9 +379,9 @@ def test_two_entries_run_concurrently_and_an_abort_fails_only_its_own_case(tmp_p
     assert b[nb[0]]["verdict"] == "ran", b[nb[0]]
     # the crash fails exactly its own case; the same entry continues, the other is untouched
     assert a[na[1]]["rule"] == "crash" and "SIGABRT" in a[na[1]]["message"]
-    assert torch.load(a[na[2]]["outputs_file"])["y"].tolist() == [4.0, 0.5]
-    assert torch.load(b[nb[1]]["outputs_file"])["y"].tolist() == [2.0, 0.5]
-    met_a, met_b = (torch.load(r["outputs_file"]) for r in (a[na[0]], b[nb[0]]))
+    assert cf.load_outputs(a[na[2]]["outputs_file"])["y"].tolist() == [4.0, 0.5]
+    assert cf.load_outputs(b[nb[1]]["outputs_file"])["y"].tolist() == [2.0, 0.5]
+    met_a, met_b = (cf.load_outputs(r["outputs_file"]) for r in (a[na[0]], b[nb[0]]))
     assert met_a["y"].tolist() == [0.0, 0.5] and met_b["y"].tolist() == [0.0, 0.5]
     # concurrent children were spread over the two GPUs, one each
     assert sorted([int(met_a["cvd"]), int(met_b["cvd"])]) == [3, 5]

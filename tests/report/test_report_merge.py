@@ -95,6 +95,22 @@ def test_merge_rejects_what_is_not_a_report(tmp_path):
     assert cli.main(["report", "merge", str(tmp_path / "x.json")]) == cli.EXIT_USAGE
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["report", "diff", "BAD", "GOOD"], "report diff: argument BASE "),
+    (["report", "diff", "GOOD", "BAD"], "report diff: argument NEW "),
+    (["report", "merge", "GOOD", "BAD"], "report merge: argument REPORT "),
+])
+def test_a_bad_report_is_named_with_the_command_that_read_it(tmp_path, capsys, argv, named):
+    good = pytest_report(tmp_path / "good.json", [R(E, "c1", "pass", 1.0, 4.0)], meta("sm90"))
+    (tmp_path / "bad.md").write_text("# not a report\n")
+    paths = {"GOOD": str(good), "BAD": str(tmp_path / "bad.md")}
+    assert cli.main([paths.get(a, a) for a in argv]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{named}{tmp_path / 'bad.md'} is not JSON" in err
+    other = "report merge" if argv[1] == "diff" else "report diff"
+    assert other not in err
+
+
 def _diff_pair(tmp_path, new_results, new_meta=None):
     base = pytest_report(tmp_path / "base.json", [
         R(E, "c1", "pass", 1.0, 4.0), R(E, "c2", "pass", 0.5, 8.0),
