@@ -33,16 +33,7 @@ def _setup(namespace: dict) -> None:
     namespace.update(
         CUDA=torch.cuda.is_available(),
         EXAMPLE_KERNELS=importlib.util.find_spec("dsv4_example_kernels") is not None,
-        FULL_CASES_BROKEN=_full_cases_broken(),
     )
-
-
-def _full_cases_broken() -> bool:
-    """``dn.cases(stage, size="full")`` reads a name its module never imports (a known bug,
-    mended separately): the docs' example of it skips with that reason until it is mended."""
-    from dsv4_numerics.api import testing
-
-    return "stage_cases" in testing.cases.__code__.co_names and not hasattr(testing, "stage_cases")
 
 
 _SYBIL = Sybil(parsers=[PythonCodeBlockParser(), SkipParser()], setup=_setup)
