@@ -77,7 +77,6 @@ ENV_PIN = "DSV4_PIN_GPUS"
 ENV_NO_PIN = "DSV4_NO_GPU_PINNING"
 ENV_PINNED = "DSV4_PINNED_GPU"
 ENV_REQUIRE = "DSV4_REQUIRE"
-JUDGED = ("pass", "fail", "error")
 
 
 # ----------------------------------------------------------------------------- GPU pinning
@@ -457,6 +456,8 @@ def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns:
                           require_available: bool) -> tuple[list[dict], list[str]]:
     """``(requirements, failures)``: one dict per (pattern, entry) with ``ok`` and ``reason``,
     and one line per unmet requirement."""
+    from dsv4_numerics.oracles.report import JUDGED
+
     judged: dict[str, int] = {}
     seen: dict[str, list[str]] = {}
     for r in results:
@@ -561,14 +562,14 @@ def outcome_results(st: _State) -> list:
     ``error`` whose own Results are all pass or skip (it failed for another reason after
     judging), one ``error`` Result (rule ``test_outcome``) on its first Result's entry, stage and
     case, naming the test and its failure. Called once, at the end of the session."""
-    from dsv4_numerics.oracles.report import Result
+    from dsv4_numerics.oracles.report import Result, Verdict
 
     out = []
     for nodeid, rs in st.results_of.items():
         bad = [c for c in st.outcomes.get(nodeid, []) if c in ("failed", "error")]
-        if bad and not any(r.verdict in ("fail", "error") for r in rs):
+        if bad and not any(r.verdict.bad for r in rs):
             r0 = rs[0]
-            out.append(Result(entry=r0.entry, stage=r0.stage, case=r0.case, verdict="error", rule="test_outcome",
+            out.append(Result(entry=r0.entry, stage=r0.stage, case=r0.case, verdict=Verdict.ERROR, rule="test_outcome",
                               message=f"pytest: {nodeid} {bad[0]} after its Results passed: "
                                       f"{st.longrepr.get(nodeid, '')}",
                               family=r0.family, device=r0.device, policies=dict(r0.policies)))
@@ -589,7 +590,7 @@ def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
-    from dsv4_numerics.oracles.report import write_json
+    from dsv4_numerics.oracles.report import JUDGED, write_json
     from dsv4_numerics.report.run_meta import run_metadata
 
     every, with_results = outcome_counts(st)
@@ -606,7 +607,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if st is None:
         return
     if st.results:
-        from dsv4_numerics.oracles.report import summary_table
+        from dsv4_numerics.oracles.report import JUDGED, summary_table
 
         terminalreporter.section("dsv4-numerics matrix")
         terminalreporter.write_line(summary_table(st.results))

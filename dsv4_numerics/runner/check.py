@@ -81,10 +81,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dsv4_numerics.fixtures import store
+from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict
 
 SCHEMA = "dsv4-numerics/check/2"
-ROW_VERDICTS = ("pass", "fail", "error", "skip", "unavailable")
-JUDGED = ("pass", "fail", "error")  # case verdicts that count as judged
 BUILTIN_PACKAGE = "dsv4-numerics"
 REQUIRE_AVAILABLE = "--require-available"
 
@@ -95,13 +94,16 @@ class Row:
     kind: str
     stage: str
     cases: int
-    verdict: str
+    verdict: Verdict  # one of ROW_VERDICTS; a str is accepted and turned into its Verdict
     worst_ulps: float | None = None
     headroom: float | None = None
     note: str = ""
     judged: int = 0
     package: str = BUILTIN_PACKAGE
     seconds: float = 0.0  # judging time of the entry's cases (sum of Result.duration_s; no start-up)
+
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         from dsv4_numerics.oracles.report import jsonable
@@ -136,7 +138,7 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        bad_row = any(r.verdict in ("fail", "error") for r in self.rows)
+        bad_row = any(r.verdict.bad for r in self.rows)
         return 1 if bad_row or self.failures else 0
 
     def summary(self) -> dict[str, int]:
@@ -166,25 +168,19 @@ class CheckReport:
 
 def aggregate(entry: str, kind: str, stage: str, results: list[Any], note: str = "",
               package: str = BUILTIN_PACKAGE) -> Row:
-    """One table row from the per-case Results of one (entry, stage)."""
+    """One table row from the per-case Results of one (entry, stage): its verdict is
+    :meth:`Verdict.of_cases` of theirs (``error`` when there are none)."""
     verdicts = [r.verdict for r in results]
-    if "error" in verdicts:
-        v = "error"
-    elif "fail" in verdicts:
-        v = "fail"
-    elif verdicts and all(x == "skip" for x in verdicts):
-        v = "skip"
-    elif not verdicts:
-        v, note = "error", note or "no cases were run"
-    else:
-        v = "pass"
+    v = Verdict.of_cases(verdicts)
+    if v is None:
+        v, note = Verdict.ERROR, note or "no cases were run"
     ulps = [r.worst_ulps for r in results if r.worst_ulps is not None and not math.isnan(r.worst_ulps)]
     head = [r.headroom for r in results if r.headroom is not None and not math.isnan(r.headroom)]
     if not note:
-        bad = next((r for r in results if r.verdict in ("error", "fail")), None)
+        bad = next((r for r in results if Verdict(r.verdict).bad), None)
         if bad is not None:
             note = f"{bad.case}: {bad.rule} {bad.message}".strip()
-        elif v == "skip":
+        elif v is Verdict.SKIP:
             note = results[0].message
     return Row(entry, kind, stage, len(results), v, max(ulps) if ulps else None, min(head) if head else None, note,
                judged=sum(x in JUDGED for x in verdicts), package=package,
@@ -269,15 +265,15 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
 
 
 def _availability(c: Candidate) -> tuple[str, str]:
-    """``("ok", "")``, ``("unavailable", reason)`` or ``("error", message)`` (external probe raised)."""
+    """``("ok", "")``, ``(Verdict.UNAVAILABLE, reason)`` or ``(Verdict.ERROR, message)`` (external probe raised)."""
     if not c.external:
         ok, reason = c.entry.available()
-        return ("ok", "") if ok else ("unavailable", reason)
+        return ("ok", "") if ok else (Verdict.UNAVAILABLE, reason)
     try:
         reason = c.entry.probe()
     except Exception as e:  # noqa: BLE001 - a broken external probe is an error row, not a crash
-        return "error", f"package {c.package}: probe raised {type(e).__name__}: {e}"
-    return ("unavailable", str(reason)) if reason else ("ok", "")
+        return Verdict.ERROR, f"package {c.package}: probe raised {type(e).__name__}: {e}"
+    return (Verdict.UNAVAILABLE, str(reason)) if reason else ("ok", "")
 
 
 def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: Callable[[str], None],
@@ -295,7 +291,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
     from dsv4_numerics.api import external
 
     sel = only if isinstance(only, Selection) else select(only)
-    rows: list[Row] = [Row(p.name, "kernel", "?", 0, "error", note=f"package {p.package}: {p.message}", package=p.package)
+    rows: list[Row] = [Row(p.name, "kernel", "?", 0, Verdict.ERROR, note=f"package {p.package}: {p.message}", package=p.package)
                        for p in sel.problems]
     for p in sel.problems:
         progress(f"{p.name}: ERROR (package {p.package}: {p.message})")
@@ -320,7 +316,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
         state, reason = ("ok", "") if in_child and not c.external else _availability(c)
         wanted = _matching_cases(c.entry.stage, case_globs) if case_globs else None
         if state == "ok" and wanted == []:
-            state, reason = "skip", f"no case of stage {c.entry.stage} matches --case {' '.join(case_globs)}"
+            state, reason = Verdict.SKIP, f"no case of stage {c.entry.stage} matches --case {' '.join(case_globs)}"
         avail.append((state, reason))
         if state == "ok" and in_child:
             spec, env = c.entry.name, None
@@ -350,7 +346,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
         done = {r.entry for r in rows}
         lost = [c for c in sel.candidates if c.entry.name not in done]
         for c in lost:
-            rows.append(Row(c.entry.name, "kernel", c.entry.stage, 0, "error", note="interrupted: the check was "
+            rows.append(Row(c.entry.name, "kernel", c.entry.stage, 0, Verdict.ERROR, note="interrupted: the check was "
                             "stopped before this entry's results came back", package=c.package))
         raise CheckInterrupted(rows, results, len(lost)) from None
     pool.close()
@@ -443,7 +439,7 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
                 if UNAVAILABLE in raw:  # the child's probe said no
                     reason = raw[UNAVAILABLE]["message"]
                     progress(f"[{i}/{n}] {entry.name}: unavailable ({reason})")
-                    rows.append(Row(entry.name, "kernel", entry.stage, 0, "unavailable", note=reason, package=pkg))
+                    rows.append(Row(entry.name, "kernel", entry.stage, 0, Verdict.UNAVAILABLE, note=reason, package=pkg))
                     continue
                 rs = []
                 for case, d in raw.items():
@@ -466,7 +462,7 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
                 rs = list(run_entry(entry, cases=cases, device="cpu" if _is_cpu_entry(entry) else device))
         except Exception as e:  # noqa: BLE001 - one broken entry must not stop the job
             who = f"package {pkg}: " if c.external else ""
-            rows.append(Row(entry.name, "kernel", entry.stage, 0, "error", note=f"{who}{type(e).__name__}: {e}", package=pkg))
+            rows.append(Row(entry.name, "kernel", entry.stage, 0, Verdict.ERROR, note=f"{who}{type(e).__name__}: {e}", package=pkg))
             continue
         results.extend(rs)
         row = aggregate(entry.name, "kernel", entry.stage, rs, package=pkg)
@@ -485,7 +481,7 @@ def requirement_outcome(rows: list[Row], required: list[tuple[str, str]]) -> tup
         if judged == 0:
             if r is None:
                 reason = "not run"
-            elif r.verdict == "skip":
+            elif r.verdict is Verdict.SKIP:
                 reason = f"all {r.cases} cases skipped: {r.note}"
             else:
                 reason = f"{r.verdict}: {r.note}"
@@ -503,7 +499,7 @@ def fixture_rows(checks: list[Any]) -> tuple[list[Row], list[Any]]:
     for c in checks:
         if c.kind == "reference":
             key = ("fixtures:reference", "reference-fixtures", c.stage)
-            r = Result(entry=key[0], stage=c.stage, case=c.name, verdict="pass" if c.ok else c.verdict,
+            r = Result(entry=key[0], stage=c.stage, case=c.name, verdict=Verdict.PASS if c.ok else c.verdict,
                        rule="bytes_identical" if c.ok else "fixture_bytes",
                        worst_ulps=0.0 if c.ok else None, message="; ".join(c.problems), duration_s=c.duration_s)
         else:
@@ -542,7 +538,7 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     lines = [head, "-" * min(width, len(head) + 40)]
     for r in rows:
         fixed = (f"{r.entry[:ew]:<{ew}}  {r.stage[:sw]:<{sw}}  {r.cases:>5}  "
-                 f"{r.verdict.upper() if r.verdict in ('fail', 'error') else r.verdict:<11}  "
+                 f"{r.verdict.upper() if r.verdict.bad else r.verdict:<11}  "
                  f"{_fmt(r.worst_ulps):>9}  {_fmt(r.headroom):>8}  ")
         note = r.note.replace("\n", " ")
         if r.package != BUILTIN_PACKAGE and r.kind == "kernel" and not note.startswith("package "):
