@@ -55,7 +55,6 @@ Fixture ``dsv4_results``
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -455,8 +454,9 @@ def _known_entries() -> dict[str, Any]:
 def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns: list[str],
                           require_available: bool) -> tuple[list[dict], list[str]]:
     """``(requirements, failures)``: one dict per (pattern, entry) with ``ok`` and ``reason``,
-    and one line per unmet requirement."""
+    and one line per unmet requirement (``runner.requirements``, judged as the Results say)."""
     from dsv4_numerics.oracles.report import JUDGED
+    from dsv4_numerics.runner import requirements
 
     judged: dict[str, int] = {}
     seen: dict[str, list[str]] = {}
@@ -465,32 +465,21 @@ def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns:
         if r.verdict in JUDGED:
             judged[r.entry] = judged.get(r.entry, 0) + 1
     known = _known_entries() if (patterns or require_available) else {}
-    names = list(dict.fromkeys([*known, *seen]))
-    wanted: list[tuple[str, str]] = []
-    failures: list[str] = []
-    for pat in patterns:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            failures.append(f"required {pat!r} matches no kernel entry (none registered, installed or "
-                            "reported by a test)")
-        wanted += [(pat, n) for n in hits]
+    wanted, unmatched = requirements.match_patterns(patterns, dict.fromkeys([*known, *seen]))
+    failures = [f"required {pat!r} matches no kernel entry (none registered, installed or reported by a test)"
+                for pat in unmatched]
     if require_available:
-        from dsv4_numerics.kernels import probe, registry
+        from dsv4_numerics.kernels import registry
 
-        builtin = [e for e in registry.all_entries() if probe.arch_reason(e.archs) is None]
-        if not builtin:
-            failures.append("--dsv4-require-available: no registry entry's architectures match the hardware here "
-                            f"({probe.gpu_info().describe()})")
-        wanted += [("--dsv4-require-available", e.name) for e in builtin]
-    reqs = []
-    for pat, name in dict.fromkeys(wanted):
-        n = judged.get(name, 0)
-        reason = ""
-        if n == 0:
-            reason = _why_not_judged(name, known.get(name), seen.get(name, []), skips)
-            failures.append(f"required entry {name} was not judged: {reason}")
-        reqs.append({"require": pat, "entry": name, "judged": n, "ok": n > 0, "reason": reason})
-    return reqs, failures
+        fit = requirements.fitting_names(registry.all_entries())
+        if not fit:
+            failures.append(requirements.no_fit_failure("--dsv4-require-available", "registry"))
+        wanted += [("--dsv4-require-available", name) for name in fit]
+    reqs, unmet = requirements.outcome(
+        wanted, lambda name: judged.get(name, 0),
+        lambda name: _why_not_judged(name, known.get(name), seen.get(name, []), skips),
+        "required entry {entry} was not judged: {reason}")
+    return reqs, failures + unmet
 
 
 def _why_not_judged(name: str, entry: Any, verdicts: list[str], skips: list[tuple[str, str]]) -> str:

@@ -82,6 +82,7 @@ from typing import Any, Callable, Iterable
 
 from dsv4_numerics.fixtures import store
 from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict
+from dsv4_numerics.runner import requirements
 
 SCHEMA = "dsv4-numerics/check/2"
 BUILTIN_PACKAGE = "dsv4-numerics"
@@ -239,19 +240,14 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
     by_name = {c.entry.name: c for c in cands}
     names = list(by_name) + [p.name for p in problems if p.name not in by_name]
     sel = Selection(sources=external.source_paths(entries_from))
-    for pat in require:
-        hits = [n for n in names if fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            raise InputError(f"--require {pat!r} matches no kernel entry ({len(names)} known: `dsv4-numerics kernels` "
-                             "lists them)")
-        sel.required += [(pat, n) for n in hits]
+    sel.required, unmatched = requirements.match_patterns(require, names)
+    if unmatched:
+        raise InputError(f"--require {unmatched[0]!r} matches no kernel entry ({len(names)} known: `dsv4-numerics "
+                         "kernels` lists them)")
     if require_available:
-        from dsv4_numerics.kernels.probe import arch_reason, gpu_info
-
-        fit = [c.entry.name for c in cands if arch_reason(c.entry.archs) is None]
+        fit = requirements.fitting_names(c.entry for c in cands)
         if not fit:
-            sel.failures.append(f"{REQUIRE_AVAILABLE}: no kernel entry's architectures match the hardware here "
-                                f"({gpu_info().describe()})")
+            sel.failures.append(requirements.no_fit_failure(REQUIRE_AVAILABLE, "kernel"))
         sel.required += [(REQUIRE_AVAILABLE, n) for n in fit]
     sel.required = list(dict.fromkeys(sel.required))
     only = list(only or [])
@@ -471,23 +467,20 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
 
 
 def requirement_outcome(rows: list[Row], required: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One record per required (pattern, entry) and one failure line per entry not judged."""
+    """One record per required (pattern, entry) and one failure line per entry not judged
+    (``runner.requirements.outcome``, judged as the entry's table row says)."""
     by_name = {r.entry: r for r in rows if r.kind == "kernel"}
-    reqs, fails = [], []
-    for pat, name in required:
+
+    def why_not(name: str) -> str:
         r = by_name.get(name)
-        judged = r.judged if r else 0
-        reason = ""
-        if judged == 0:
-            if r is None:
-                reason = "not run"
-            elif r.verdict is Verdict.SKIP:
-                reason = f"all {r.cases} cases skipped: {r.note}"
-            else:
-                reason = f"{r.verdict}: {r.note}"
-            fails.append(f"required entry {name} ({pat}) was not judged: {reason}")
-        reqs.append({"require": pat, "entry": name, "judged": judged, "ok": judged > 0, "reason": reason})
-    return reqs, fails
+        if r is None:
+            return "not run"
+        if r.verdict is Verdict.SKIP:
+            return f"all {r.cases} cases skipped: {r.note}"
+        return f"{r.verdict}: {r.note}"
+
+    return requirements.outcome(required, lambda name: by_name[name].judged if name in by_name else 0, why_not,
+                                "required entry {entry} ({require}) was not judged: {reason}")
 
 
 def fixture_rows(checks: list[Any]) -> tuple[list[Row], list[Any]]:
