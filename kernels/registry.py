@@ -61,11 +61,9 @@ POLICY_ENUMS: dict[str, type] = {
     "window_start": _pol.CombineWindowStart,
     "e2m1_zero": _pol.E2m1Zero,
     "gather_out": _pol.GatherOutput,
+    "v41_layout": _pol.V41Layout,
+    "ue8m0": _pol.Ue8m0Consumer,
 }
-if hasattr(_pol, "V41Layout"):
-    POLICY_ENUMS["v41_layout"] = _pol.V41Layout
-if hasattr(_pol, "Ue8m0Consumer"):
-    POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer
 BOOL_POLICY_KEYS = frozenset({"output_inv_roped", "fp8_q", "fp8_kv", "fp8_output"})
 
 
@@ -218,12 +216,7 @@ def _assemble() -> list[KernelEntry]:
     seen: dict[str, str] = {}
     for mod_name in FAMILY_MODULES:
         full = f"{__package__}.{mod_name}"
-        try:
-            mod = _import(full)
-        except ModuleNotFoundError as e:
-            if e.name == full:  # the family module is not written yet: it contributes nothing
-                continue
-            raise
+        mod = _import(full)  # a family module that does not import is a broken install: raise
         entries = getattr(mod, "ENTRIES", None)
         if entries is None:
             raise RuntimeError(f"kernel family module {full} defines no ENTRIES list")
@@ -271,10 +264,6 @@ def get(name: str) -> KernelEntry:
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise UnknownKernelError(f"unknown kernel entry '{name}' ({len(known)} known: "
                              f"`dsv4-numerics kernels` lists them){hint}")
-
-
-def for_stage(stage: str) -> list[KernelEntry]:
-    return [e for e in all_entries() if e.stage == stage]
 
 
 def listing() -> list[dict]:

@@ -46,7 +46,6 @@ architecture and fails or errors on another is listed in ``divergences``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,10 +137,6 @@ def _entry_info(entry: str, results: list[Result]) -> tuple[str, list[str]]:
     except Exception:  # noqa: BLE001 - unknown / external / recorded entries
         fam = next((r.family for r in results if r.family), "")
         return fam or ("fixtures" if entry.startswith(("fixtures:", "recorded:")) else ""), []
-
-
-def _finite(v: float | None) -> bool:
-    return v is not None and not math.isnan(v)
 
 
 def _explain(r: Result) -> str:
