@@ -56,11 +56,12 @@ def run(args) -> int:
 
         os.environ[ENV_CASES] = args.cases
     try:
-        rep = check.run_check(fixture_root(args, must_exist=True), device=check_device(args.device), entries=args.entry,
-                              kernels=not args.no_kernels, fixtures=not args.no_fixtures,
-                              progress=progress(args.quiet), isolate=not args.no_isolate, require=args.require,
-                              require_available=args.require_available, entries_from=args.entries_from,
-                              include_installed=not args.no_external, jobs=args.jobs, case_globs=args.case)
+        opts = check.CheckOptions(fixture_root(args, must_exist=True), device=check_device(args.device),
+                                  entries=args.entry, kernels=not args.no_kernels, fixtures=not args.no_fixtures,
+                                  isolate=not args.no_isolate, require=args.require,
+                                  require_available=args.require_available, entries_from=args.entries_from,
+                                  include_installed=not args.no_external, jobs=args.jobs, case_globs=args.case)
+        rep = check.run_check(opts, progress=progress(args.quiet))
     except check.CheckInterrupted as e:  # what was judged before the stop is still printed and written
         if e.report is None:
             raise

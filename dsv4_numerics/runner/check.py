@@ -76,7 +76,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -541,69 +541,67 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     return "\n".join(lines)
 
 
-def run_check(root: str | Path | None = None, device: str | None = None, entries: Iterable[str] | None = None,
-              kernels: bool = True, fixtures: bool = True, progress: Callable[[str], None] | None = None,
-              catalog: Any = None, isolate: bool = True, require: Iterable[str] = (),
-              require_available: bool = False, entries_from: Iterable[str] = (),
-              include_installed: bool = True, jobs: int | None = None,
-              case_globs: Iterable[str] = ()) -> CheckReport:
-    """The check job (module docstring). ``catalog`` defaults to ``catalog.default_catalog()``.
+@dataclass(frozen=True)
+class CheckOptions:
+    """What :func:`run_check` does: the ``check`` command's options.
 
-    ``require``: entry names or globs (``fnmatch``) that must be judged; ``require_available``:
-    every entry whose archs match the hardware here must be judged; ``entries_from``: extra
-    ``.py`` files / modules of entries; ``include_installed``: load the installed packages'
-    entries (group ``dsv4_numerics.kernels``); ``jobs``: crash-isolated children at once (None:
-    8 per visible GPU, at most one per two CPUs: ``worker_pool.default_jobs``); ``case_globs``:
-    only the kernel cases whose names match one of these ``fnmatch`` globs (``--case``; the
-    fixtures are verified whole). A missing ``root`` directory, an unknown ``entries`` name, a
-    ``require`` glob matching nothing, a ``case_globs`` glob matching no case of the selected
-    entries' stages and ``jobs < 1`` raise ``InputError``."""
-    from dsv4_numerics.reference.errors import InputError
+    ``root``: the fixture root (default: the installed package's); ``device``: for kernels and
+    the reference (default: cuda if available, else cpu); ``entries``: only these kernel entries
+    (None: all); ``kernels`` / ``fixtures``: run the kernel entries / verify the fixtures;
+    ``isolate``: GPU kernels in crash-isolated children; ``require``: entry names or globs
+    (``fnmatch``) that must be judged; ``require_available``: every entry whose archs match the
+    hardware here must be judged; ``entries_from``: extra ``.py`` files / modules of entries;
+    ``include_installed``: load the installed packages' entries (group ``dsv4_numerics.kernels``);
+    ``jobs``: crash-isolated children at once (None: 8 per visible GPU, at most one per two CPUs:
+    ``runner.pool.default_jobs``); ``case_globs``: only the kernel cases whose names match one of
+    these ``fnmatch`` globs (``--case``; the fixtures are verified whole). Sequences are kept as
+    tuples."""
+
+    root: str | Path | None = None
+    device: str | None = None
+    entries: tuple[str, ...] | None = None
+    kernels: bool = True
+    fixtures: bool = True
+    isolate: bool = True
+    require: tuple[str, ...] = ()
+    require_available: bool = False
+    entries_from: tuple[str, ...] = ()
+    include_installed: bool = True
+    jobs: int | None = None
+    case_globs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("require", "entries_from", "case_globs"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        if self.entries is not None:
+            object.__setattr__(self, "entries", tuple(self.entries))
+
+
+def run_check(options: CheckOptions | str | Path | None = None, *, progress: Callable[[str], None] | None = None,
+              catalog: Any = None, **fields: Any) -> CheckReport:
+    """The check job (module docstring) with ``options`` (:class:`CheckOptions`). Its fields may
+    also be given as keywords, and the fixture root as ``options``: ``run_check(root,
+    device="cpu", fixtures=False)``. ``catalog`` defaults to ``catalog.default_catalog()``;
+    ``progress`` gets the progress lines.
+
+    A missing ``root`` directory, an unknown ``entries`` name, a ``require`` glob matching
+    nothing, a ``case_globs`` glob matching no case of the selected entries' stages and
+    ``jobs < 1`` raise ``InputError``; an interrupt raises :class:`CheckInterrupted` carrying the
+    report of what was judged."""
     from dsv4_numerics.fixtures import golden
     from dsv4_numerics.fixtures.catalog import default_catalog
 
+    if isinstance(options, CheckOptions):
+        opts = replace(options, **fields) if fields else options
+    else:
+        opts = CheckOptions(root=options, **fields)
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
-    device = device or default_device()
-    root = Path(root or store.PACKAGE_ROOT)
-    rep = CheckReport()
-    require = list(require or [])
-    # user errors first, before any progress output: a missing root, an unreadable manifest, an
-    # unknown entry name, a requirement matching nothing
-    if fixtures and not root.is_dir():
-        raise InputError(f"fixtures root {root} " + ("is not a directory" if root.exists() else "does not exist"))
-    if fixtures:
-        store.load_manifest(root)
-    if not kernels and (require or require_available):
-        raise InputError("--require/--require-available name kernel entries: they cannot be combined with --no-kernels")
-    sel = None
-    case_globs = list(case_globs or [])
-    if case_globs and not kernels:
-        raise InputError("--case selects kernel cases: it cannot be combined with --no-kernels")
-    if kernels:
-        sel = select(entries, require, require_available, entries_from, include_installed)
-        if case_globs:
-            stages = sorted({c.entry.stage for c in sel.candidates})
-            names = [n for st in stages for n in (_stage_case_names(st) or [])]
-            for g in case_globs:
-                if not any(_matches(n, (g,)) for n in names):
-                    raise InputError(f"--case {g!r} matches no case of the selected entries' stages "
-                                     f"({', '.join(stages) or 'none'})")
-    try:
-        from dsv4_numerics.kernels.probe import gpu_info
-
-        hw = gpu_info().describe()
-    except Exception as e:  # noqa: BLE001
-        hw = f"unknown ({type(e).__name__})"
-    import torch
-
-    from dsv4_numerics.report.run_meta import run_metadata
-
-    # arch, versions (CUDA, Triton, staged wheels), commit: what `report merge` / `report diff` need
-    rep.meta = {**run_metadata(str(device)),
-                "dsv4_numerics": store.package_version("dsv4-numerics"), "torch": torch.__version__,
-                "python": platform.python_version(), "device": str(device), "hardware": hw, "fixtures_root": str(root)}
-    cat = catalog if catalog is not None else default_catalog() if fixtures else None
+    device = opts.device or default_device()
+    root = Path(opts.root or store.PACKAGE_ROOT)
+    sel = _check_request(opts, root)
+    rep = CheckReport(meta=_run_meta(device, root))
+    cat = catalog if catalog is not None else default_catalog() if opts.fixtures else None
     verified: list = []
 
     def verify_fixtures() -> None:
@@ -612,13 +610,13 @@ def run_check(root: str | Path | None = None, device: str | None = None, entries
         # the same on GPU as on the CPU that pinned them
         verified.extend(golden.verify(root, cat, device=str(device), progress=say))
 
-    if kernels:
+    if opts.kernels:
         say("== kernel entries")
         # the fixtures are verified in this process while the isolated kernel children run
         try:
-            rows, results = run_kernels(device, sel, say, isolate, jobs,
-                                        while_children_run=verify_fixtures if fixtures else None,
-                                        case_globs=case_globs)
+            rows, results = run_kernels(device, sel, say, opts.isolate, opts.jobs,
+                                        while_children_run=verify_fixtures if opts.fixtures else None,
+                                        case_globs=opts.case_globs)
         except CheckInterrupted as e:
             rep.rows.extend(e.rows)
             rep.results.extend(e.results)
@@ -631,31 +629,83 @@ def run_check(root: str | Path | None = None, device: str | None = None, entries
         rep.results.extend(results)
         rep.requirements, fails = requirement_outcome(rows, sel.required)
         rep.required_failures = list(sel.failures) + fails
-    elif fixtures:
+    elif opts.fixtures:
         verify_fixtures()
-    if fixtures:
-        checks = verified
-        rep.fixtures = checks
-        rows, results = fixture_rows(checks)
-        rep.rows.extend(rows)
-        rep.results.extend(results)
-        manifest = store.load_manifest(root)
-        pinned = set(manifest["fixtures"])
-        has_reference = any(e["kind"] == "reference" for e in manifest["fixtures"].values())
-        # (the catalog's cases were built by verify when reference fixtures exist: no extra cost)
-        unpinned = [s.name for s in cat.specs(strict=False) if s.name not in pinned] if has_reference else []
-        for gone in cat.missing() if has_reference else []:
-            rep.warnings.append(f"curated case {gone} no longer exists; update CURATED in fixtures/catalog.py")
-        if unpinned:
-            rep.warnings.append(f"{len(unpinned)} catalog fixture(s) are not pinned yet (e.g. {unpinned[0]}); "
-                                "`dsv4-numerics fixtures regen` writes them")
-        if not checks:
-            rep.warnings.append(f"no committed fixtures under {root}")
+    if opts.fixtures:
+        _add_fixtures(rep, verified, root, cat)
     rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
     from dsv4_numerics.runner.case_files import selected_case_size
 
     rep.meta["cases"] = selected_case_size()
     return rep
+
+
+def _check_request(opts: CheckOptions, root: Path) -> Selection | None:
+    """The user errors of a check request, before any progress output (a missing root, an
+    unreadable manifest, a requirement or ``--case`` with ``--no-kernels``, an unknown entry
+    name, a requirement or case glob matching nothing), as ``InputError``; else the kernel
+    entries' selection (None without kernels)."""
+    from dsv4_numerics.reference.errors import InputError
+
+    if opts.fixtures and not root.is_dir():
+        raise InputError(f"fixtures root {root} " + ("is not a directory" if root.exists() else "does not exist"))
+    if opts.fixtures:
+        store.load_manifest(root)
+    if not opts.kernels and (opts.require or opts.require_available):
+        raise InputError("--require/--require-available name kernel entries: they cannot be combined with --no-kernels")
+    if opts.case_globs and not opts.kernels:
+        raise InputError("--case selects kernel cases: it cannot be combined with --no-kernels")
+    if not opts.kernels:
+        return None
+    sel = select(opts.entries, opts.require, opts.require_available, opts.entries_from, opts.include_installed)
+    if opts.case_globs:
+        stages = sorted({c.entry.stage for c in sel.candidates})
+        names = [n for st in stages for n in (_stage_case_names(st) or [])]
+        for g in opts.case_globs:
+            if not any(_matches(n, (g,)) for n in names):
+                raise InputError(f"--case {g!r} matches no case of the selected entries' stages "
+                                 f"({', '.join(stages) or 'none'})")
+    return sel
+
+
+def _run_meta(device: str, root: Path) -> dict[str, Any]:
+    """The report's ``meta``: the run metadata (arch, versions of CUDA, Triton and the staged
+    wheels, commit: what ``report merge`` / ``report diff`` need), the package, torch and Python
+    versions, the device, the hardware and the fixture root."""
+    try:
+        from dsv4_numerics.kernels.probe import gpu_info
+
+        hw = gpu_info().describe()
+    except Exception as e:  # noqa: BLE001
+        hw = f"unknown ({type(e).__name__})"
+    import torch
+
+    from dsv4_numerics.report.run_meta import run_metadata
+
+    return {**run_metadata(str(device)),
+            "dsv4_numerics": store.package_version("dsv4-numerics"), "torch": torch.__version__,
+            "python": platform.python_version(), "device": str(device), "hardware": hw, "fixtures_root": str(root)}
+
+
+def _add_fixtures(rep: CheckReport, checks: list, root: Path, cat: Any) -> None:
+    """The verified fixtures' rows and Results into ``rep``, with a warning for catalog fixtures
+    not pinned yet, curated cases that no longer exist, and a root without fixtures."""
+    rep.fixtures = checks
+    rows, results = fixture_rows(checks)
+    rep.rows.extend(rows)
+    rep.results.extend(results)
+    manifest = store.load_manifest(root)
+    pinned = set(manifest["fixtures"])
+    has_reference = any(e["kind"] == "reference" for e in manifest["fixtures"].values())
+    # (the catalog's cases were built by verify when reference fixtures exist: no extra cost)
+    unpinned = [s.name for s in cat.specs(strict=False) if s.name not in pinned] if has_reference else []
+    for gone in cat.missing() if has_reference else []:
+        rep.warnings.append(f"curated case {gone} no longer exists; update CURATED in fixtures/catalog.py")
+    if unpinned:
+        rep.warnings.append(f"{len(unpinned)} catalog fixture(s) are not pinned yet (e.g. {unpinned[0]}); "
+                            "`dsv4-numerics fixtures regen` writes them")
+    if not checks:
+        rep.warnings.append(f"no committed fixtures under {root}")
 
 
 def print_report(rep: CheckReport, out=None) -> None:
