@@ -316,10 +316,6 @@ def needs_import(module: str) -> Probe:
     return lambda: import_reason(module)
 
 
-def needs_torch_op(namespace: str, op: str) -> Probe:
-    return lambda: torch_op_reason(namespace, op)
-
-
 def needs_dtype(name: str) -> Probe:
     return lambda: dtype_reason(name)
 

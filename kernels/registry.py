@@ -61,11 +61,9 @@ POLICY_ENUMS: dict[str, type] = {
     "window_start": _pol.CombineWindowStart,
     "e2m1_zero": _pol.E2m1Zero,
     "gather_out": _pol.GatherOutput,
+    "v41_layout": _pol.V41Layout,
+    "ue8m0": _pol.Ue8m0Consumer,
 }
-if hasattr(_pol, "V41Layout"):
-    POLICY_ENUMS["v41_layout"] = _pol.V41Layout
-if hasattr(_pol, "Ue8m0Consumer"):
-    POLICY_ENUMS["ue8m0"] = _pol.Ue8m0Consumer
 BOOL_POLICY_KEYS = frozenset({"output_inv_roped", "fp8_q", "fp8_kv", "fp8_output"})
 
 
@@ -223,12 +221,7 @@ def _assemble() -> list[KernelEntry]:
     seen: dict[str, str] = {}
     for mod_name in FAMILY_MODULES:
         full = f"{__package__}.{mod_name}"
-        try:
-            mod = _import(full)
-        except ModuleNotFoundError as e:
-            if e.name == full:  # the family module is not written yet: it contributes nothing
-                continue
-            raise
+        mod = _import(full)  # a family module that does not import is a broken install: raise
         entries = getattr(mod, "ENTRIES", None)
         if entries is None:
             raise RuntimeError(f"kernel family module {full} defines no ENTRIES list")
@@ -303,10 +296,6 @@ def expand_patterns(patterns: Any, names: list[str], option: str, what: str = "k
             raise err(f"{option} {pat!r} matches no {what} ({len(names)} known: {listing}){hint}")
         out += [(pat, n) for n in hits]
     return list(dict.fromkeys(out))
-
-
-def for_stage(stage: str) -> list[KernelEntry]:
-    return [e for e in all_entries() if e.stage == stage]
 
 
 def listing() -> list[dict]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -42,7 +43,7 @@ from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 
 from . import stages as st
-from .report import Result
+from .report import Result, Verdict
 from .tolerances import Tolerances
 
 
@@ -122,6 +123,82 @@ def outputs_digest(outputs: dict) -> str:
     return h.hexdigest()
 
 
+class _CaseDecided(Exception):
+    """A case's Result decided before (or instead of) its judgement: a ``skip`` outside the
+    kernel's contract, or an ``error`` of the call, the reference or the judge."""
+
+    def __init__(self, verdict: Verdict, rule: str, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.verdict, self.rule, self.message, self.details = verdict, rule, message, details or {}
+
+
+def _guarded(rule: str, fn: Any, *args: Any, unsupported: str | None = None, rejected: str | None = None) -> Any:
+    """``fn(*args)``, one phase of judging a case (``rule``: ``call``, ``reference`` or ``judge``);
+    its exception becomes a :class:`_CaseDecided`:
+
+    * ``UnsupportedCase``, where ``unsupported`` is given: ``skip``, rule ``unsupported``, the
+      message ``unsupported`` followed by the exception's;
+    * ``InputError``, where ``rejected`` is given: ``error`` saying ``"<rejected>: <exception>"``;
+    * anything else: ``error`` saying ``"<rule> raised <type>: <message>"``, with the traceback
+      in ``details["traceback"]`` -- never a silent pass.
+    """
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the kernel's (or the harness's) failure is the result
+        if unsupported is not None and isinstance(e, UnsupportedCase):
+            raise _CaseDecided(Verdict.SKIP, "unsupported", f"{unsupported}{e}") from None
+        if rejected is not None and isinstance(e, InputError):
+            raise _CaseDecided(Verdict.ERROR, rule, f"{rejected}: {e}") from None
+        raise _CaseDecided(Verdict.ERROR, rule, f"{rule} raised {_msg(e)}",
+                          {"traceback": traceback.format_exc(limit=6)}) from None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What judging every case of one entry shares: the stage's spec, the policies (``pol`` for
+    the judge, ``pol_exp`` for the reference: ``pol`` plus the fast oracle's keys), the judge's
+    scope, the device and the reference cache."""
+
+    spec: Any
+    stage: str
+    pol: dict
+    pol_exp: dict
+    scope: Any
+    device: Any
+    expected_cache: dict | None
+    on_device: bool = False  # judged on the device: the outputs stay there
+
+
+def _judge_case(entry: Any, case: Case, plan: _Plan) -> dict[str, Any]:
+    """The Result fields of ``entry`` on ``case`` (steps 3-5 of the module docstring); a
+    :class:`_CaseDecided` where the call, the reference or the judge decided it first."""
+    device = plan.device
+    dcase = _guarded("call", case.to, device, unsupported="") if device is not None else case
+    t_call = time.perf_counter()
+    got = _guarded("call", entry.call, dcase, unsupported="")
+    # (a device-to-host copy waits for the kernel: its time is the call's; judged on the device,
+    # the outputs stay there and the call's time is the time its launch returned in)
+    got = got if plan.on_device else _cpu(got)
+    t_call = time.perf_counter() - t_call
+    if not isinstance(got, dict):
+        raise _CaseDecided(Verdict.ERROR, "call", f"call returned {type(got).__name__}, not a dict of outputs")
+    t_ref = time.perf_counter()
+    exp = _guarded("reference", expected_outputs, plan.spec, plan.stage, case, plan.pol_exp, plan.expected_cache,
+                  unsupported="reference: ", rejected=f"the reference rejects this case under policies {plan.pol}")
+    t_judge = time.perf_counter()
+    t_ref = t_judge - t_ref
+    v = _guarded("judge", plan.spec.judge, case, exp, got, plan.scope)
+    details = dict(v.details)
+    details.setdefault("oracle", {"mode": st.ORDERED, "device": "cpu"})
+    details["outputs_sha256"] = outputs_digest(got)
+    # where the case's time went (seconds): the kernel call (its outputs copied back to the CPU
+    # included, which waits for the device), the reference, the comparison
+    details["timing"] = {"call_s": round(t_call, 4), "reference_s": round(t_ref, 4),
+                         "judge_s": round(time.perf_counter() - t_judge, 4)}
+    return dict(verdict=Verdict.PASS if v.passed else Verdict.FAIL, rule=v.rule, worst_ulps=v.worst_ulps,
+                headroom=v.headroom, message=v.message, details=details)
+
+
 def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | torch.device | None = None,
               arch: str | None = None, tolerances: Tolerances | None = None,
               expected_cache: dict | None = None, oracle_mode: str | None = None,
@@ -152,7 +229,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     except Exception as e:  # noqa: BLE001 - provenance must not stop judging
         kernel_version = f"unknown ({type(e).__name__}: {e})"
 
-    def res(case_name: str, verdict: str, **kw: Any) -> Result:
+    def res(case_name: str, verdict: Verdict, **kw: Any) -> Result:
         return Result(entry=name, stage=stage, case=case_name, verdict=verdict, family=family,
                       device=dev_str, policies={k: str(v) for k, v in policies.items()}, arch=arch,
                       kernel_version=kernel_version, **kw)
@@ -166,15 +243,15 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     try:
         case_list = list(cases) if cases is not None else default_cases(stage)
     except KeyError as e:
-        return [res("-", "error", rule="no_cases", message=str(e.args[0]) if e.args else str(e))]
+        return [res("-", Verdict.ERROR, rule="no_cases", message=str(e.args[0]) if e.args else str(e))]
     try:
         reason = entry.probe()
     except Exception as e:  # noqa: BLE001 - a broken probe is reported, not raised
-        return [res(c.name, "error", rule="probe", message=f"probe raised {_msg(e)}") for c in case_list]
+        return [res(c.name, Verdict.ERROR, rule="probe", message=f"probe raised {_msg(e)}") for c in case_list]
     if reason:
-        return [res(c.name, "skip", rule="probe", message=str(reason)) for c in case_list]
+        return [res(c.name, Verdict.SKIP, rule="probe", message=str(reason)) for c in case_list]
     if spec is None:
-        return [res(c.name, "error", rule="no_stage_spec", message=spec_err) for c in case_list]
+        return [res(c.name, Verdict.ERROR, rule="no_stage_spec", message=spec_err) for c in case_list]
     pol = spec.policies(policies)
     scope = st.JudgeScope(kernel=getattr(entry, "tolerance_scope", name), arch=arch, policies=pol,
                           tolerances=tolerances)
@@ -182,78 +259,26 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     if oracle_mode is None:
         oracle_mode = st.FAST if device is not None and torch.device(device).type == "cuda" else st.ORDERED
     if oracle_mode not in (st.FAST, st.ORDERED):
-        return [res(c.name, "error", rule="oracle_mode", message=f"oracle_mode must be 'fast', 'ordered' or None "
+        return [res(c.name, Verdict.ERROR, rule="oracle_mode", message=f"oracle_mode must be 'fast', 'ordered' or None "
                     f"(got {oracle_mode!r})") for c in case_list]
     fast = oracle_mode == st.FAST and stage in st.FAST_ORACLE_STAGES
     pol_exp = dict(pol, oracle=st.FAST, oracle_device=dev_str) if fast else pol
     on_device = bool(judge_device) and fast
     if on_device:
         pol_exp = dict(pol_exp, judge_device="true")
+    plan = _Plan(spec, stage, pol, pol_exp, scope, device, expected_cache, on_device)
     out: list[Result] = []
     for case in case_list:
         t0 = time.perf_counter()
-        if callable(supports):
-            why = supports(case)
-            if why:
-                out.append(res(case.name, "skip", rule="unsupported", message=str(why)))
-                continue
+        why = supports(case) if callable(supports) else None
+        if why:
+            out.append(res(case.name, Verdict.SKIP, rule="unsupported", message=str(why)))
+            continue
         try:
-            dcase = case.to(device) if device is not None else case
-            t_call = time.perf_counter()
-            got = entry.call(dcase)
-        except UnsupportedCase as e:
-            out.append(res(case.name, "skip", rule="unsupported", message=str(e),
-                           duration_s=time.perf_counter() - t0))
-            continue
-        except Exception as e:  # noqa: BLE001 - the kernel's failure is the result
-            out.append(res(case.name, "error", rule="call", message=f"call raised {_msg(e)}",
-                           details={"traceback": traceback.format_exc(limit=6)},
-                           duration_s=time.perf_counter() - t0))
-            continue
-        # (a device-to-host copy waits for the kernel: its time is the call's; judged on the device,
-        # the outputs stay there and the call's time is the time its launch returned in)
-        got = got if on_device else _cpu(got)
-        t_call = time.perf_counter() - t_call
-        if not isinstance(got, dict):
-            out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",
-                           duration_s=time.perf_counter() - t0))
-            continue
-        t_ref = time.perf_counter()
-        try:
-            exp = expected_outputs(spec, stage, case, pol_exp, expected_cache)
-        except UnsupportedCase as e:
-            out.append(res(case.name, "skip", rule="unsupported", message=f"reference: {e}",
-                           duration_s=time.perf_counter() - t0))
-            continue
-        except InputError as e:
-            out.append(res(case.name, "error", rule="reference",
-                           message=f"the reference rejects this case under policies {pol}: {e}",
-                           duration_s=time.perf_counter() - t0))
-            continue
-        except Exception as e:  # noqa: BLE001 - a harness bug; reported, never a pass
-            out.append(res(case.name, "error", rule="reference", message=f"reference raised {_msg(e)}",
-                           details={"traceback": traceback.format_exc(limit=6)},
-                           duration_s=time.perf_counter() - t0))
-            continue
-        t_judge = time.perf_counter()
-        t_ref = t_judge - t_ref
-        try:
-            v = spec.judge(case, exp, got, scope)
-        except Exception as e:  # noqa: BLE001 - never a silent pass
-            out.append(res(case.name, "error", rule="judge", message=f"judge raised {_msg(e)}",
-                           details={"traceback": traceback.format_exc(limit=6)},
-                           duration_s=time.perf_counter() - t0))
-            continue
-        details = dict(v.details)
-        details.setdefault("oracle", {"mode": st.ORDERED, "device": "cpu"})
-        details["outputs_sha256"] = outputs_digest(got)
-        # where the case's time went (seconds): the kernel call (its outputs copied back to the CPU
-        # included, which waits for the device), the reference, the comparison
-        details["timing"] = {"call_s": round(t_call, 4), "reference_s": round(t_ref, 4),
-                             "judge_s": round(time.perf_counter() - t_judge, 4)}
-        out.append(res(case.name, "pass" if v.passed else "fail", rule=v.rule, worst_ulps=v.worst_ulps,
-                       headroom=v.headroom, message=v.message, details=details,
-                       duration_s=time.perf_counter() - t0))
+            fields = _judge_case(entry, case, plan)
+        except _CaseDecided as d:
+            fields = dict(verdict=d.verdict, rule=d.rule, message=d.message, details=d.details)
+        out.append(res(case.name, **fields, duration_s=time.perf_counter() - t0))
     return out
 
 

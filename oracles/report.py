@@ -2,7 +2,7 @@
 JUnit properties.
 
 A ``Result`` is what ``oracles.matrix.run_entry`` returns per (entry, case): the verdict
-(``pass``/``fail``/``skip``/``error``), the rule that decided it, the worst error in ulps of the
+(:class:`Verdict`: ``pass``/``fail``/``skip``/``error``), the rule that decided it, the worst error in ulps of the
 output format, the headroom (tolerance / observed, ``< 1`` on a numeric failure, ``inf`` when
 nothing was observed), a one-line message, and JSON-able ``details`` (the decoded byte diff or
 the numeric reports).
@@ -29,9 +29,72 @@ from typing import Any, Callable, Iterable
 from dsv4_numerics.reference.errors import fail
 
 SCHEMA = "dsv4-numerics/report/1"
-VERDICTS = ("pass", "fail", "skip", "error")
-_MARK = {"pass": "ok", "fail": "FAIL", "skip": "skip", "error": "ERR"}
 JUNIT_PREFIX = "dsv4"
+
+
+class Verdict(str, enum.Enum):
+    """The verdict of one judged case (a :class:`Result`), or of a group of them: a ``check``
+    row, a merged matrix cell. A ``str`` enum: it compares equal to, hashes as and is written to
+    JSON as its plain string (``"pass"``), so reports are unchanged.
+
+    ``pass``, ``fail``, ``skip`` and ``error`` are case verdicts; ``unavailable`` is a row's or a
+    cell's only (the entry's probe said it cannot run here, so no case ran).
+
+    Severity (:attr:`rank`), best to worst: ``pass`` < ``skip`` < ``unavailable`` < ``fail`` <
+    ``error`` (:data:`SEVERITY`). A case is *judged* when its verdict is ``pass``, ``fail`` or
+    ``error`` (:data:`JUDGED`); ``fail`` and ``error`` are *bad* (:data:`BAD`).
+    """
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+    UNAVAILABLE = "unavailable"
+
+    def __str__(self) -> str:  # reports and f-strings show the bare word
+        return self.value
+
+    @property
+    def rank(self) -> int:
+        """Severity: 0 for ``pass`` up to 4 for ``error`` (:data:`SEVERITY`)."""
+        return SEVERITY.index(self)
+
+    @property
+    def judged(self) -> bool:
+        """Reached a verdict on the kernel's outputs: ``pass``, ``fail`` or ``error``."""
+        return self in JUDGED
+
+    @property
+    def bad(self) -> bool:
+        """``fail`` or ``error``: something wrong was found."""
+        return self in BAD
+
+    @classmethod
+    def worst(cls, verdicts: Iterable[str]) -> "Verdict":
+        """The most severe of ``verdicts`` (strings or members; ``ValueError`` for an unknown
+        one or none at all)."""
+        return max((cls(v) for v in verdicts), key=lambda v: v.rank)
+
+    @classmethod
+    def of_cases(cls, verdicts: Iterable[str]) -> "Verdict | None":
+        """The verdict of a group of cases: ``error`` if any errored, else ``fail`` if any failed,
+        else ``skip`` if every case was skipped, else ``pass`` (the worst judged verdict; skips
+        count only when nothing was judged). None for no cases."""
+        vs = [cls(v) for v in verdicts]
+        if not vs:
+            return None
+        judged = [v for v in vs if v is not cls.SKIP]
+        return cls.worst(judged) if judged else cls.SKIP
+
+
+SEVERITY = (Verdict.PASS, Verdict.SKIP, Verdict.UNAVAILABLE, Verdict.FAIL, Verdict.ERROR)  # best to worst
+JUDGED = frozenset({Verdict.PASS, Verdict.FAIL, Verdict.ERROR})
+BAD = frozenset({Verdict.FAIL, Verdict.ERROR})
+# A Result's verdicts, in the order a report's summary counts them.
+VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.SKIP, Verdict.ERROR)
+# A check row's (and matrix cell's) verdicts, in the order check's summary counts them.
+ROW_VERDICTS = (Verdict.PASS, Verdict.FAIL, Verdict.ERROR, Verdict.SKIP, Verdict.UNAVAILABLE)
+_MARK = {Verdict.PASS: "ok", Verdict.FAIL: "FAIL", Verdict.SKIP: "skip", Verdict.ERROR: "ERR"}
 
 
 def jsonable(obj: Any, *, max_list: int = 4096) -> Any:
@@ -81,7 +144,7 @@ class Result:
     entry: str
     stage: str
     case: str
-    verdict: str
+    verdict: Verdict  # a str is accepted and turned into its Verdict
     rule: str = ""
     worst_ulps: float | None = None
     headroom: float | None = None
@@ -96,12 +159,13 @@ class Result:
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
-            fail("Result", "verdict", f"must be one of {VERDICTS}", self.verdict)
+            fail("Result", "verdict", f"must be one of {tuple(map(str, VERDICTS))}", self.verdict)
+        self.verdict = Verdict(self.verdict)
 
     @property
     def ok(self) -> bool:
         """True for pass and skip: nothing wrong was found."""
-        return self.verdict in ("pass", "skip")
+        return not self.verdict.bad
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable({
@@ -188,7 +252,7 @@ def summary_table(results: Iterable[Result], *, max_width: int = 110) -> str:
                 out.append(f"{e[:name_w]:<{name_w}}  {row}")
         legend = ", ".join(f"#{i}={cn}" for i, cn in enumerate(cases))
         out.append(f"   cases: {legend}")
-    bad = [r for r in results if r.verdict in ("fail", "error")]
+    bad = [r for r in results if r.verdict.bad]
     if bad:
         out.append("-- failures and errors")
         out.extend("  " + r.line() for r in bad)
@@ -234,7 +298,7 @@ def junit_properties(result: Result) -> list[tuple[str, str]]:
     p = JUNIT_PREFIX
     props = [
         (f"{p}.entry", result.entry), (f"{p}.stage", result.stage), (f"{p}.case", result.case),
-        (f"{p}.verdict", result.verdict), (f"{p}.rule", result.rule),
+        (f"{p}.verdict", str(result.verdict)), (f"{p}.rule", result.rule),
         (f"{p}.worst_ulps", _fmt(result.worst_ulps)), (f"{p}.headroom", _fmt(result.headroom)),
     ]
     if result.message:
@@ -283,5 +347,6 @@ class ResultCollector:
         return write_json(self.results, path, meta)
 
 
-__all__ = ["RESULT_PROPERTY", "Result", "ResultCollector", "SCHEMA", "VERDICTS", "counts", "jsonable",
-           "junit_properties", "read_json", "record", "report_dict", "summary_table", "write_json"]
+__all__ = ["BAD", "JUDGED", "RESULT_PROPERTY", "ROW_VERDICTS", "Result", "ResultCollector", "SCHEMA", "SEVERITY",
+           "VERDICTS", "Verdict", "counts", "jsonable", "junit_properties", "read_json", "record", "report_dict",
+           "summary_table", "write_json"]

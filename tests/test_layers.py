@@ -3,6 +3,11 @@ layers above it, and importing a lower layer does not drag the application in.
 
 Layers (top = imported by everything below it):
   reference -> oracles -> kernels -> fixtures -> dsv4_numerics (the top-level package)
+
+Inside the application package, each folder (api/, strategies/, runner/, plugin/, report/,
+staging/, inspect/, bench/, cli/) imports only what its row of APP_ALLOWED names: nothing imports
+the CLI or the plugin, the runner never imports either, the API reaches the runner only through
+its public entry points, strategies/ import the reference alone.
 """
 
 from __future__ import annotations
@@ -26,17 +31,26 @@ ALLOWED = {
 LAYERS = ("reference", "oracles", "kernels", "fixtures")
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, dotted module) of every absolute import of ``dsv4_numerics.*`` in ``path``."""
+def _statements(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, imported names) of every absolute import in ``path`` (``import x`` gives
+    ``(line, "x", [])``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
+            out += [(node.lineno, a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module))
-            if node.module == "dsv4_numerics":  # from dsv4_numerics import oracles
-                out += [(node.lineno, f"dsv4_numerics.{a.name}") for a in node.names]
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+    return out
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every absolute import of ``dsv4_numerics.*`` in ``path``."""
+    out = []
+    for line, module, names in _statements(path):
+        out.append((line, module))
+        if module == "dsv4_numerics":  # from dsv4_numerics import oracles
+            out += [(line, f"dsv4_numerics.{n}") for n in names]
     return [(ln, m) for ln, m in out if m == "dsv4_numerics" or m.startswith("dsv4_numerics.")]
 
 
@@ -105,3 +119,85 @@ def test_top_level_reexports_resolve_lazily():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"re-exported names that do not resolve: {out.stdout.strip()}"
+
+
+# ----------------------------------------------------------------------------- the application's folders
+# Which other parts each folder of the application package (dsv4_numerics/<folder>/) may import:
+# the layers (by folder) and the application's own folders (by folder, module or name: an import
+# must be one of them or inside one). Derived from the imports as they are, and strict: a new
+# dependency between folders is a decision, made by editing this table.
+APP = ("api", "strategies", "runner", "plugin", "report", "staging", "inspect", "bench", "cli")
+ALL_LAYERS = set(LAYERS)
+APP_ALLOWED = {
+    # the public API: the layers, and the runner's public entry points only
+    "api": ({"reference", "oracles", "kernels"},
+            {"runner.pool.run_isolated", "runner.case_files.save_cases", "runner.case_files.stage_cases_file"}),
+    # hypothesis strategies: the reference only
+    "strategies": ({"reference"}, set()),
+    # the runner: never the CLI or the plugin; external entries and the run metadata
+    "runner": (ALL_LAYERS, {"api.external", "report.run_meta"}),
+    # the pytest plugin: the public API, the run metadata, the host's GPUs and the requirement rule
+    "plugin": ({"reference", "oracles", "kernels"},
+               {"api.external", "api.result_sink", "api.testing.cases", "report.run_meta", "runner.host_gpus",
+                "runner.requirements"}),
+    # reports: the check report's schema and row rule, and the public explain -- no runner internals
+    "report": (ALL_LAYERS, {"runner.check.SCHEMA", "runner.check.aggregate", "api.testing.explain_result"}),
+    "staging": ({"kernels"}, set()),
+    "inspect": ({"reference", "oracles", "fixtures"}, set()),
+    "bench": ({"reference", "kernels"}, {"runner.host_cpus"}),
+    # the command line sits on top: it may use any folder but the plugin
+    "cli": (ALL_LAYERS, {"api", "inspect", "report", "runner", "staging", "bench"}),
+}
+
+
+def _app_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted path below ``dsv4_numerics``) of every absolute import of the package in
+    ``path``; ``from X import name`` gives ``X.name`` (a module or a name in it)."""
+    out = []
+    for line, module, names in _statements(path):
+        out += [(line, f"{module}.{n}") for n in names] if names else [(line, module)]
+    return [(ln, m.split(".", 1)[1]) for ln, m in out if m.startswith("dsv4_numerics.")]
+
+
+def _app_files(folder: str) -> list[Path]:
+    # staging/standins/ holds the stand-ins staging writes: package data, not modules of the package
+    return [p for p in sorted((ROOT / "dsv4_numerics" / folder).rglob("*.py")) if "standins" not in p.parts]
+
+
+def test_every_application_folder_has_a_row():
+    folders = {p.name for p in (ROOT / "dsv4_numerics").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders == set(APP) == set(APP_ALLOWED), (
+        f"dsv4_numerics/ folders {sorted(folders)} and tests/test_layers.py APP_ALLOWED {sorted(APP_ALLOWED)} differ: "
+        "give a new folder its row")
+
+
+@pytest.mark.parametrize("folder", APP)
+def test_application_folder_imports_only_what_its_row_allows(folder):
+    layers, parts = APP_ALLOWED[folder]
+    bad = []
+    for path in _app_files(folder):
+        for line, dotted in _app_imports(path):
+            top = dotted.split(".")[0]
+            if top == folder or top in layers:
+                continue
+            if any(dotted == p or dotted.startswith(p + ".") for p in parts):
+                continue
+            what = "layer" if top in LAYERS else "folder"
+            bad.append(f"  {path.relative_to(ROOT)}:{line} imports dsv4_numerics.{dotted} ({what} {top})")
+    assert not bad, (f"dsv4_numerics/{folder}/ may import the layers {sorted(layers)} and of the application only "
+                     f"{sorted(parts) or 'nothing'} (tests/test_layers.py APP_ALLOWED); these imports are outside "
+                     "it -- move the code, use a public entry point, or change the table on purpose:\n" + "\n".join(bad))
+
+
+def test_nothing_imports_the_cli_or_the_plugin():
+    # (implied by the table; stated because it is the rule that keeps the command line and the
+    # pytest plugin at the top: no job depends on how it is invoked)
+    for folder, (_, parts) in APP_ALLOWED.items():
+        assert not any(p.split(".")[0] == "cli" for p in parts if folder != "cli"), folder
+        assert not any(p.split(".")[0] == "plugin" for p in parts if folder != "plugin"), folder
+
+
+def test_the_top_level_package_imports_no_folder_at_import_time():
+    bad = [f"dsv4_numerics/__init__.py:{ln} imports dsv4_numerics.{d}"
+           for ln, d in _app_imports(ROOT / "dsv4_numerics" / "__init__.py")]
+    assert not bad, "the top-level package resolves its exports lazily (_LAZY):\n" + "\n".join(bad)

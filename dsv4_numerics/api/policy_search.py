@@ -215,7 +215,7 @@ def _same(a: dict, b: dict) -> bool:
 def _badness(results: list[Result]) -> float:
     total = 0.0
     for r in results:
-        if r.verdict not in ("fail", "error"):
+        if not r.verdict.bad:
             continue
         d = r.details or {}
         diff = d.get("differing")
@@ -285,7 +285,7 @@ def _bytes_screen(e: JudgedEntry, cases: list, run, expected, judge: bool = True
     unjudged: list[str] = []
     raw = 0.0
     for d, case in differ:
-        if not judge or any(r.verdict in ("fail", "error") for r in results):
+        if not judge or any(r.verdict.bad for r in results):
             unjudged.append(case.name)
             raw += d
             continue
@@ -362,7 +362,7 @@ def search(entry: JudgedEntry, cases: list, *, device: Any = None, arch: str | N
     if spec.kind != "numeric":  # bit-equal sets first: if one matches outright, no decoded diff is needed
         for i, declared in enumerate(combos):
             screened[i] = _bytes_screen(entry.with_policies(declared), cases, run, expected, judge=False, device=device)
-        if not any(not s[1] and not any(r.verdict in ("fail", "error") for r in s[0]) for s in screened.values()):
+        if not any(not s[1] and not any(r.verdict.bad for r in s[0]) for s in screened.values()):
             for i in sorted(screened, key=lambda i: screened[i][2] + len(screened[i][1])):
                 screened[i] = _bytes_screen(entry.with_policies(combos[i]), cases, run, expected, judge=True, device=device)
     for i, declared in enumerate(combos):
@@ -378,7 +378,7 @@ def search(entry: JudgedEntry, cases: list, *, device: Any = None, arch: str | N
         pol = {k: _norm(full_c.get(k)) for k in shown if k in full_c or k in declared}
         if _norm(full_c.get("fp8_clamp")) != "none":
             pol["fp8_clamp"] = _norm(full_c.get("fp8_clamp"))
-        bad = next((r for r in results if r.verdict in ("fail", "error")), None)
+        bad = next((r for r in results if r.verdict.bad), None)
         ex.combinations.append(Combination(pol, declared, counts, _badness(results) + raw,
                                            f"{bad.case}: {bad.rule}: {bad.message}" if bad else ""))
 

@@ -21,6 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Judge ENTRY's case, shrink it while the same output fails by the same rule, "
                                    "and write DIR/repro.py (torch + the production package only), its inputs and "
                                    "DIR/ISSUE.md.")
+    r.set_defaults(handler=run)
     r.add_argument("entry", nargs="?", metavar="ENTRY", help="kernel entry name (`dsv4-numerics kernels` lists them)")
     r.add_argument("--case", default=None, metavar="NAME",
                    help="the case (default or full set of the entry's stage); default: the first failing default case")
@@ -32,7 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--device", default=None, help="device the case runs on (default: the CPU; cuda for GPU entries)")
     r.add_argument("--no-run", action="store_true", help="do not run the written repro.py here")
     r.add_argument("--findings", action="store_true",
-                   help="instead of ENTRY: every divergence the README lists whose kernel runs here, one folder each")
+                   help="instead of ENTRY: every divergence the documentation lists whose kernel runs here, one folder each")
     r.add_argument("--gpu", action="store_true", help="with --findings: the GPU findings (else the CPU ones)")
     return r
 

@@ -86,7 +86,6 @@ ENV_PIN = "DSV4_PIN_GPUS"
 ENV_NO_PIN = "DSV4_NO_GPU_PINNING"
 ENV_PINNED = "DSV4_PINNED_GPU"
 ENV_REQUIRE = "DSV4_REQUIRE"
-JUDGED = ("pass", "fail", "error")
 
 
 # ----------------------------------------------------------------------------- GPU pinning
@@ -535,7 +534,10 @@ def _known_entries() -> dict[str, Any]:
 def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns: list[str],
                           require_available: bool) -> tuple[list[dict], list[str]]:
     """``(requirements, failures)``: one dict per (pattern, entry) with ``ok`` and ``reason``,
-    and one line per unmet requirement."""
+    and one line per unmet requirement (``runner.requirements``, judged as the Results say)."""
+    from dsv4_numerics.oracles.report import JUDGED
+    from dsv4_numerics.runner import requirements
+
     judged: dict[str, int] = {}
     seen: dict[str, list[str]] = {}
     for r in results:
@@ -554,22 +556,17 @@ def evaluate_requirements(results: list, skips: list[tuple[str, str]], patterns:
                             "or reported by a test)")
         wanted += [(pat, n) for n in hits]
     if require_available:
-        from dsv4_numerics.kernels import probe, registry
+        from dsv4_numerics.kernels import registry
 
-        builtin = [e for e in registry.all_entries() if probe.arch_reason(e.archs) is None]
-        if not builtin:
-            failures.append("--dsv4-require-available: no registry entry's architectures match the hardware here "
-                            f"({probe.gpu_info().describe()})")
-        wanted += [("--dsv4-require-available", e.name) for e in builtin]
-    reqs = []
-    for pat, name in dict.fromkeys(wanted):
-        n = judged.get(name, 0)
-        reason = ""
-        if n == 0:
-            reason = _why_not_judged(name, known.get(name), seen.get(name, []), skips)
-            failures.append(f"required entry {name} was not judged: {reason}")
-        reqs.append({"require": pat, "entry": name, "judged": n, "ok": n > 0, "reason": reason})
-    return reqs, failures
+        fit = requirements.fitting_names(registry.all_entries())
+        if not fit:
+            failures.append(requirements.no_fit_failure("--dsv4-require-available", "registry"))
+        wanted += [("--dsv4-require-available", name) for name in fit]
+    reqs, unmet = requirements.outcome(
+        wanted, lambda name: judged.get(name, 0),
+        lambda name: _why_not_judged(name, known.get(name), seen.get(name, []), skips),
+        "required entry {entry} was not judged: {reason}")
+    return reqs, failures + unmet
 
 
 def _why_not_judged(name: str, entry: Any, verdicts: list[str], skips: list[tuple[str, str]]) -> str:
@@ -610,7 +607,7 @@ def pytest_sessionfinish(session, exitstatus):
     # The xdist controller: its own sessionfinish (after this one) tells the workers to exit and
     # waits for them -- seconds, the driver releasing their CUDA contexts one process at a time.
     # The report (its run metadata, the JSON) is written meanwhile, in a thread that
-    # pytest_unconfigure joins: before, every worker waited 0.9 s (16 workers) to 1.7 s (32) for it.
+    # pytest_unconfigure joins, so the workers' exit does not wait for it.
     import threading
 
     def write(status: int = int(session.exitstatus)) -> None:
@@ -645,14 +642,14 @@ def outcome_results(st: _State) -> list:
     ``error`` whose own Results are all pass or skip (it failed for another reason after
     judging), one ``error`` Result (rule ``test_outcome``) on its first Result's entry, stage and
     case, naming the test and its failure. Called once, at the end of the session."""
-    from dsv4_numerics.oracles.report import Result
+    from dsv4_numerics.oracles.report import Result, Verdict
 
     out = []
     for nodeid, rs in st.results_of.items():
         bad = [c for c in st.outcomes.get(nodeid, []) if c in ("failed", "error")]
-        if bad and not any(r.verdict in ("fail", "error") for r in rs):
+        if bad and not any(r.verdict.bad for r in rs):
             r0 = rs[0]
-            out.append(Result(entry=r0.entry, stage=r0.stage, case=r0.case, verdict="error", rule="test_outcome",
+            out.append(Result(entry=r0.entry, stage=r0.stage, case=r0.case, verdict=Verdict.ERROR, rule="test_outcome",
                               message=f"pytest: {nodeid} {bad[0]} after its Results passed: "
                                       f"{st.longrepr.get(nodeid, '')}",
                               family=r0.family, device=r0.device, policies=dict(r0.policies)))
@@ -673,7 +670,7 @@ def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
-    from dsv4_numerics.oracles.report import write_json
+    from dsv4_numerics.oracles.report import JUDGED, write_json
     from dsv4_numerics.report.run_meta import run_metadata
 
     every, with_results = outcome_counts(st)
@@ -693,7 +690,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if st is None:
         return
     if st.results:
-        from dsv4_numerics.oracles.report import summary_table
+        from dsv4_numerics.oracles.report import JUDGED, summary_table
 
         terminalreporter.section("dsv4-numerics matrix")
         terminalreporter.write_line(summary_table(st.results))

@@ -22,7 +22,8 @@ kind               when                                                         
 ``new``            a cell of NEW absent from BASE (new entry, new arch)                  no
 =================  ====================================================================  ==========
 
-Verdicts rank ``pass`` < ``skip`` < ``unavailable`` < ``fail`` < ``error`` (worse to the right).
+Verdicts rank ``pass`` < ``skip`` < ``unavailable`` < ``fail`` < ``error`` (worse to the right:
+``Verdict.rank``); a verdict this version does not know ranks as ``error``.
 
 The drift threshold ``ratio`` (default 2, ``--ratio``): headroom is tolerance / observed error
 and worst ulps is the largest error in units of the output format's last place, so a factor 2
@@ -39,12 +40,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dsv4_numerics.oracles.report import JUDGED, SEVERITY, Verdict
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.report.merge import load_matrix, num
 from dsv4_numerics.report.run_meta import staged_versions
 
-RANK = {"pass": 0, "skip": 1, "unavailable": 2, "fail": 3, "error": 4}
+RANK = {str(v): v.rank for v in SEVERITY}  # verdict -> severity (Verdict.rank)
 DEFAULT_RATIO = 2.0
 
 
@@ -114,11 +116,11 @@ def compare_cells(b: dict[str, Any], n: dict[str, Any], ratio: float) -> list[tu
     out = []
     vb, vn = b["verdict"], n["verdict"]
     if vb != vn:
-        worse = RANK.get(vn, 4) > RANK.get(vb, 4)
-        kind = "unavailable" if vn in ("unavailable", "skip") and vb in ("pass", "fail", "error") else "verdict"
+        worse = RANK.get(vn, Verdict.ERROR.rank) > RANK.get(vb, Verdict.ERROR.rank)
+        kind = "unavailable" if vn in (Verdict.UNAVAILABLE, Verdict.SKIP) and vb in JUDGED else "verdict"
         why = f" ({n.get('note', '')[:160]})" if worse and n.get("note") else ""
         out.append((kind, worse, f"{vb} -> {vn}{why}"))
-    if int(n.get("judged", 0)) < int(b.get("judged", 0)) and vn not in ("unavailable", "skip"):
+    if int(n.get("judged", 0)) < int(b.get("judged", 0)) and vn not in (Verdict.UNAVAILABLE, Verdict.SKIP):
         out.append(("coverage", True, f"cases judged {b['judged']} -> {n['judged']}"))
     hb, hn = _f(b.get("headroom")), _f(n.get("headroom"))
     if hb is not None and hn is not None and not math.isnan(hb) and not math.isnan(hn) and hn < hb:
@@ -142,7 +144,7 @@ def diff_matrices(base: dict[str, Any], new: dict[str, Any], ratio: float = DEFA
         if b is None:
             out.append(Change("new", *key, False, f"new cell: {n['verdict']}, {n.get('judged', 0)} cases judged"))
         elif n is None:
-            out.append(Change("missing", *key, b["verdict"] != "unavailable",
+            out.append(Change("missing", *key, b["verdict"] != Verdict.UNAVAILABLE,
                               f"absent from NEW (was {b['verdict']}, {b.get('judged', 0)} cases judged)"))
         else:
             out += [Change(kind, *key, reg, text) for kind, reg, text in compare_cells(b, n, ratio)]

@@ -41,8 +41,8 @@ Releases are kept apart: a row's ``release`` is the production release its Resul
 for an entry that records no release.
 
 A cell's verdict is ``error`` if any of its Results errored, else ``fail`` if any failed, else
-``skip`` if all skipped, else ``pass`` (the rule of ``check``'s rows); a cell with no Result
-takes its runs' ``check`` row (``unavailable`` with the probe's reason, or a reference-fixture
+``skip`` if all skipped, else ``pass`` (the rule of ``check``'s rows, ``Verdict.of_cases``); a cell
+with no Result takes its runs' ``check`` row (the most severe where runs disagree, ``Verdict.worst``) (``unavailable`` with the probe's reason, or a reference-fixture
 row; a Result's own ``arch`` -- a CPU kernel's x86 ISA tag, a replayed recording's GPU -- wins
 over its run's). Results of the same case from two runs of the same architecture are all kept: when their
 verdicts differ the cell is marked ``conflict`` and the case is listed in ``conflicts`` with
@@ -55,13 +55,12 @@ architecture and fails or errors on another is listed in ``divergences``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dsv4_numerics.oracles.report import SCHEMA as REPORT_SCHEMA
-from dsv4_numerics.oracles.report import Result, jsonable
+from dsv4_numerics.oracles.report import BAD, JUDGED, Result, Verdict, jsonable
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.runner.check import SCHEMA as CHECK_SCHEMA
@@ -69,7 +68,6 @@ from dsv4_numerics.runner.check import aggregate, release_label
 
 MATRIX_SCHEMA = "dsv4-numerics/matrix/1"
 RUN_KEYS = ("arch", "device", "hardware", "torch", "cuda", "triton", "staged", "git_commit", "tests")
-BAD = ("fail", "error")
 
 
 @dataclass
@@ -157,10 +155,6 @@ def _entry_info(entry: str, results: list[Result]) -> tuple[str, list[str]]:
         return fam or ("fixtures" if entry.startswith(("fixtures:", "recorded:")) else ""), []
 
 
-def _finite(v: float | None) -> bool:
-    return v is not None and not math.isnan(v)
-
-
 def _explain(r: Result) -> str:
     from dsv4_numerics.api.testing import explain_result
 
@@ -197,7 +191,7 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
                 k = f"{key} #{n}"
             v[k] = r.verdict
         conflicts = [{"case": c, "verdicts": v} for c, v in by_case.items() if len(set(v.values())) > 1]
-        judged_cases = {r.case for r in rs if r.verdict in ("pass", *BAD)}
+        judged_cases = {r.case for r in rs if r.verdict in JUDGED}
         cell = {"verdict": agg.verdict, "cases": len(by_case), "judged": len(judged_cases),
                 "worst_ulps": agg.worst_ulps, "headroom": agg.headroom, "note": agg.note or note}
         cell["results"] = [{"case": r.case, "run": lab, "policies": _policies(r), "verdict": r.verdict, "rule": r.rule,
@@ -206,8 +200,7 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
                             "outputs_sha256": (r.details or {}).get("outputs_sha256", "")} for lab, r in pairs]
     else:  # only check rows: unavailable entries, reference fixtures, broken entries
         verdicts = {lab: r.get("verdict", "error") for lab, r in rows}
-        order = ("error", "fail", "unavailable", "skip", "pass")
-        v = min(verdicts.values(), key=order.index)
+        v = Verdict.worst(verdicts.values())
         if len(set(verdicts.values())) > 1:
             conflicts = [{"case": "(row)", "verdicts": verdicts}]
         ulps = [num(r["worst_ulps"]) for _, r in rows if r.get("worst_ulps") is not None]
@@ -279,7 +272,7 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
         family, dtypes = _entry_info(entry, [r for v in pairs.get(key, {}).values() for _, r in v])
         out_rows.append({"entry": entry, "stage": stage, "release": release, "family": family, "dtypes": dtypes,
                          "cells": cells})
-        passing = [a for a, c in cells.items() if c["verdict"] == "pass"]
+        passing = [a for a, c in cells.items() if c["verdict"] == Verdict.PASS]
         failing = [a for a, c in cells.items() if c["verdict"] in BAD]
         if passing and failing:
             divergences.append({"entry": entry, "stage": stage, "release": release, "passing": passing,

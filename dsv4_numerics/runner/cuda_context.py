@@ -1,11 +1,9 @@
 """A GPU process's two ends: its CUDA primary context made early, in a background thread, and
 its interpreter's shutdown skipped at the end.
 
-Why: creating a CUDA context costs the whole host about 0.25-0.35 s of driver time that the driver
-serialises between processes (measured on a 4-GPU H100 host: 16 processes started together waited
-3.6 s each on average, 32 waited 8.0 s, 64 waited 14.8-22.7 s). Under ``pytest -n 32`` every worker
-paid that wait at its first GPU test. Started here, while the worker is still collecting (5-7 s
-of CPU work), the wait overlaps the collection instead of adding to the tests.
+Why: the driver serialises CUDA context creation between processes, so workers that start
+together wait for each other, each at its first GPU test. Started here, while the worker is still
+collecting its tests (CPU work), the wait overlaps the collection instead of adding to the tests.
 
 How: through the driver API (``cuInit``, ``cuDeviceGet``, ``cuDevicePrimaryCtxRetain``) by
 ``ctypes``, which releases the GIL for each foreign call, so the collecting thread keeps running.
@@ -115,9 +113,9 @@ def release_primary_context_soon() -> threading.Thread | None:
     """For a process that will make no more CUDA calls and then end through :func:`exit_now` (an
     xdist worker after its last test; nothing in it may touch CUDA afterwards): destroy its
     primary context now, in a daemon thread, instead of at its exit. The driver releases contexts
-    one process at a time host-wide (~85 ms each on an H200 host): 32 workers ending together
-    queued 2.7 s at the run's end, and released as each worker finishes its last test the
-    releases overlap the other workers' last tests. Returns the thread, or None when turned off
+    one process at a time host-wide: workers ending together queue at the run's end, while
+    released as each worker finishes its last test the releases overlap the other workers' last
+    tests. Returns the thread, or None when turned off
     (``DSV4_EARLY_CUDA_RELEASE=0``, or fast exit off: an ordinary shutdown still tears CUDA
     down itself), when no CUDA context exists in this process, or when started already.
     Failures are swallowed: the exit releases what is left."""

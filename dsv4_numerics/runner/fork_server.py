@@ -1,9 +1,9 @@
 """A fork server for kernel children: one process per parent with torch imported, which forks a
 ready child for each :class:`~dsv4_numerics.runner.pool.WorkerSession` start.
 
-Why: a kernel child's start-up is mostly ``import torch`` (1.2-1.5 CPU-seconds; 1.8-2.3 with the
-device context on an H200 host), and a GPU suite run starts 52-60 of them (the kernel broker's,
-the isolation tests', the CLI's): ~100 CPU-seconds of a run that is bound by its CPUs. A child
+Why: a kernel child's start-up is mostly ``import torch`` (CPU-seconds), and a GPU suite run
+starts dozens of them (the kernel broker's, the isolation tests', the CLI's), in a run that is
+bound by its CPUs. A child
 forked from a process that has imported torch -- and never initialised CUDA -- starts in a few
 milliseconds and still gets a CUDA context, an environment and a process of its own, so crash
 isolation is unchanged: a crash, a hang or a device fault takes down that child only.

@@ -4,10 +4,8 @@ broker and the isolated pools spread their children over (``worker_pool.visible_
 
 ``visible_gpu_ids()``: the inherited ``CUDA_VISIBLE_DEVICES`` list when it is set, else one id per
 ``/dev/nvidiaN`` device node, else one per ``GPU`` line of ``nvidia-smi -L``, else none. Asking
-torch instead (``torch.cuda.device_count()``) initialises the CUDA driver in the asking process:
-the xdist controller, which asks before it starts its first worker, spent 1.7 s more before that
-start on one H200 host (2.5 s against 0.8 s on an H100 host whose runs set
-``CUDA_VISIBLE_DEVICES``).
+torch instead (``torch.cuda.device_count()``) initialises the CUDA driver in the asking process,
+and the xdist controller asks before it starts its first worker: every worker would start later.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ Three things make many entries cheap (``dsv4-numerics check``, the ``kernel_resu
   stage's default cases (or loads them from an on-disk cache) and hands every child
   ``--cases FILE``; a child never rebuilds them;
 * long-lived children (:class:`WorkerSession`): a child's start-up (imports, CUDA context,
-  staged packages; ~7 s on an H200 host) is paid once per session, not once per entry, and a
+  staged packages: seconds) is paid once per session, not once per entry, and a
   child is forked from a server that imported torch once (:mod:`dsv4_numerics.runner.fork_server`;
   ``DSV4_KERNEL_FORK_SERVER=0``: started as its own ``python``);
 * several sessions at once (:class:`IsolatedPool`): ``jobs`` sessions (default
@@ -394,7 +394,6 @@ def _run_job_in(sess: WorkerSession, entry: str, case_names: list[str] | None, l
         # the log's size BEFORE the job is sent: a warm child can answer a quick job (an
         # unavailable entry's probe) before this thread looks again, and a size taken after the
         # send already counted that answer -- the job then looked silent until its time limit
-        # (a matrix item waited 300 s on a 4-H200 host for a 0.0 s job)
         size_seen = log_path.stat().st_size
         proc, err_path, err_offset = sess.send(job)
         n_seen = n0
@@ -525,8 +524,8 @@ def visible_gpus() -> list[str]:
 def default_jobs(num_gpus: int, num_entries: int, cpus: int | None = None) -> int:
     """Children run at once by default: 8 per GPU (8 with none: a child spends most of its life
     in imports, device start-up and the CPU-side reference, not on the GPU), at most one per
-    entry and one per two CPUs (``cpus``, default ``host_cpus.usable_cpus()``). Measured on one H200
-    (16 cores, 32 entries): 4 at once gave `check` 58 s, each child ~7 s of start-up."""
+    entry and one per two CPUs (``cpus``, default ``host_cpus.usable_cpus()``): a child's start-up
+    is CPU work, so more children than half the CPUs only queue for them."""
     cpus = usable_cpus() if cpus is None else cpus
     return max(1, min(8 * max(1, num_gpus), num_entries, max(1, cpus // 2)))
 
@@ -668,8 +667,8 @@ class IsolatedPool:
     def _affinity(self, slot: int, item: tuple) -> tuple[bool, int]:
         """How well queued ``item`` suits session ``slot``: whether its child's environment is the
         job's (else the child restarts), then 2 if the slot's children ran the job's entry already
-        (its imports, probe and first launches are paid: the matrix's groups of one entry measured
-        0.3-2 s more on their first case in a child), 1 if an entry of its family (the name before
+        (its imports, probe and first launches are paid: an entry's first case in a child is its
+        slowest), 1 if an entry of its family (the name before
         the first dot), 0 if neither."""
         entry = str(item[1][0])
         ran = self._ran.get(slot, ())

@@ -35,6 +35,7 @@ from dsv4_numerics.staging.vllm import (
     command_main,
     finish_manifest,
     open_manifest,
+    standins,
     wheel_identity,
     write_copy,
     write_package_markers,
@@ -95,215 +96,8 @@ def is_copied(rel: str) -> bool:
     return rel in EXTRA_COPIES
 
 
-_PKG = '"""Stand-in package marker (the real package imports the SGLang engine)."""'
-
-STANDINS = {
-    "sglang/__init__.py": '''
-        """Stand-in for sglang/__init__.py: a bare namespace (the real one imports the frontend language and engine)."""
-        __version__ = "0.5.23"
-    ''',
-    "sglang/kernels/__init__.py": '''
-        """Stand-in for sglang.kernels: a bare namespace (the real one imports every operator group)."""
-    ''',
-    "sglang/kernels/ops/__init__.py": '''
-        """Stand-in for sglang.kernels.ops: a bare namespace (the real one imports all 20 operator groups)."""
-    ''',
-    "sglang/kernels/ops/attention/__init__.py": '''
-        """Stand-in for sglang.kernels.ops.attention: a bare namespace (the real one registers every attention backend)."""
-    ''',
-    "sglang/kernels/ops/attention/dsa/__init__.py": '''
-        """Stand-in for sglang.kernels.ops.attention.dsa: a bare namespace (the real one imports the DSA indexer's
-        paged-MQA-logits kernels, DeepGEMM and CuTe-DSL); only tilelang_kernel.py is staged from it."""
-    ''',
-    "sglang/kernels/ops/kvcache/__init__.py": '''
-        """Stand-in for sglang.kernels.ops.kvcache: a bare namespace (the real one registers every KV-cache kernel)."""
-    ''',
-    "sglang/kernels/ops/quantization/__init__.py": _PKG,
-    "sglang/kernels/ops/quantization/fp8_kernel.py": '''
-        """Stand-in: is_fp8_fnuz() is False (NVIDIA, OCP E4M3FN), as the real one answers off gfx942."""
-        import torch
-
-
-        def is_fp8_fnuz() -> bool:
-            return False
-
-
-        fp8_dtype = torch.float8_e4m3fn
-    ''',
-    "sglang/srt/__init__.py": _PKG,
-    "sglang/srt/utils/__init__.py": '''
-        """Stand-in for sglang.srt.utils: the platform predicates the staged kernels import (NVIDIA CUDA)."""
-        from sglang.srt.utils.common import *  # noqa: F401,F403
-        from sglang.srt.utils.common import __all__  # noqa: F401
-    ''',
-    "sglang/srt/utils/common.py": '''
-        """Stand-in for sglang.srt.utils.common (177 kB, imports the engine): NVIDIA CUDA platform predicates only."""
-        import torch
-
-        __all__ = ["ceil_align", "ceil_div", "is_hip", "is_xpu", "is_cuda", "is_npu", "is_gfx95_supported",
-                   "is_gfx942_supported", "is_gfx1250_supported", "get_cuda_version", "async_h2d"]
-
-
-        def ceil_div(a: int, b: int) -> int:
-            return -(-a // b)
-
-
-        def ceil_align(x: int, alignment: int) -> int:
-            return ceil_div(x, alignment) * alignment
-
-
-        def is_hip() -> bool:
-            return torch.version.hip is not None
-
-
-        def is_cuda() -> bool:
-            return torch.version.cuda is not None
-
-
-        def is_xpu() -> bool:
-            return False
-
-
-        def is_npu() -> bool:
-            return False
-
-
-        def is_gfx95_supported() -> bool:
-            return False
-
-
-        def is_gfx942_supported() -> bool:
-            return False
-
-
-        def is_gfx1250_supported() -> bool:
-            return False
-
-
-        def get_cuda_version():
-            v = torch.version.cuda or "0.0"
-            return tuple(int(x) for x in v.split(".")[:2])
-
-
-        def async_h2d(*args, **kwargs):
-            raise RuntimeError("sglang.srt.utils.common.async_h2d is SGLang engine machinery: "
-                               "not available in a staged kernel folder")
-    ''',
-    "sglang/srt/layers/__init__.py": _PKG,
-    "sglang/srt/layers/attention/__init__.py": _PKG,
-    "sglang/srt/layers/attention/dsa/__init__.py": _PKG,
-    "sglang/srt/layers/attention/dsa/utils.py": '''
-        """Stand-in: the two DSA indexer names dsv4/compress.py imports (aiter preshuffle is ROCm-only: False)."""
-        INDEXER_K_CACHE_PRESHUFFLE_TILE = 16
-
-
-        def aiter_can_use_preshuffle_paged_mqa() -> bool:
-            return False
-    ''',
-    "fallback/msgspec/__init__.py": '''
-        """Stand-in for msgspec, used only where msgspec is not installed (DIR/fallback comes last on sys.path): Struct, json, DecodeError."""
-        import json as _json
-        import types as _types
-
-
-        class DecodeError(ValueError):
-            pass
-
-
-        def _fields(cls):
-            ann = {}
-            for c in reversed(cls.__mro__):
-                ann.update(vars(c).get("__annotations__", {}))
-            return tuple(k for k, v in ann.items() if not str(v).startswith(("ClassVar", "typing.ClassVar")))
-
-
-        class Struct:
-            """Record class: fields from annotations (ClassVar excluded), class attributes as defaults,
-            positional or keyword construction, frozen=True forbids assignment, array_like=True
-            encodes as a JSON list."""
-
-            __struct_fields__ = ()
-
-            def __init_subclass__(cls, frozen=False, array_like=False, **options):
-                super().__init_subclass__()
-                cls.__struct_fields__ = _fields(cls)
-                cls.__struct_frozen__ = frozen
-                cls.__struct_array_like__ = array_like
-                cls.__struct_defaults__ = {k: vars(c)[k] for c in reversed(cls.__mro__) for k in cls.__struct_fields__
-                                          if k in vars(c)}
-
-            def __init__(self, *args, **kwargs):
-                names = self.__struct_fields__
-                if len(args) > len(names):
-                    raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional arguments")
-                vals = dict(self.__struct_defaults__)
-                vals.update(zip(names, args))
-                vals.update(kwargs)
-                missing = [n for n in names if n not in vals]
-                if missing:
-                    raise TypeError(f"{type(self).__name__} missing required argument(s) {missing}")
-                for n in names:
-                    object.__setattr__(self, n, vals[n])
-
-            def __setattr__(self, name, value):
-                if getattr(type(self), "__struct_frozen__", False):
-                    raise AttributeError(f"immutable type: {type(self).__name__}")
-                object.__setattr__(self, name, value)
-
-            def _astuple(self):
-                return tuple(getattr(self, n) for n in self.__struct_fields__)
-
-            def __eq__(self, other):
-                return type(self) is type(other) and self._astuple() == other._astuple()
-
-            def __hash__(self):
-                return hash((type(self), self._astuple()))
-
-            def __repr__(self):
-                return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__struct_fields__)})"
-
-
-        def _plain(obj):
-            if isinstance(obj, Struct):
-                if obj.__struct_array_like__:
-                    return [_plain(v) for v in obj._astuple()]
-                return {n: _plain(getattr(obj, n)) for n in obj.__struct_fields__}
-            if isinstance(obj, (list, tuple)):
-                return [_plain(v) for v in obj]
-            return obj
-
-
-        def _build(tp, data):
-            args = getattr(tp, "__args__", None)
-            if args and isinstance(data, list):
-                return [_build(args[0], d) for d in data]
-            if isinstance(tp, type) and issubclass(tp, Struct):
-                return tp(*data) if isinstance(data, list) else tp(**data)
-            return data
-
-
-        def _encode(obj):
-            return _json.dumps(_plain(obj), separators=(",", ":")).encode()
-
-
-        def _decode(raw, type=None):
-            try:
-                data = _json.loads(raw)
-                return data if type is None else _build(type, data)
-            except (ValueError, TypeError) as e:
-                raise DecodeError(str(e)) from None
-
-
-        json = _types.SimpleNamespace(encode=_encode, decode=_decode)
-    ''',
-    "sglang/utils.py": '''
-        """Stand-in for sglang.utils: only is_in_ci() (the JIT test-range helper asks it)."""
-
-
-        def is_in_ci() -> bool:
-            return False
-    ''',
-}
+# The stand-ins: real source files under staging/standins/sglang/ (package data, never imported).
+STANDINS = standins("sglang")
 
 
 def check_wheel(wheel: Path) -> str:
@@ -348,7 +142,7 @@ def stage(dest: Path, wheel: Path, log=print) -> dict:
 
 
 def add_arguments(p) -> None:
-    """The ``stage-sglang`` sub-command's arguments (called by ``cli.build_parser``)."""
+    """The ``stage-sglang`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; may already hold stage-vllm parts)")
     p.add_argument("--wheel", metavar="PATH", required=True, help=f"a local sglang-{VERSION} wheel")
 

