@@ -126,27 +126,32 @@ def test_top_level_reexports_resolve_lazily():
 # the layers (by folder) and the application's own folders (by folder, module or name: an import
 # must be one of them or inside one). Derived from the imports as they are, and strict: a new
 # dependency between folders is a decision, made by editing this table.
-APP = ("api", "strategies", "runner", "plugin", "report", "staging", "inspect", "bench", "cli")
+APP = ("api", "strategies", "runner", "plugin", "report", "repro", "staging", "inspect", "bench", "cli")
 ALL_LAYERS = set(LAYERS)
 APP_ALLOWED = {
     # the public API: the layers, and the runner's public entry points only
     "api": ({"reference", "oracles", "kernels"},
-            {"runner.pool.run_isolated", "runner.case_files.save_cases", "runner.case_files.stage_cases_file"}),
+            {"runner.pool.run_isolated", "runner.child.resolve_entry", "runner.case_files.save_cases",
+             "runner.case_files.stage_cases_file", "runner.case_files.CASES_SUFFIX"}),
     # hypothesis strategies: the reference only
     "strategies": ({"reference"}, set()),
     # the runner: never the CLI or the plugin; external entries and the run metadata
     "runner": (ALL_LAYERS, {"api.external", "report.run_meta"}),
-    # the pytest plugin: the public API, the run metadata, the host's GPUs and the requirement rule
+    # the pytest plugin: the public API (isolation included), the run metadata, the host's GPUs, the
+    # requirement rule and the reproducer writer (--dsv4-repro)
     "plugin": ({"reference", "oracles", "kernels"},
-               {"api.external", "api.result_sink", "api.testing.cases", "report.run_meta", "runner.host_gpus",
-                "runner.requirements"}),
+               {"api.external", "api.isolation", "api.result_sink", "api.testing.cases", "report.run_meta",
+                "runner.host_gpus", "runner.requirements", "repro.job.make"}),
     # reports: the check report's schema and row rule, and the public explain -- no runner internals
-    "report": (ALL_LAYERS, {"runner.check.SCHEMA", "runner.check.aggregate", "api.testing.explain_result"}),
+    "report": (ALL_LAYERS, {"runner.check.SCHEMA", "runner.check.aggregate", "runner.check.release_label",
+                                "api.testing.explain_result"}),
+    # reproducers: judge a case through the public API and the runner's entry points, write the script
+    "repro": (ALL_LAYERS, {"api.callable_entry"}),
     "staging": ({"kernels"}, set()),
     "inspect": ({"reference", "oracles", "fixtures"}, set()),
     "bench": ({"reference", "kernels"}, {"runner.host_cpus"}),
     # the command line sits on top: it may use any folder but the plugin
-    "cli": (ALL_LAYERS, {"api", "inspect", "report", "runner", "staging", "bench"}),
+    "cli": (ALL_LAYERS, {"api", "inspect", "report", "repro", "runner", "staging", "bench"}),
 }
 
 
