@@ -31,7 +31,6 @@ releases the package index offers from 0.30.0 on and the one before it (``.ci/ru
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import os
 import subprocess
@@ -218,6 +217,7 @@ def child_main(argv: list[str] | None = None) -> int:
     import argparse
 
     from dsv4_numerics.kernels import staged
+    from dsv4_numerics.kernels.registry import match_patterns
     from dsv4_numerics.reference.cases import stage_cases
     from dsv4_numerics.runner import check
     from dsv4_numerics.runner.case_files import selected_case_size
@@ -250,7 +250,7 @@ def child_main(argv: list[str] | None = None) -> int:
             continue
         cases = None if size == "default" and not a.case else stage_cases(e.stage, size)
         if a.case and cases is not None:
-            cases = [k for k in cases if any(fnmatch.fnmatchcase(k.name, g) for g in a.case)]
+            cases = [k for k in cases if any(match_patterns(a.case, [k.name]).values())]
         departures += judge_departures(e, lab, cases, [r for r in results if r.entry == e.name])
     Path(a.out).write_text(json.dumps({"rows": [r.to_dict() for r in rows],
                                        "results": [r.to_dict() for r in results],

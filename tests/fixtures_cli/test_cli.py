@@ -84,7 +84,8 @@ def test_corrupt_byte_fails_verify_and_check_naming_fixture_file_offset(tmp_path
 def _check_schema(d):
     assert d["schema"] == "dsv4-numerics/check/2"
     assert set(d) == {"schema", "ok", "exit_code", "meta", "summary", "judged", "failures", "requirements", "rows",
-                      "fixtures", "results"}
+                      "fixtures", "results", "departures"}
+    assert isinstance(d["departures"], list)
     assert isinstance(d["ok"], bool) and d["exit_code"] in (0, 1)
     assert isinstance(d["judged"], int) and d["judged"] == sum(r["judged"] for r in d["rows"])
     assert d["ok"] is (d["exit_code"] == 0) and (d["judged"] > 0 or not d["ok"])
@@ -92,7 +93,8 @@ def _check_schema(d):
     assert set(d["summary"]) == set(check_mod.ROW_VERDICTS)
     for r in d["rows"]:
         assert set(r) == {"entry", "kind", "package", "stage", "cases", "judged", "verdict", "worst_ulps", "headroom",
-                          "note", "seconds"}
+                          "note", "seconds", "release", "declared_absent"}
+        assert isinstance(r["release"], str) and isinstance(r["declared_absent"], bool)
         assert isinstance(r["seconds"], float) and r["seconds"] >= 0
         assert 0 <= r["judged"] <= max(r["cases"], 0) and (r["verdict"] != "unavailable" or r["judged"] == 0)
         assert r["kind"] in ("kernel", "reference-fixtures", "recorded-fixtures")
