@@ -38,7 +38,7 @@ class GpuFact:
     uuid: str
 
 
-def _nvml_devices() -> list[GpuFact] | None:
+def nvml_devices() -> list[GpuFact] | None:
     """Every NVIDIA device in NVML's (PCI bus) order, or None where NVML cannot be used (any
     failure: no library, an error code, an NVML too old for a call)."""
     try:
@@ -102,16 +102,16 @@ def select(devices: list[GpuFact], visible: str | None, pci_order: bool) -> list
     return out
 
 
-_FOUND: dict[tuple, tuple[GpuFact, ...]] = {}  # answers per (CUDA_VISIBLE_DEVICES, PCI order); no failure kept
+FOUND_CACHE: dict[tuple, tuple[GpuFact, ...]] = {}  # answers per (CUDA_VISIBLE_DEVICES, PCI order); no failure kept
 
 
 def visible_gpus() -> list[GpuFact] | None:
     """The GPUs this process may use, device 0 first (module docstring); None: ask torch."""
     key = (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
-    if key not in _FOUND:
-        devices = _nvml_devices()
+    if key not in FOUND_CACHE:
+        devices = nvml_devices()
         got = None if devices is None else select(devices, *key)
         if got is None:
             return None
-        _FOUND[key] = tuple(got)
-    return list(_FOUND[key])
+        FOUND_CACHE[key] = tuple(got)
+    return list(FOUND_CACHE[key])

@@ -210,16 +210,16 @@ def validate_entry(entry: Any) -> list[str]:
 
 
 _ENTRIES: list[KernelEntry] | None = None
-_import = importlib.import_module  # indirection so tests can simulate a broken family module
+import_family = importlib.import_module  # indirection so tests can simulate a broken family module
 
 
-def _assemble() -> list[KernelEntry]:
+def assemble() -> list[KernelEntry]:
     out: list[KernelEntry] = []
     seen: dict[str, str] = {}
     for mod_name in FAMILY_MODULES:
         full = f"{__package__}.{mod_name}"
         try:
-            mod = _import(full)
+            mod = import_family(full)
         except ModuleNotFoundError as e:
             if e.name == full:  # the family module is not written yet: it contributes nothing
                 continue
@@ -244,7 +244,7 @@ def all_entries() -> list[KernelEntry]:
     """Every registered entry, in family order (assembled once per process)."""
     global _ENTRIES
     if _ENTRIES is None:
-        _ENTRIES = _assemble()
+        _ENTRIES = assemble()
     return list(_ENTRIES)
 
 

@@ -75,13 +75,13 @@ def _cpu_tensor(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _cpu(x: Any) -> Any:
+def to_cpu(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return _cpu_tensor(x)
     if isinstance(x, dict):
-        return {k: _cpu(v) for k, v in x.items()}
+        return {k: to_cpu(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_cpu(v) for v in x)
+        return type(x)(to_cpu(v) for v in x)
     return x
 
 
@@ -180,7 +180,7 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
                            details={"traceback": traceback.format_exc(limit=6)},
                            duration_s=time.perf_counter() - t0))
             continue
-        got = _cpu(got)  # (a device-to-host copy waits for the kernel: its time is the call's)
+        got = to_cpu(got)  # (a device-to-host copy waits for the kernel: its time is the call's)
         t_call = time.perf_counter() - t_call
         if not isinstance(got, dict):
             out.append(res(case.name, "error", rule="call", message=f"call returned {type(got).__name__}, not a dict of outputs",

@@ -397,7 +397,7 @@ def _oracle(case: Case, segs: list, **kw: Any):
     return res
 
 
-def _attn_out(res, lse: torch.Tensor | None = None) -> dict:
+def attn_out(res, lse: torch.Tensor | None = None) -> dict:
     return {"out": res.out.to(torch.bfloat16), "lse": (res.lse if lse is None else lse).to(torch.float32),
             "max_logits": res.max_logits.to(torch.float32)}
 
@@ -421,7 +421,7 @@ def _segs(case: Case) -> list:
 
 def _extra_dropped(case: Case) -> dict:
     """The compressed (extra) segment not attended: main-only decode."""
-    return _attn_out(_oracle(case, _segs(case)[:1]))
+    return attn_out(_oracle(case, _segs(case)[:1]))
 
 
 def _separate_softmaxes(case: Case) -> dict:
@@ -429,28 +429,28 @@ def _separate_softmaxes(case: Case) -> dict:
     over the union)."""
     segs = _segs(case)
     if len(segs) == 1:
-        return _attn_out(_oracle(case, segs))
+        return attn_out(_oracle(case, segs))
     parts = [_oracle(case, [s]) for s in segs]
     out = sum(p.out for p in parts)
     return {"out": out.to(torch.bfloat16), "lse": parts[0].lse.to(torch.float32)}
 
 
-def _sink_negated(case: Case) -> dict:
+def sink_negated(case: Case) -> dict:
     """Sink applied with the wrong sign (``sigmoid(lse + sink)``)."""
     sink = case.inputs.get("sink")
-    return _attn_out(_oracle(case, _segs(case), sink=None if sink is None else -sink))
+    return attn_out(_oracle(case, _segs(case), sink=None if sink is None else -sink))
 
 
 def _sink_scaled(case: Case) -> dict:
     """Sink multiplied by the softmax scale (attention 1.1, H14: the sink is never scaled)."""
     sink = case.inputs.get("sink")
-    return _attn_out(_oracle(case, _segs(case), sink=None if sink is None else sink * case.inputs["scale"]))
+    return attn_out(_oracle(case, _segs(case), sink=None if sink is None else sink * case.inputs["scale"]))
 
 
 def _lse_base2(case: Case) -> dict:
     """LSE returned in base 2 (FlashMLA README's stale claim, attention 2.1; FI SM120's convention)."""
     r = _oracle(case, _segs(case))
-    return _attn_out(r, r.lse / math.log(2.0))
+    return attn_out(r, r.lse / math.log(2.0))
 
 
 LSE_OFFSET = 2.0**-12  # the constant-offset mutant's shift (~2.4e-4: 25x the tier-A lse atol)
@@ -462,14 +462,14 @@ def _lse_sink_merged(case: Case) -> dict:
     Lonely rows and ``+-inf`` sinks keep the sink-free value, so only the tolerance, not the anomaly
     rule, can catch it."""
     r = _oracle(case, _segs(case))
-    return _attn_out(r, torch.where(torch.isfinite(r.lse) & torch.isfinite(r.lse_with_sink), r.lse_with_sink, r.lse))
+    return attn_out(r, torch.where(torch.isfinite(r.lse) & torch.isfinite(r.lse_with_sink), r.lse_with_sink, r.lse))
 
 
 def _lse_offset(case: Case) -> dict:
     """LSE off by a constant ``LSE_OFFSET`` (a stale correction term): the per-row logit allowance
     (issue 23) must not hide it."""
     r = _oracle(case, _segs(case))
-    return _attn_out(r, r.lse + LSE_OFFSET)
+    return attn_out(r, r.lse + LSE_OFFSET)
 
 
 def _lonely_nan(case: Case) -> dict:
@@ -484,7 +484,7 @@ def _lse_plus_inf_lonely(case: Case) -> dict:
     """FlashMLA's ``+inf`` empty-row LSE passed through without conversion (H1)."""
     r = _oracle(case, _segs(case))
     lse = torch.where(r.lse == -math.inf, torch.full_like(r.lse, math.inf), r.lse)
-    return _attn_out(r, lse)
+    return attn_out(r, lse)
 
 
 def _rope_dims_not_in_v(case: Case) -> dict:
@@ -498,7 +498,7 @@ def _rope_dims_not_in_v(case: Case) -> dict:
 def _topk_length_ignored(case: Case) -> dict:
     """``topk_length`` / segment lengths ignored: every column is attended (vLLM#36616)."""
     segs = [Segment(s.rows, s.idx, None, s.rule) for s in _segs(case)]
-    return _attn_out(_oracle(case, segs))
+    return attn_out(_oracle(case, segs))
 
 
 def _dense(case: Case, *, zero_invalid: bool = True, sum_bf16: bool = False) -> dict:
@@ -548,7 +548,7 @@ def _oob_clamped(case: Case) -> dict:
     ln = s.length.to(torch.int64) if s.length is not None else torch.full((idx.shape[0],), idx.shape[1])
     inpre = torch.arange(idx.shape[1])[None, :] < ln[:, None]
     clamped = torch.where(inpre & (idx != -1), idx.clamp(0, n - 1), idx)
-    return _attn_out(_oracle(case, [Segment(s.rows, clamped, s.length, s.rule)]))
+    return attn_out(_oracle(case, [Segment(s.rows, clamped, s.length, s.rule)]))
 
 
 # --------------------------------------------------------------------------- sweep dimensions (issue 23)
@@ -572,7 +572,7 @@ def _pow2_page_addressing(case: Case) -> dict:
         i = s.idx.to(torch.int64)
         moved = ((i >> sh) * bs + (i & ((1 << sh) - 1))) % s.rows.shape[0]
         idxs.append(torch.where(i >= 0, moved, i).to(s.idx.dtype))
-    return _attn_out(_oracle(case, _with_idx(segs, idxs)))
+    return attn_out(_oracle(case, _with_idx(segs, idxs)))
 
 
 TOPK_LOOP_MAX = 512  # the production DSv4 top-k (attention 1.1): a loop bound compiled for it
@@ -587,7 +587,7 @@ def _topk_tail_dropped(case: Case) -> dict:
         i = s.idx.clone()
         i[:, TOPK_LOOP_MAX:] = -1
         idxs.append(i)
-    return _attn_out(_oracle(case, _with_idx(segs, idxs)))
+    return attn_out(_oracle(case, _with_idx(segs, idxs)))
 
 
 def _empty_main_row_skipped(case: Case) -> dict:
@@ -597,18 +597,18 @@ def _empty_main_row_skipped(case: Case) -> dict:
 
     segs = _segs(case)
     if len(segs) == 1:
-        return _attn_out(_oracle(case, segs))
+        return attn_out(_oracle(case, segs))
     T = segs[0].idx.shape[0]
     empty = ~segment_validity(segs[:1], T).any(dim=1)
     extra = segs[1].idx.masked_fill(empty[:, None], -1)
-    return _attn_out(_oracle(case, _with_idx(segs, [segs[0].idx, extra])))
+    return attn_out(_oracle(case, _with_idx(segs, [segs[0].idx, extra])))
 
 
 def _dequant_fp16(case: Case) -> dict:
     """K/V dequantised into float16 (FP8 code x scale in a 5-bit-exponent type): exact for the
     simulated magnitudes, overflowing above 65504 and losing bits below 2**-14."""
     segs = [Segment(s.rows.to(torch.float16).to(torch.float64), s.idx, s.length, s.rule) for s in _segs(case)]
-    return _attn_out(_oracle(case, segs))
+    return attn_out(_oracle(case, segs))
 
 
 FP32_EXP_OVERFLOW = math.log(torch.finfo(torch.float32).max)  # 88.72: exp overflows to inf above it
@@ -738,7 +738,7 @@ def _v41_gather_with(layout: str = "interleaved", swap_nibbles: bool = False, wi
         out, valid = cache_v41.gather(inp["cache"], inp["block_table"], seq, inp["block_size"], inp["record"], layout,
                                       gl, consumer="triton", offset=inp.get("offset", 0))
         if swap_nibbles or scale_bias != 127:
-            nb, bs, _ = cache_v41.cache_geometry("mutant", inp["cache"], inp["block_size"], cache_v41._record("m", inp["record"]))
+            nb, bs, _ = cache_v41.cache_geometry("mutant", inp["cache"], inp["block_size"], cache_v41.as_record("m", inp["record"]))
             plan = gather_plan("mutant", inp["block_table"], inp["seq_lens"], bs, nb, gl, inp.get("offset", 0))
             data, scales = cache_v41.read_records(inp["cache"], plan.slot, bs, inp["record"], layout)
             if swap_nibbles and inp["record"] == "nvfp4_288":
@@ -794,7 +794,7 @@ def _v41_reader(main: dict | None = None, extra: dict | None = None, extra_layou
         else:
             ws = torch.cat(rows if prefill_swapped else rows[::-1])
             segs = [Segment(ws, inp["indices"], inp["topk_length"], rule)]
-        return _attn_out(_oracle(case, segs))
+        return attn_out(_oracle(case, segs))
 
     return call
 
@@ -941,7 +941,7 @@ MUTANTS: list[MutantEntry] = [
     _m("extra_segment_dropped", "decode", "compressed segment not attended (attention 2.6)", _extra_dropped),
     _m("segments_separate_softmax", "decode", "one softmax per segment instead of over the union (attention 2.6)",
        _separate_softmaxes),
-    _m("sink_wrong_sign", "decode", "sigmoid(lse + sink) (attention 2.3)", _sink_negated),
+    _m("sink_wrong_sign", "decode", "sigmoid(lse + sink) (attention 2.3)", sink_negated),
     _m("sink_scaled", "decode", "sink multiplied by the softmax scale (H14)", _sink_scaled),
     _m("lse_base2", "decode", "LSE returned in base 2 (FlashMLA README, H1)", _lse_base2),
     _m("lse_plus_inf_lonely_unconverted", "decode", "FlashMLA's +inf empty-row LSE not converted (H1)", _lse_plus_inf_lonely),

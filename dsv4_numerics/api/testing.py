@@ -98,7 +98,7 @@ def cases(stage: str, *, size: str = "default") -> list[Case]:
     return out[:SMALL_CASES] if size == "small" else out
 
 
-def _case_list(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[Case]:
+def resolve_cases(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[Case]:
     if given is None:
         return default_cases(stage)
     if isinstance(given, (str, Case)) or not isinstance(given, Iterable):
@@ -116,7 +116,7 @@ def _case_list(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[C
     return out
 
 
-def _entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[Case],
+def build_entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[Case],
            name: str | None) -> JudgedEntry:
     pol = check_policies(fn_name, policies)
     if is_entry_like(fn):
@@ -165,8 +165,8 @@ def judge(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, cas
     report (``dsv4_numerics.api.result_sink``), whatever the test does next.
     """
     _stage("judge", stage)
-    case_list = _case_list("judge", stage, cases)
-    entry = _entry("judge", fn, stage, policies, case_list, name)
+    case_list = resolve_cases("judge", stage, cases)
+    entry = build_entry("judge", fn, stage, policies, case_list, name)
     results = _run(entry, case_list, device, arch, tolerances, "judge")
     publish(results)  # to the pytest plugin's per-test sink, if any: they reach --dsv4-report even if the test fails
     return results
@@ -317,8 +317,8 @@ def explain(fn: Kernel, stage: str, *, policies: dict[str, Any] | None = None, c
     from dsv4_numerics.api.policy_search import search
 
     _stage("explain", stage)
-    case_list = _case_list("explain", stage, cases)
-    entry = _entry("explain", fn, stage, policies, case_list, name)
+    case_list = resolve_cases("explain", stage, cases)
+    entry = build_entry("explain", fn, stage, policies, case_list, name)
     _run(entry, [], device, arch, tolerances, "explain")  # argument checks only
     return search(entry, case_list, device=device, arch=arch, tolerances=tolerances)
 

@@ -525,7 +525,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     if not config.pluginmanager.hasplugin("dsession"):
-        _write_report(config, st, path, int(session.exitstatus))
+        write_report(config, st, path, int(session.exitstatus))
         return
     # The xdist controller: its own sessionfinish (after this one) tells the workers to exit and
     # waits for them -- seconds, the driver releasing their CUDA contexts one process at a time.
@@ -535,7 +535,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     def write(status: int = int(session.exitstatus)) -> None:
         try:
-            _write_report(config, st, path, status)
+            write_report(config, st, path, status)
         except BaseException as e:  # noqa: BLE001 - raised again at unconfigure
             st.writer_error.append(e)
 
@@ -588,7 +588,7 @@ def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
     return every, judged
 
 
-def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
+def write_report(config, st: _State, path: str, exitstatus: int) -> None:
     from dsv4_numerics.oracles.report import write_json
     from dsv4_numerics.report.run_meta import run_metadata
 

@@ -213,7 +213,7 @@ def maybe_start(workers: int) -> KernelBroker | None:
 
 # ----------------------------------------------------------------------------- a worker's side
 
-_CONN: dict = {}  # {broker address: this process's connection to it}
+CONNECTIONS: dict = {}  # {broker address: this process's connection to it}
 _CONN_LOCK = threading.Lock()
 
 
@@ -225,17 +225,17 @@ def available() -> bool:
 def _request(req: dict) -> dict:
     address = os.environ.get(ADDRESS_ENV, "")
     with _CONN_LOCK:
-        if address not in _CONN:
+        if address not in CONNECTIONS:
             try:
-                _CONN[address] = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ[KEY_ENV]))
+                CONNECTIONS[address] = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ[KEY_ENV]))
             except (KeyError, ValueError, OSError) as e:
                 raise BrokerUnreachable(f"no kernel broker at {address!r}: {type(e).__name__}: {e}") from e
-        conn = _CONN[address]
+        conn = CONNECTIONS[address]
         try:
             conn.send(req)
             reply = conn.recv()
         except (OSError, EOFError) as e:
-            del _CONN[address]
+            del CONNECTIONS[address]
             raise BrokerUnreachable(f"the kernel broker went away: {type(e).__name__}: {e}") from e
     if not reply.get("ok"):
         raise BrokerError(f"the kernel broker could not run the job:\n{reply.get('error')}")

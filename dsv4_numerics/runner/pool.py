@@ -80,7 +80,7 @@ DEFAULT_STARTUP_TIMEOUT_S = float(os.environ.get("DSV4_KERNEL_STARTUP_TIMEOUT", 
 
 def _reuse_default() -> bool:
     return os.environ.get("DSV4_KERNEL_REUSE", "1").strip().lower() not in ("0", "off", "no", "false")
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]  # dsv4_numerics/runner/pool.py -> the checkout (or site-packages)
 
 
 UNAVAILABLE = "<unavailable>"  # run_isolated's result key when a probing job found the entry unavailable
@@ -132,7 +132,7 @@ _LIVE_SESSIONS: "weakref.WeakSet[WorkerSession]" = weakref.WeakSet()
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 
 
-def _child_env(env: dict | None) -> dict:
+def child_environment(env: dict | None) -> dict:
     """The environment a child gets: ``env`` (None: this process's) without
     :data:`VOLATILE_ENV`, with the repository root first on ``PYTHONPATH`` (so
     ``tests.kernels...`` fake entries import in the child) and ``PYTHONUNBUFFERED=1`` unless set."""
@@ -163,7 +163,7 @@ class WorkerSession:
 
     def __init__(self, env: dict | None = None, workdir: str | None = None, prefix: str = "child",
                  reuse: bool | None = None):
-        self._env = _child_env(env)
+        self._env = child_environment(env)
         self.reuse = _reuse_default() if reuse is None else bool(reuse)
         self._dir = Path(workdir or tempfile.mkdtemp(prefix="dsv4-session-"))
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +193,7 @@ class WorkerSession:
     def use_env(self, env: dict | None) -> None:
         """Jobs from now on run with ``env`` (None: this process's environment now): a live child
         with another environment is ended first (gracefully: it is idle between jobs)."""
-        want = _child_env(env)
+        want = child_environment(env)
         with self._lock:
             if want != self._env:
                 self._end_child(grace_s=5.0)
@@ -673,7 +673,7 @@ class IsolatedPool:
         # every queued job for every rival at each wake-up)
         want = self._job_env.get((slot, item[0]))
         if want is None:
-            want = self._job_env[(slot, item[0])] = _child_env(self._slot_env(slot, item[3]))
+            want = self._job_env[(slot, item[0])] = child_environment(self._slot_env(slot, item[3]))
         return want == self.sessions[slot].env, score
 
     def _pick(self, slot: int) -> int | None:

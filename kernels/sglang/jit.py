@@ -146,7 +146,7 @@ def ninja_reason() -> str | None:
     return "ninja not found on PATH: SGLang's JIT builds run `ninja -f build.ninja` (SG:kernels/jit/utils/compile/ninja.py)"
 
 
-def _wheel_hint(module: str, dist: str) -> Callable[[], "str | None"]:
+def wheel_hint(module: str, dist: str) -> Callable[[], "str | None"]:
     def probe() -> str | None:
         reason = P.module_reason(module, dist)
         if reason is None:
@@ -171,8 +171,8 @@ def _jit_probe(module: str) -> P.Probe:
         lambda: staged_reason(module),
         nvcc_reason,
         ninja_reason,
-        _wheel_hint("tvm_ffi", "apache-tvm-ffi"),
-        _wheel_hint("msgspec", "msgspec"),
+        wheel_hint("tvm_ffi", "apache-tvm-ffi"),
+        wheel_hint("msgspec", "msgspec"),
         P.needs_import(module),
     )
 
@@ -180,13 +180,13 @@ def _jit_probe(module: str) -> P.Probe:
 _TILELANG_PROBE = P.chain(
     P.needs_arch(*_TILELANG_ARCHS),
     lambda: staged_reason(TILELANG_MODULE),
-    _wheel_hint("tvm_ffi", "apache-tvm-ffi"),
-    _wheel_hint("tilelang", "tilelang"),
+    wheel_hint("tvm_ffi", "apache-tvm-ffi"),
+    wheel_hint("tilelang", "tilelang"),
     P.needs_import(TILELANG_MODULE),
 )
 
 
-def _module(name: str):
+def jit_module(name: str):
     from importlib import import_module
 
     return import_module(name)
@@ -320,7 +320,7 @@ def rope_args(inputs: dict, inverse: bool) -> dict:
 def _store_call(layout_of: Callable[[dict], str]):
     def call(case: Case) -> dict:
         a = store_args(case.inputs, layout_of(case.inputs))
-        _module(STORE_MODULE).fused_store_cache(a["input"], a["cache"], a["indices"], page_size=a["page_size"],
+        jit_module(STORE_MODULE).fused_store_cache(a["input"], a["cache"], a["indices"], page_size=a["page_size"],
                                                 type="flashmla", layout=a["layout"])
         return {"cache": a["_finish"]()}
 
@@ -330,7 +330,7 @@ def _store_call(layout_of: Callable[[dict], str]):
 def _rope_call(inverse: bool):
     def call(case: Case) -> dict:
         a = rope_args(case.inputs, inverse)
-        _module(ROPE_MODULE).fused_rope_inplace(a["q"], None, a["freqs_cis"], a["positions"], inverse=a["inverse"])
+        jit_module(ROPE_MODULE).fused_rope_inplace(a["q"], None, a["freqs_cis"], a["positions"], inverse=a["inverse"])
         return {"out": a["_x"].reshape(a["_shape"])}
 
     return call
@@ -347,7 +347,7 @@ def tilelang_decode_call(case: Case) -> dict:
     driven as FlashMLA's decode (``flashmla.sparse_decode_call``; module docstring)."""
     from dsv4_numerics.kernels.flashmla.sparse import sparse_decode_call
 
-    fwd = _module(TILELANG_MODULE).dpsk_v4_fp8_attention_fwd
+    fwd = jit_module(TILELANG_MODULE).dpsk_v4_fp8_attention_fwd
     return sparse_decode_call(case, 1, attend=fwd, who="SGLang's TileLang decode", check=_tilelang_pages,
                               fn="sglang.tilelang_decode")
 

@@ -171,7 +171,7 @@ def _op_probe(key: str):
     return probe
 
 
-def _op(key: str):
+def cuda_op(key: str):
     reason = _op_probe(key)()
     if reason:
         raise RuntimeError(f"vllm_cuda: {OPS[key]} cannot run here: {reason}")
@@ -201,7 +201,7 @@ def clone_storage(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, int]:
+def cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, int]:
     """Validate a canonical 584-byte cache; return ``(num_blocks, page_stride)``."""
     check_dtype(fn, "cache", cache, (torch.uint8,))
     check_rank(fn, "cache", cache, (2, 3, 4))
@@ -234,14 +234,14 @@ def _cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int,
 def paged_cache_2d(cache: torch.Tensor, block_size: int) -> torch.Tensor:
     """``[num_blocks, page_stride]`` uint8 view (no copy) of a canonical 584-byte cache: what
     ``swa_kv_cache.view(swa_kv_cache.shape[0], -1)`` hands the SWA writer (attention.py:803)."""
-    nb, page = _cache_geometry("paged_cache_2d", cache, block_size)
+    nb, page = cache_geometry("paged_cache_2d", cache, block_size)
     return torch.as_strided(cache, (nb, page), (page, 1), cache.storage_offset())
 
 
 def paged_cache_3d(cache: torch.Tensor, block_size: int) -> torch.Tensor:
     """``[num_blocks, bs, 584]`` uint8 kernel view with strides ``(page_stride, 584, 1)`` (no copy):
     the layer's ``kv_cache`` as vLLM's Triton kernels and the KV-only op receive it."""
-    nb, page = _cache_geometry("paged_cache_3d", cache, block_size)
+    nb, page = cache_geometry("paged_cache_3d", cache, block_size)
     return torch.as_strided(cache, (nb, block_size, RECORD_BYTES), (page, RECORD_BYTES, 1),
                             cache.storage_offset())
 
@@ -268,7 +268,7 @@ def writable_pages(cache: torch.Tensor, block_size: int, align: int) -> tuple[to
     original stride."""
     fn = "writable_pages"
     check_int(fn, "align", align, minimum=1)
-    nb, page = _cache_geometry(fn, cache, block_size)
+    nb, page = cache_geometry(fn, cache, block_size)
     out = clone_storage(cache)
     pages = paged_cache_2d(out, block_size)
     if page % align == 0 and pages.data_ptr() % align == 0:
@@ -291,7 +291,7 @@ def readable_pages(cache: torch.Tensor, block_size: int, align: int) -> torch.Te
     with ``page_stride' = round_up(page_stride, align)`` holding the same record bytes."""
     fn = "readable_pages"
     check_int(fn, "align", align, minimum=1)
-    nb, page = _cache_geometry(fn, cache, block_size)
+    nb, page = cache_geometry(fn, cache, block_size)
     view = paged_cache_3d(cache, block_size)
     if page % align == 0 and view.data_ptr() % align == 0:
         return view
@@ -453,14 +453,14 @@ def plain_write_args(inputs: dict, layout: str) -> dict:
 
 def _call_swa(case: Case) -> dict:
     a = swa_write_args(case.inputs)
-    _op("swa")(a["q_in"], a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"],
+    cuda_op("swa")(a["q_in"], a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"],
                a["cos_sin_cache"], a["q_head_padded"], a["eps"], a["cache_block_size"])
     return {"cache": a["_finish"]()}
 
 
 def _call_kv_only(case: Case) -> dict:
     a = kv_rope_insert_args(case.inputs)
-    _op("kv_only")(a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"], a["cos_sin_cache"],
+    cuda_op("kv_only")(a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"], a["cos_sin_cache"],
                    a["cache_block_size"], a["fp8_scale"], a["kv_mxfp8"])
     return {"cache": a["_finish"]()}
 
@@ -469,10 +469,10 @@ def _call_plain(layout: str):
     def call(case: Case) -> dict:
         a = plain_write_args(case.inputs, layout)
         if layout == "bf16":
-            _op("bf16")(a["q"], a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"],
+            cuda_op("bf16")(a["q"], a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"],
                         a["cos_sin_cache"], a["eps"], a["cache_block_size"])
         else:
-            _op("fp8")(a["q"], a["kv"], a["q_fp8"], a["k_cache"], a["slot_mapping"], a["position_ids"],
+            cuda_op("fp8")(a["q"], a["kv"], a["q_fp8"], a["k_cache"], a["slot_mapping"], a["position_ids"],
                        a["cos_sin_cache"], a["fp8_scale"], a["q_fp8_scale_inv"], a["eps"],
                        a["cache_block_size"])
         return {"cache": a["_out"]}

@@ -9,8 +9,8 @@ from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import Fp8Decode, Fp8Flavour, Ue8m0Consumer
 
-from .core import (_ATTN_DEFAULTS, _ATTN_OUTPUTS, FAST, ORDERED, JudgeScope, StageSpec, Verdict, _attention_outputs,
-                   _index_rule, _pol, judge_attention, prefill_segments, register)
+from .core import (ATTN_DEFAULTS, ATTN_OUTPUTS, FAST, ORDERED, JudgeScope, StageSpec, Verdict, attention_outputs,
+                   index_rule_of, policy_value, judge_attention, prefill_segments, register)
 
 
 def decode_segments(case: Case, policies: dict, device: str | torch.device | None = None) -> list:
@@ -26,15 +26,15 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
     def on(x):
         return x if x is None or device is None else x.to(device)
 
-    rule = IndexRule(_index_rule(case, policies))
-    read = _pol(policies, "fp8_decode", Fp8Decode.EXACT.value)
+    rule = IndexRule(index_rule_of(case, policies))
+    read = policy_value(policies, "fp8_decode", Fp8Decode.EXACT.value)
     main_rows = cache_model1.dequantize_all(on(inp["swa_cache"]), inp["swa_block_size"],
-                                            flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
-                                            consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value), read=read)
+                                            flavour=policy_value(policies, "fp8", Fp8Flavour.E4M3FN.value),
+                                            consumer=policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value), read=read)
     segs = [Segment(main_rows, on(inp["swa_indices"]), on(inp.get("swa_lens")), rule)]
     if "extra_cache" in inp:  # the compressed cache is OCP on every platform (datapath 2.3, H8)
         extra_rows = cache_model1.dequantize_all(on(inp["extra_cache"]), inp["extra_block_size"],
-                                                 consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value),
+                                                 consumer=policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value),
                                                  read=read)
         segs.append(Segment(extra_rows, on(inp["extra_indices"]), on(inp.get("extra_lens")), rule))
     return segs
@@ -42,21 +42,21 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
 
 def _expected_decode(case: Case, policies: dict) -> dict:
     # under the fast oracle the caches are dequantised where the attention runs (the kernel's device)
-    dev = _pol(policies, "oracle_device", "cpu") if _pol(policies, "oracle", ORDERED) == FAST else None
-    return _attention_outputs(case, policies, case.inputs["q"], decode_segments(case, policies, dev))
+    dev = policy_value(policies, "oracle_device", "cpu") if policy_value(policies, "oracle", ORDERED) == FAST else None
+    return attention_outputs(case, policies, case.inputs["q"], decode_segments(case, policies, dev))
 
 
-def _expected_prefill(case: Case, policies: dict) -> dict:
-    return _attention_outputs(case, policies, case.inputs["q"], prefill_segments(case, policies))
+def expected_prefill(case: Case, policies: dict) -> dict:
+    return attention_outputs(case, policies, case.inputs["q"], prefill_segments(case, policies))
 
 
 def _judge_attention_stage(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
-    return judge_attention(case, expected, got, scope, _ATTN_OUTPUTS)
+    return judge_attention(case, expected, got, scope, ATTN_OUTPUTS)
 
 
-register(StageSpec("decode", "numeric", _ATTN_OUTPUTS,
-                   dict(_ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
+register(StageSpec("decode", "numeric", ATTN_OUTPUTS,
+                   dict(ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
                    _expected_decode, _judge_attention_stage,
                    "sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
-register(StageSpec("prefill", "numeric", _ATTN_OUTPUTS, dict(_ATTN_DEFAULTS), _expected_prefill, _judge_attention_stage,
+register(StageSpec("prefill", "numeric", ATTN_OUTPUTS, dict(ATTN_DEFAULTS), expected_prefill, _judge_attention_stage,
                    "sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))

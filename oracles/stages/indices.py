@@ -8,7 +8,7 @@ import math
 from dsv4_numerics.reference.cases import Case
 
 from .. import bytes_diff as bd
-from .core import JudgeScope, StageSpec, Verdict, _missing, register
+from .core import JudgeScope, StageSpec, Verdict, missing_verdict, register
 
 # --------------------------------------------------------------------------- index stages
 
@@ -26,7 +26,7 @@ def _judge_index(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ve
         if name.startswith("_"):
             continue
         if name not in got:
-            return _missing(name, got)
+            return missing_verdict(name, got)
         rep = bd.diff_index(e, got[name], name=name)
         reports[name] = rep.to_dict()
         if not rep.passed:

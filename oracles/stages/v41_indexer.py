@@ -19,7 +19,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexerKScale, RopeArithmetic
 
-from .core import JudgeScope, StageSpec, Verdict, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, policy_value, register
 
 __all__ = ["V41_INDEXER_DEFAULTS"]
 
@@ -27,12 +27,12 @@ V41_INDEXER_DEFAULTS = {"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_
 
 
 def _expected(case: Case, policies: dict) -> dict:
-    if _pol(policies, "indexer_k_scale", IndexerKScale.FP32.value) != IndexerKScale.FP32.value:
+    if policy_value(policies, "indexer_k_scale", IndexerKScale.FP32.value) != IndexerKScale.FP32.value:
         raise UnsupportedCase("indexer_k_scale=ue8m0_x4 (pack_ue8m0_x4 scales) is not modelled")
     i = case.inputs
     return {"cache": insert_indexer_k(i["cache"], i["k_pre"], i["positions"], i["cos_sin"], i["weight"], i["eps"],
                                       i["slots"], i["compress_ratio"], i["record"],
-                                      _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))}
+                                      policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))}
 
 
 def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:

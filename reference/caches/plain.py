@@ -13,7 +13,7 @@ Two layouts, both ``[num_blocks, bs, 512]`` token-strided, global slot ``s`` at 
 
 Arithmetic: ``fl32(1 / kv_scale)`` and ``fl32(x * inv)`` are emulated as float64 results rounded
 once to fp32 (the float64 product of two fp32 values is exact; the float64 quotient rounded to
-fp32 is the correctly rounded fp32 quotient, see ``quant._fl32_div``), then the FP8 RNE encoder:
+fp32 is the correctly rounded fp32 quotient, see ``quant.fl32_div``), then the FP8 RNE encoder:
 the same two roundings as the kernel, bit for bit. Caches may be ``uint8`` or
 ``torch.float8_e4m3fn`` (FP8 rows) and ``bfloat16`` (bf16 rows); inserts return a new tensor with
 the input's sizes and strides, bytes outside written rows unchanged.
@@ -25,7 +25,7 @@ import torch
 
 from ..constants import E4M3_MAX, HEAD_DIM
 from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
-from ..formats.fp8 import _validate_nonfinite, decode_e4m3fn, encode_e4m3fn
+from ..formats.fp8 import validate_nonfinite, decode_e4m3fn, encode_e4m3fn
 from ..policies import NonFinite, SlotSkip
 
 __all__ = [
@@ -169,7 +169,7 @@ def encode_fp8_rows(x: torch.Tensor, kv_scale: float = 1.0, round_to_bf16_first:
     fn = "encode_fp8_rows"
     _check_rows(fn, "x", x)
     s = _check_kv_scale(fn, kv_scale)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     if not isinstance(round_to_bf16_first, bool):
         fail(fn, "round_to_bf16_first", "must be a bool", type(round_to_bf16_first).__name__)
     q = x.to(torch.bfloat16) if round_to_bf16_first else x

@@ -600,7 +600,7 @@ def test_adapters_plumb_every_default_case_into_reference_fakes(entry_name, monk
     assert ran > 0, f"{entry_name} ran no default case"
 
 
-def _fake_compressor(monkeypatch):
+def fake_compressor(monkeypatch):
     """compress_norm_rope_store_triton with the production signature, computed by the reference
     from the paged state it is handed (window rows through the block table)."""
     import sys
@@ -639,7 +639,7 @@ def test_compressor_adapter_plumbing_with_a_reference_fake(monkeypatch):
     from dsv4_numerics.kernels import registry
     from tests.kernels.test_fuzz_writers import C4_PROD, CompressorSpec, assert_compressor_within_tier, compressor_expected
 
-    _fake_compressor(monkeypatch)
+    fake_compressor(monkeypatch)
     entry = registry.get("vllm_triton.compress_norm_rope_store")
     for spec in (C4_PROD, CompressorSpec(4, (13,), (6,), 3, 3, 9, padding=(5,))):
         want, slots, bound = compressor_expected(spec)

@@ -72,9 +72,9 @@ def test_no_nvml_or_a_failing_one_means_ask_torch_and_is_not_remembered(monkeypa
     shim = types.SimpleNamespace(**{k: getattr(ctypes, k) for k in dir(ctypes) if not k.startswith("__")})
     shim.CDLL = broken
     monkeypatch.setattr(gpu_facts, "ctypes", shim)
-    monkeypatch.setattr(gpu_facts, "_FOUND", {})
-    assert gpu_facts._nvml_devices() is None and gpu_facts.visible_gpus() is None
-    assert gpu_facts._FOUND == {}
-    monkeypatch.setattr(gpu_facts, "_nvml_devices", lambda: [H200, H200B])
+    monkeypatch.setattr(gpu_facts, "FOUND_CACHE", {})
+    assert gpu_facts.nvml_devices() is None and gpu_facts.visible_gpus() is None
+    assert gpu_facts.FOUND_CACHE == {}
+    monkeypatch.setattr(gpu_facts, "nvml_devices", lambda: [H200, H200B])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert gpu_facts.visible_gpus() == [H200B] and len(gpu_facts._FOUND) == 1
+    assert gpu_facts.visible_gpus() == [H200B] and len(gpu_facts.FOUND_CACHE) == 1

@@ -100,15 +100,15 @@ def test_markers_follow_archs():
 
 def test_assembly_skips_unwritten_families_but_not_broken_ones(monkeypatch):
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("no_such_family_zz",))
-    assert registry._assemble() == []
+    assert registry.assemble() == []
 
     def bad_import(name, *a, **k):  # the family module exists but one of *its* imports is missing
         raise ModuleNotFoundError("No module named 'some_dependency'", name="some_dependency")
 
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("_broken_fam",))
-    monkeypatch.setattr(registry, "_import", bad_import)
+    monkeypatch.setattr(registry, "import_family", bad_import)
     with pytest.raises(ModuleNotFoundError, match="some_dependency"):
-        registry._assemble()
+        registry.assemble()
 
 
 def test_assembly_rejects_duplicate_names(monkeypatch):
@@ -117,7 +117,7 @@ def test_assembly_rejects_duplicate_names(monkeypatch):
     monkeypatch.setitem(sys.modules, "dsv4_numerics.kernels._dup_fam", fam)
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("_dup_fam",))
     with pytest.raises(RuntimeError, match="defined twice"):
-        registry._assemble()
+        registry.assemble()
 
 
 # ----------------------------------------------------------------------------- probes

@@ -676,7 +676,7 @@ def cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, 
     return nb, block_size, p
 
 
-def _flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
+def flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
     """1-D uint8 view of the ``nb * p`` page bytes backing ``cache`` (writes go to ``cache``)."""
     return torch.as_strided(cache, (nb * p,), (1,), cache.storage_offset())
 
@@ -705,7 +705,7 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int) -> tu
     return page * page_stride + e * DATA_ROW_BYTES, page * page_stride + block_size * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
 
 
-def _clone_cache(cache: torch.Tensor) -> torch.Tensor:
+def clone_cache(cache: torch.Tensor) -> torch.Tensor:
     """Copy of ``cache`` with the same sizes, strides and storage offset (page tails kept)."""
     storage = cache.untyped_storage().clone()
     out = torch.empty(0, dtype=torch.uint8, device=cache.device)
@@ -859,8 +859,8 @@ def insert(
     if written.numel() != torch.unique(written).numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][tokens.to(k.device)], rule, flavour, nonfinite, clamp)
-    out = _clone_cache(cache)
-    flat = _flat_bytes(out, nb, p)
+    out = clone_cache(cache)
+    flat = flat_bytes(out, nb, p)
     d_addr, s_addr = slot_addresses(written, bs, p)
     dev = cache.device
     d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(dev)
@@ -877,7 +877,7 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> t
     s = _check_slots(fn, "slots", slots).to("cpu")
     if bool(((s < 0) | (s >= nb * bs)).any()):
         fail(fn, "slots", f"must lie in [0, num_blocks*block_size = {nb * bs})")
-    flat = _flat_bytes(cache, nb, p)
+    flat = flat_bytes(cache, nb, p)
     d_addr, s_addr = slot_addresses(s, bs, p)
     d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(cache.device)
     s_idx = (s_addr.unsqueeze(1) + torch.arange(SCALE_ROW_BYTES)).to(cache.device)
