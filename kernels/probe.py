@@ -129,7 +129,7 @@ def gpu_info() -> GpuInfo:
     except ImportError as e:  # pragma: no cover - torch is a hard dependency
         return GpuInfo(False, why=f"torch not importable ({e})")
     if torch.version.cuda is not None:  # NVML first: the name and capability without initialising CUDA
-        facts = gpu_facts.visible_gpus()
+        facts = gpu_facts.visible_gpu_facts()
         if facts is not None:
             if not facts:
                 return GpuInfo(False, why=f"no GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda}; "

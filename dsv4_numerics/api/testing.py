@@ -39,7 +39,6 @@ values are an ``InputError`` naming the known ones.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable, Union
 
 import torch
@@ -47,6 +46,7 @@ import torch
 from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.bytes_diff import BytesReport, Difference
+from dsv4_numerics.oracles.text import format_number
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.oracles.tolerances import Tolerances
@@ -180,8 +180,7 @@ def _f(v: Any) -> str:
         return "-"
     if isinstance(v, str):
         return v
-    v = float(v)
-    return "inf" if math.isinf(v) and v > 0 else f"{v:.3g}"
+    return format_number(v)
 
 
 def _is_bytes_report(d: Any) -> bool:

@@ -69,6 +69,7 @@ from typing import Any
 from dsv4_numerics.runner import fork_server  # noqa: F401 - first: its exit handler (end the servers) runs after ours (end the sessions)
 from dsv4_numerics.runner.case_files import stage_cases_file
 from dsv4_numerics.runner.host_cpus import usable_cpus
+from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 from dsv4_numerics.runner.child import CHILD_DEVICE_ENV, EXIT_POISONED, STDERR_TAIL
 
 DEFAULT_CASE_TIMEOUT_S = float(os.environ.get("DSV4_KERNEL_CASE_TIMEOUT", "180"))
@@ -498,24 +499,6 @@ def _tail(path: Path, offset: int) -> str:
 
 # ----------------------------------------------------------------------------- many children at once
 
-def visible_gpus() -> list[str]:
-    """The GPU ids this process may hand to children as ``CUDA_VISIBLE_DEVICES``:
-    ``host_gpus.visible_gpu_ids()`` (the inherited ``CUDA_VISIBLE_DEVICES`` list, else the NVIDIA
-    device nodes; no CUDA initialised), else, where that finds none (a ROCm host),
-    ``0 .. torch.cuda.device_count() - 1``."""
-    from dsv4_numerics.runner.host_gpus import visible_gpu_ids
-
-    ids = visible_gpu_ids()
-    if ids or os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-        return ids
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001
-        return []
-
-
 def default_jobs(num_gpus: int, num_entries: int, cpus: int | None = None) -> int:
     """Children run at once by default: 8 per GPU (8 with none: a child spends most of its life
     in imports, device start-up and the CPU-side reference, not on the GPU), at most one per
@@ -529,7 +512,7 @@ class IsolatedPool:
     """Run :func:`run_isolated` for several entries at once, in ``jobs`` long-lived children
     (:class:`WorkerSession`); results in submission order.
 
-    ``device``: ``"cuda"`` spreads the sessions over :func:`visible_gpus` (session ``i`` is pinned
+    ``device``: ``"cuda"`` spreads the sessions over :func:`~dsv4_numerics.runner.host_gpus.visible_gpu_ids` (``torch_fallback=True``) (session ``i`` is pinned
     for its life to GPU ``i mod n`` with ``CUDA_VISIBLE_DEVICES``, so its child sees it as
     ``cuda:0``); an explicit device (``"cuda:1"``, ``"cpu"``) runs every child on it with the
     inherited visibility, unless ``gpus`` (ids) is given: then the sessions are spread over those
@@ -558,7 +541,7 @@ class IsolatedPool:
                  workdir: str | None = None):
         dev = str(device)
         self.device = dev
-        self._spread: list[str] = list(gpus) if gpus is not None else (visible_gpus() if dev == "cuda" else [])
+        self._spread: list[str] = list(gpus) if gpus is not None else (visible_gpu_ids(torch_fallback=True) if dev == "cuda" else [])
         if jobs is not None and int(jobs) < 1:
             from dsv4_numerics.reference.errors import InputError
 

@@ -60,7 +60,9 @@ import torch
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.constants import HEAD_DIM, RECORD_BYTES, ROPE_DIM
 from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_dtype, check_int, check_rank, fail
+from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmetic, ScaleRule, SlotSkip
+from dsv4_numerics.reference.storage import clone_storage
 
 from dsv4_numerics.kernels.probe import arch_reason, first_reason, gpu_info
 from dsv4_numerics.kernels.registry import KernelEntry
@@ -71,8 +73,6 @@ __all__ = [
     "DUMMY_Q_HEADS",
     "RMS_EPS",
     "cuda_ops_library_reason",
-    "identity_cos_sin_cache",
-    "clone_storage",
     "paged_cache_2d",
     "paged_cache_3d",
     "writable_pages",
@@ -179,26 +179,6 @@ def cuda_op(key: str):
 
 
 # --------------------------------------------------------------------------- pure conversions
-
-
-def identity_cos_sin_cache(rows: int = 1, device: str | torch.device = "cpu") -> torch.Tensor:
-    """fp32 ``[rows, 64]`` cos/sin table with ``cos = 1`` (columns 0..31) and ``sin = +0``
-    (columns 32..63), the layout of ``rotary_emb.cos_sin_cache`` (datapath 5). See the module
-    docstring for what it does to ``-0.0`` and non-finite RoPE inputs."""
-    check_int("identity_cos_sin_cache", "rows", rows, minimum=1)
-    t = torch.zeros((rows, ROPE_DIM), dtype=torch.float32, device=device)
-    t[:, : ROPE_DIM // 2] = 1.0
-    return t
-
-
-def clone_storage(t: torch.Tensor) -> torch.Tensor:
-    """A copy of ``t`` with identical sizes, strides and storage offset over a copied storage
-    (page tails and bytes outside the view copied too), so a writer can mutate it while the
-    caller's tensor -- the Case's canonical input -- stays untouched."""
-    storage = t.untyped_storage().clone()
-    out = torch.empty(0, dtype=t.dtype, device=t.device)
-    out.set_(storage, t.storage_offset(), t.size(), t.stride())
-    return out
 
 
 def cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, int]:
@@ -337,7 +317,7 @@ def _rope_inputs(fn: str, inputs: dict, n: int, device: torch.device) -> tuple[t
         if n and (int(pos.min()) < 0 or int(pos.max()) >= cs.shape[0]):
             fail(fn, "positions", f"must index rows of cos_sin_cache [0, {cs.shape[0]})")
         return pos.to(torch.int64).contiguous(), cs.contiguous()
-    return (torch.zeros(n, dtype=torch.int64, device=device), identity_cos_sin_cache(1, device))
+    return (torch.zeros(n, dtype=torch.int64, device=device), identity_cos_sin(1, device))
 
 
 def swa_write_args(inputs: dict) -> dict:
@@ -432,7 +412,7 @@ def plain_write_args(inputs: dict, layout: str) -> dict:
         k_cache=out if out.dtype != torch.uint8 else out.view(torch.float8_e4m3fn),
         slot_mapping=_slots_int64(fn, inputs["slot_mapping"], n),
         position_ids=torch.zeros(n, dtype=torch.int64, device=k.device),
-        cos_sin_cache=identity_cos_sin_cache(1, k.device),
+        cos_sin_cache=identity_cos_sin(1, k.device),
         eps=RMS_EPS,
         cache_block_size=bs,
         _out=out,

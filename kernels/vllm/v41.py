@@ -95,7 +95,8 @@ from dsv4_numerics.reference.policies import (
 
 from dsv4_numerics.kernels.probe import chain, needs_arch
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import clone_storage, identity_cos_sin_cache
+from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
+from dsv4_numerics.reference.storage import clone_storage
 from dsv4_numerics.kernels.vllm.triton import call_index, triton_fn, combine_args, flashinfer_mixed_args, gather_args, int32, staged_triton_probe, topk_global_args
 
 __all__ = [
@@ -183,7 +184,7 @@ def _call_rope_insert(record: V41Record) -> Callable[[Case], dict]:
         n = a["k"].shape[0]
         if a["slot_mapping"].numel():
             triton_fn(V41_COMPRESS, "rope_quant_insert")(
-                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), identity_cos_sin_cache(1, a["k"].device),
+                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), identity_cos_sin(1, a["k"].device),
                 a["view"], a["slot_mapping"], compress_ratio=1)
         return {"cache": a["owner"]}
 

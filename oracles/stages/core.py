@@ -13,9 +13,10 @@ from typing import Any, Callable
 import torch
 
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.constants import HEAD_DIM, ROPE_DIM
+from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.detmath import fixed_sum
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
+from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
 from dsv4_numerics.reference.policies import AttentionMode, MissingLengths, NanPolicy, NonFinite, RopeArithmetic
 
 from .. import bytes_diff as bd
@@ -96,11 +97,6 @@ def missing_verdict(name: str, got: dict) -> Verdict:
 
 
 # --------------------------------------------------------------------------- writer helpers
-
-
-def identity_cos_sin() -> torch.Tensor:
-    """fp32 ``[1, 64]`` RoPE table row with cos = 1, sin = +0 (the adapters' identity table)."""
-    return torch.cat([torch.ones(1, ROPE_DIM // 2), torch.zeros(1, ROPE_DIM // 2)], dim=1)
 
 
 def writer_rows(k: torch.Tensor, policies: dict | None) -> torch.Tensor:

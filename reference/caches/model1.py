@@ -46,6 +46,7 @@ from ..constants import (
 from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
 from ..formats.fp8 import validate_flavour, validate_nonfinite, fp8_max
 from .gather_plan import gather_plan
+from ..storage import clone_storage
 from ..policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 from ..formats.quant import quantize_tiles_trusted, validate_rule, dequantize_tiles, validate_subnormals
 
@@ -170,14 +171,6 @@ def slot_addresses_trusted(s: torch.Tensor, bs: int, p: int) -> tuple[torch.Tens
 def byte_index(addr: torch.Tensor, width: int) -> torch.Tensor:
     """``[S, width]`` int64 byte addresses ``addr[s] + j``, built on ``addr``'s device."""
     return addr.unsqueeze(1) + torch.arange(width, dtype=torch.int64, device=addr.device)
-
-
-def _clone_cache(cache: torch.Tensor) -> torch.Tensor:
-    """Copy of ``cache`` with the same sizes, strides and storage offset (page tails kept)."""
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
-    return out
 
 
 # --------------------------------------------------------------------------- records
@@ -363,7 +356,7 @@ def insert(
         tokens = torch.nonzero(slots >= 0).flatten()
         slots, rows = slots[tokens], rows[tokens.to(k.device)]
     data, scales = encode_records(rows, rule, flavour, nonfinite, clamp, subnormals)
-    out = cache if inplace else _clone_cache(cache)
+    out = cache if inplace else clone_storage(cache)
     # Row scatter through two non-overlapping views of the page bytes: [nb, bs, 576] data rows at
     # page*P + e*576 and [nb, bs, 8] scale rows at page*P + bs*576 + e*8 (datapath 1.3).
     off = out.storage_offset()

@@ -51,6 +51,7 @@ from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_ran
 from ..formats.fp4 import encode_e2m1_trusted, nvfp4_scale_bytes_trusted, decode_e2m1, div_rn_f32, pack_e2m1, unpack_e2m1
 from ..formats.fp8 import validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
 from .gather_plan import gather_plan
+from ..storage import clone_storage
 from ..policies import (
     E2m1Zero,
     Fp8Flavour,
@@ -385,9 +386,7 @@ def insert(
     if live.unique().numel() != live.numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][keep.to(k.device)], record, mxfp8_rule, nonfinite, nvfp4_rule)
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
+    out = clone_storage(cache)
     dv, sv = _views(out, nb, bs, p, record, layout)
     # k and slot_mapping may live on another device than the cache (the compressor's reference
     # quantises on the CPU): the bytes go where the cache is

@@ -21,7 +21,8 @@ from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.pipeline.rope import apply_rope
+from dsv4_numerics.reference.pipeline.rope import apply_rope, identity_cos_sin
+from dsv4_numerics.reference.storage import clone_storage
 
 P64 = 37440  # round_up(64*584, 576) = 65*576 (datapath 1.2)
 
@@ -60,7 +61,7 @@ def test_probes_give_reasons_on_a_cpu_machine():
 
 
 def test_identity_table_is_cos_one_sin_plus_zero():
-    t = VC.identity_cos_sin_cache(3)
+    t = identity_cos_sin(3)
     assert t.dtype == torch.float32 and tuple(t.shape) == (3, 64)
     assert torch.equal(t[:, :32], torch.ones(3, 32))
     # sin = +0.0 exactly: every bit of the fp32 word is 0
@@ -77,7 +78,7 @@ def test_identity_rope_signed_zero_and_nonfinite_effects_documented_in_vllm_cuda
     #   pair (e, o) = (inf, 1): o' = fma(inf, +0, 1) = NaN                        (partner poisoned)
     x = torch.zeros(1, 512)
     x[0, 448:456] = torch.tensor([-0.0, -1.0, 2.0, -0.0, -0.0, 3.0, float("inf"), 1.0])
-    y = apply_rope(x, torch.zeros(1, dtype=torch.int64), VC.identity_cos_sin_cache(1), False,
+    y = apply_rope(x, torch.zeros(1, dtype=torch.int64), identity_cos_sin(1), False,
                    RopeArithmetic.FMA)
     bits = y[0, 448:456].view(torch.int32).tolist()
     assert bits[0] == 0x00000000  # +0
@@ -90,7 +91,7 @@ def test_identity_rope_signed_zero_and_nonfinite_effects_documented_in_vllm_cuda
     # finite rows without -0 in the RoPE dims pass through unchanged
     k = _rows(4)
     k[:, 448:] = torch.where(k[:, 448:] == 0, torch.ones_like(k[:, 448:]), k[:, 448:])
-    same = apply_rope(k, torch.zeros(4, dtype=torch.int64), VC.identity_cos_sin_cache(1), False,
+    same = apply_rope(k, torch.zeros(4, dtype=torch.int64), identity_cos_sin(1), False,
                       RopeArithmetic.FMA).to(torch.bfloat16)
     assert torch.equal(same.view(torch.int16), k.view(torch.int16))
 
@@ -112,7 +113,7 @@ def test_paged_views_address_the_page_split_bytes():
 def test_clone_storage_keeps_layout_and_page_tails_but_not_the_storage():
     cache = _cache(2, P64)
     view = VC.paged_cache_3d(cache, 64)
-    c = VC.clone_storage(view)
+    c = clone_storage(view)
     assert c.stride() == view.stride() and c.shape == view.shape
     assert c.untyped_storage().data_ptr() != cache.untyped_storage().data_ptr()
     # the page tail bytes [64*584, 37440) of page 0 are outside the view but copied
@@ -156,7 +157,7 @@ def test_swa_write_args_match_the_attention_py_call_site():
     assert a["kv"].is_contiguous() and torch.equal(a["kv"].view(torch.int16), inp["k"].view(torch.int16))
     assert a["slot_mapping"].dtype == torch.int64 and a["slot_mapping"].tolist() == [5, -1, 70]
     assert a["position_ids"].dtype == torch.int64 and a["position_ids"].tolist() == [0, 0, 0]
-    assert torch.equal(a["cos_sin_cache"], VC.identity_cos_sin_cache(1))
+    assert torch.equal(a["cos_sin_cache"], identity_cos_sin(1))
     k2 = a["k_cache"]
     assert tuple(k2.shape) == (2, P64) and k2.stride() == (P64, 1)
     assert k2.data_ptr() != inp["cache"].data_ptr()

@@ -19,7 +19,8 @@ import torch
 from dsv4_numerics.runner import case_files as cf
 from dsv4_numerics.runner import pool as wp
 from dsv4_numerics.runner.host_cpus import usable_cpus
-from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
+from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many
+from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
 
@@ -412,7 +413,7 @@ def test_default_jobs_and_gpu_visibility(monkeypatch):
     assert default_jobs(1, 0, cpus=16) == 1 and default_jobs(8, 20, cpus=16) == 8
     assert default_jobs(1, 20, cpus=2) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 6")
-    assert visible_gpus() == ["2", "6"]
+    assert visible_gpu_ids(torch_fallback=True) == ["2", "6"]
     assert IsolatedPool("cuda")._spread == ["2", "6"]
     assert IsolatedPool("cuda:1")._spread == []  # an explicit device: every child on it
     with pytest.raises(InputError, match="jobs must be >= 1"):

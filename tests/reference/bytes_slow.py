@@ -9,6 +9,7 @@ import torch
 from dsv4_numerics.reference.constants import *  # noqa: F401,F403
 from dsv4_numerics.reference.constants import production_page_stride
 from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
+from dsv4_numerics.reference.storage import clone_storage
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 
 
@@ -705,14 +706,6 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int) -> tu
     return page * page_stride + e * DATA_ROW_BYTES, page * page_stride + block_size * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
 
 
-def clone_cache(cache: torch.Tensor) -> torch.Tensor:
-    """Copy of ``cache`` with the same sizes, strides and storage offset (page tails kept)."""
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
-    return out
-
-
 # --------------------------------------------------------------------------- records
 
 
@@ -859,7 +852,7 @@ def insert(
     if written.numel() != torch.unique(written).numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][tokens.to(k.device)], rule, flavour, nonfinite, clamp)
-    out = clone_cache(cache)
+    out = clone_storage(cache)
     flat = flat_bytes(out, nb, p)
     d_addr, s_addr = slot_addresses(written, bs, p)
     dev = cache.device

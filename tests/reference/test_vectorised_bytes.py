@@ -57,7 +57,7 @@ def _slow_insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp
     ``insert`` decides whether the call is legal), then one token at a time."""
     slow.insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp)  # raises like before
     nb, _, p = slow.cache_geometry("insert", cache, bs)
-    out = slow.clone_cache(cache)
+    out = slow.clone_storage(cache)
     flat = slow.flat_bytes(out, nb, p)
     for t, s in enumerate(slots.tolist()):
         if s < 0:
