@@ -2,7 +2,7 @@
 policies, and the judge that compares a kernel's canonical outputs with them (DESIGN.md
 "The protocols"; spec README 2-4).
 
-``StageSpec(name, kind, outputs, defaults, expected, judge)``:
+``StageSpec(name=, kind=, outputs=, defaults=, expected=, judge=, doc=)`` (registered by keyword):
 
 * ``kind``: ``"bytes"`` (bit-exact over the defined bytes, ``bytes_diff``), ``"index"`` (exact,
   ``bytes_diff.diff_index``) or ``"numeric"`` (``numeric.compare`` with the tolerance record of the

@@ -54,9 +54,19 @@ def _judge_attention_stage(case: Case, expected: dict, got: dict, scope: JudgeSc
     return judge_attention(case, expected, got, scope, ATTN_OUTPUTS)
 
 
-register(StageSpec("decode", "numeric", ATTN_OUTPUTS,
-                   dict(ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
-                   _expected_decode, _judge_attention_stage,
-                   "sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
-register(StageSpec("prefill", "numeric", ATTN_OUTPUTS, dict(ATTN_DEFAULTS), expected_prefill, _judge_attention_stage,
-                   "sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))
+register(StageSpec(
+    name="decode",
+    kind="numeric",
+    outputs=ATTN_OUTPUTS,
+    defaults=dict(ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
+    expected=_expected_decode,
+    judge=_judge_attention_stage,
+    doc="sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
+register(StageSpec(
+    name="prefill",
+    kind="numeric",
+    outputs=ATTN_OUTPUTS,
+    defaults=dict(ATTN_DEFAULTS),
+    expected=expected_prefill,
+    judge=_judge_attention_stage,
+    doc="sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))

@@ -92,10 +92,14 @@ def _judge_compressor(case: Case, expected: dict, got: dict, scope: JudgeScope) 
                    {k: v for c in checks for k, v in c.details.items()})
 
 
-register(StageSpec("compressor", "numeric", ("normed", "cache"),
-                   {"rope_arith": RopeArithmetic.FMA_TRITON.value, "scale_rule": ScaleRule.SCALE_CLAMP.value,
-                    "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value,
-                    "fp8_subnormals": Fp8Subnormals.KEEP.value},
-                   _expected_compressor, _judge_compressor,
-                   "compressor steps 3-7 for boundary positions of one request: fp32 normed rows by tolerance, "
-                   "the written compressed records by the compressor tier (H7)"))
+register(StageSpec(
+    name="compressor",
+    kind="numeric",
+    outputs=("normed", "cache"),
+    defaults={"rope_arith": RopeArithmetic.FMA_TRITON.value, "scale_rule": ScaleRule.SCALE_CLAMP.value,
+              "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value,
+              "fp8_subnormals": Fp8Subnormals.KEEP.value},
+    expected=_expected_compressor,
+    judge=_judge_compressor,
+    doc="compressor steps 3-7 for boundary positions of one request: fp32 normed rows by tolerance, "
+        "the written compressed records by the compressor tier (H7)"))

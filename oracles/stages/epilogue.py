@@ -54,6 +54,11 @@ def _judge_inv_rope_fp8(case: Case, expected: dict, got: dict, scope: JudgeScope
     return Verdict(True, "bit_exact+deq:block_scale", "", headroom=head, details={"bytes": rep.to_dict(), "deq_over_bound": worst})
 
 
-register(StageSpec("inv_rope_fp8", "bytes", ("codes", "exponents", "deq"), {"rope_arith": RopeArithmetic.FMA_TRITON.value},
-                   _expected_inv_rope_fp8, _judge_inv_rope_fp8,
-                   "output inverse RoPE + FP8 group quantiser: bytes exact, values tier C (attention 3.3, 7)"))
+register(StageSpec(
+    name="inv_rope_fp8",
+    kind="bytes",
+    outputs=("codes", "exponents", "deq"),
+    defaults={"rope_arith": RopeArithmetic.FMA_TRITON.value},
+    expected=_expected_inv_rope_fp8,
+    judge=_judge_inv_rope_fp8,
+    doc="output inverse RoPE + FP8 group quantiser: bytes exact, values tier C (attention 3.3, 7)"))

@@ -44,5 +44,11 @@ def _judge_gather(case: Case, expected: dict, got: dict, scope: JudgeScope) -> V
 
 # ``gather_out`` (GatherOutput) is honoured with the default ``bf16`` but not listed here: the stage's
 # defaults are the provenance the committed gather fixtures record.
-register(StageSpec("gather", "bytes", ("out",), {"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value},
-                   _expected_gather, _judge_gather, "dequantise + gather by block table (datapath 3, 4.5)"))
+register(StageSpec(
+    name="gather",
+    kind="bytes",
+    outputs=("out",),
+    defaults={"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.EXACT.value},
+    expected=_expected_gather,
+    judge=_judge_gather,
+    doc="dequantise + gather by block table (datapath 3, 4.5)"))

@@ -41,5 +41,11 @@ def _judge_index(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ve
 
 for _st in ("topk_global", "swa_indices", "c128a_indices", "compressed_slots", "combine_prefill",
             "flashinfer_mixed", "rocm_ragged"):
-    register(StageSpec(_st, "index", (), {}, _expected_index, _judge_index,
-                       "index plumbing (datapath 4): exact, outputs named by the case's builder"))
+    register(StageSpec(
+        name=_st,
+        kind="index",
+        outputs=(),
+        defaults={},
+        expected=_expected_index,
+        judge=_judge_index,
+        doc="index plumbing (datapath 4): exact, outputs named by the case's builder"))

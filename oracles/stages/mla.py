@@ -224,13 +224,30 @@ def _expected_dense_prefill(case: Case, policies: dict) -> dict:
     return out
 
 
-register(StageSpec("v32_decode", "numeric", ("out", "lse"), dict(ATTN_DEFAULTS), _expected_v32,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
-                   "DeepSeek V3.2 sparse decode over the 656-byte cache (attention 1.3, datapath 1.5)"))
-register(StageSpec("dense_mla_decode", "numeric", ("out", "lse"), dict(ATTN_DEFAULTS), _expected_dense_decode,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense paged MLA decode"))
-register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(ATTN_DEFAULTS), _expected_dense_prefill,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
+register(StageSpec(
+    name="v32_decode",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_v32,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="DeepSeek V3.2 sparse decode over the 656-byte cache (attention 1.3, datapath 1.5)"))
+register(StageSpec(
+    name="dense_mla_decode",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_dense_decode,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="dense paged MLA decode"))
+register(StageSpec(
+    name="dense_mla_prefill",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_dense_prefill,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="dense ragged MHA prefill (R1)"))
 
 
 def _main(argv: list[str] | None = None) -> int:

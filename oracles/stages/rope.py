@@ -40,5 +40,11 @@ def _judge_rope(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ver
     return bytes_verdict(rep)
 
 
-register(StageSpec("rope", "numeric", ("out",), {"rope_arith": RopeArithmetic.FMA.value}, _expected_rope, _judge_rope,
-                   "RoPE / inverse RoPE on dims 448..511: bit-exact under the declared arithmetic (datapath H6)"))
+register(StageSpec(
+    name="rope",
+    kind="numeric",
+    outputs=("out",),
+    defaults={"rope_arith": RopeArithmetic.FMA.value},
+    expected=_expected_rope,
+    judge=_judge_rope,
+    doc="RoPE / inverse RoPE on dims 448..511: bit-exact under the declared arithmetic (datapath H6)"))

@@ -70,7 +70,12 @@ def _judge_norm_rope_store(case: Case, expected: dict, got: dict, scope: JudgeSc
     return bytes_verdict(rep)
 
 
-register(StageSpec("kv_norm_rope_store", "bytes", ("cache",), dict(NORM_ROPE_STORE_DEFAULTS),
-                   _expected_norm_rope_store, _judge_norm_rope_store,
-                   "kv RMSNorm + RoPE stored as unit-scale E4M3 rows of a plain pool (SGLang's "
-                   "fused_k_norm_rope_uniform_fp8; reference.pipeline.norm_rope_store)"))
+register(StageSpec(
+    name="kv_norm_rope_store",
+    kind="bytes",
+    outputs=("cache",),
+    defaults=dict(NORM_ROPE_STORE_DEFAULTS),
+    expected=_expected_norm_rope_store,
+    judge=_judge_norm_rope_store,
+    doc="kv RMSNorm + RoPE stored as unit-scale E4M3 rows of a plain pool (SGLang's "
+        "fused_k_norm_rope_uniform_fp8; reference.pipeline.norm_rope_store)"))

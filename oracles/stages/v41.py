@@ -87,6 +87,12 @@ def _judge_v41_gather(case: Case, expected: dict, got: dict, scope: JudgeScope) 
     return judge_gather_rows(expected, got, lambda: _v41_gather_alternatives(case, scope.policies))
 
 
-register(StageSpec("v41_gather", "bytes", ("out",), dict(V41_GATHER_DEFAULTS), _expected_v41_gather, _judge_v41_gather,
-                   "dequantise + gather of DeepSeek-V4.1 528-byte MXFP8 / 288-byte NVFP4 records by block table "
-                   "(cache_v41.gather; datapath 1.6, 4.5, H13)"))
+register(StageSpec(
+    name="v41_gather",
+    kind="bytes",
+    outputs=("out",),
+    defaults=dict(V41_GATHER_DEFAULTS),
+    expected=_expected_v41_gather,
+    judge=_judge_v41_gather,
+    doc="dequantise + gather of DeepSeek-V4.1 528-byte MXFP8 / 288-byte NVFP4 records by block table "
+        "(cache_v41.gather; datapath 1.6, 4.5, H13)"))

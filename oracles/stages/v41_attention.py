@@ -201,15 +201,30 @@ def _judge_query_quant(case: Case, expected: dict, got: dict, scope: st.JudgeSco
 
 _V41_ATTN_DEFAULTS = dict(st.ATTN_DEFAULTS, v41_layout=V41Layout.INTERLEAVED.value, ue8m0=Ue8m0Consumer.EXACT.value)
 
-st.register(st.StageSpec("v41_sparse_decode", "numeric", st.ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
-                         _expected_v41_decode, _judge_v41_attention,
-                         "DeepSeek-V4.1 sparse decode: one softmax over the MXFP8 SWA + MXFP8/NVFP4 compressed "
-                         "caches, sink (reference.attention.v41; datapath 1.6, H13)"))
-st.register(st.StageSpec("v41_sparse_prefill", "numeric", st.ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
-                         _expected_v41_prefill, _judge_v41_attention,
-                         "DeepSeek-V4.1 sparse prefill over the workspace gathered from the V4.1 caches "
-                         "(one combined segment; attention 1.4, 2)"))
-st.register(st.StageSpec("v41_query_quant", "bytes", ("q_codes", "q_scales", "kv_normed"), {},
-                         _expected_query_quant, _judge_query_quant,
-                         "DeepSeek-V4.1 query quantiser: RMS-normalised q as MXFP8 (UE8M0 ceil, zero inverse "
-                         "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.pipeline.query_quant)"))
+st.register(st.StageSpec(
+    name="v41_sparse_decode",
+    kind="numeric",
+    outputs=st.ATTN_OUTPUTS,
+    defaults=dict(_V41_ATTN_DEFAULTS),
+    expected=_expected_v41_decode,
+    judge=_judge_v41_attention,
+    doc="DeepSeek-V4.1 sparse decode: one softmax over the MXFP8 SWA + MXFP8/NVFP4 compressed "
+        "caches, sink (reference.attention.v41; datapath 1.6, H13)"))
+st.register(st.StageSpec(
+    name="v41_sparse_prefill",
+    kind="numeric",
+    outputs=st.ATTN_OUTPUTS,
+    defaults=dict(_V41_ATTN_DEFAULTS),
+    expected=_expected_v41_prefill,
+    judge=_judge_v41_attention,
+    doc="DeepSeek-V4.1 sparse prefill over the workspace gathered from the V4.1 caches "
+        "(one combined segment; attention 1.4, 2)"))
+st.register(st.StageSpec(
+    name="v41_query_quant",
+    kind="bytes",
+    outputs=("q_codes", "q_scales", "kv_normed"),
+    defaults={},
+    expected=_expected_query_quant,
+    judge=_judge_query_quant,
+    doc="DeepSeek-V4.1 query quantiser: RMS-normalised q as MXFP8 (UE8M0 ceil, zero inverse "
+        "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.pipeline.query_quant)"))

@@ -128,7 +128,12 @@ def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
                    headroom=1.0 / worst if worst else math.inf, details=details)
 
 
-register(StageSpec("v41_compress_insert", "numeric", ("latent", "cache"), dict(V41_COMPRESS_DEFAULTS),
-                   _expected, _judge,
-                   "DeepSeek-V4.1 fused compressor (fused_save_compress_norm + rope_quant_insert): ring state "
-                   "bit-exact, bf16 latent by the compressor tier (H7), records bit-exact from the latent"))
+register(StageSpec(
+    name="v41_compress_insert",
+    kind="numeric",
+    outputs=("latent", "cache"),
+    defaults=dict(V41_COMPRESS_DEFAULTS),
+    expected=_expected,
+    judge=_judge,
+    doc="DeepSeek-V4.1 fused compressor (fused_save_compress_norm + rope_quant_insert): ring state "
+        "bit-exact, bf16 latent by the compressor tier (H7), records bit-exact from the latent"))

@@ -57,6 +57,12 @@ def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
                    headroom=0.0, details={"value_slots": slots_v, "scale_slots": slots_s})
 
 
-register(StageSpec("v41_indexer_k_store", "bytes", ("cache",), dict(V41_INDEXER_DEFAULTS), _expected, _judge,
-                   "DeepSeek-V4.1 indexer K store (indexer_k_norm_rope_store): k_norm, RoPE at the group start, "
-                   "FP8 + fp32 scale or MXFP4 records; bit-exact on exact-norm rows"))
+register(StageSpec(
+    name="v41_indexer_k_store",
+    kind="bytes",
+    outputs=("cache",),
+    defaults=dict(V41_INDEXER_DEFAULTS),
+    expected=_expected,
+    judge=_judge,
+    doc="DeepSeek-V4.1 indexer K store (indexer_k_norm_rope_store): k_norm, RoPE at the group start, "
+        "FP8 + fp32 scale or MXFP4 records; bit-exact on exact-norm rows"))

@@ -113,18 +113,38 @@ def _judge_plain(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ve
 _WRITE_DEFAULTS = {"fp8": Fp8Flavour.E4M3FN.value, "nonfinite": NonFinite.FINITE.value,
                    "slot_skip": SlotSkip.ALL_NEGATIVE.value, "fp8_subnormals": Fp8Subnormals.KEEP.value}
 
-register(StageSpec("swa_write", "bytes", ("cache",), {"scale_rule": ScaleRule.AMAX_CLAMP.value, **_WRITE_DEFAULTS},
-                   _expected_model1, _judge_model1,
-                   "SWA writer: cache_model1.insert (Q_A by default, datapath 2.1, H1)"))
-register(StageSpec("compressed_write", "bytes", ("cache",), {"scale_rule": ScaleRule.SCALE_CLAMP.value, **_WRITE_DEFAULTS},
-                   _expected_model1, _judge_model1,
-                   "compressed writer from the bf16 pre-quantisation rows (Q_S by default: the CuTe "
-                   "compressor, every compressed cache on NVIDIA, datapath 2.4, H1, H7)"))
-register(StageSpec("v41_write", "bytes", ("cache",),
-                   {"v41_layout": V41Layout.INTERLEAVED.value, "scale_rule": ScaleRule.AMAX_CLAMP.value,
-                    "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value, "nonfinite": NonFinite.FINITE.value},
-                   _expected_v41, _judge_v41,
-                   "DeepSeek-V4.1 writer of the 528-byte MXFP8 / 288-byte NVFP4 records (cache_v41.insert; "
-                   "vLLM 0.33.0 interleaved byte order by default, datapath 1.6, H13)"))
-register(StageSpec("plain_write", "bytes", ("cache",), {"slot_skip": SlotSkip.ALL_NEGATIVE.value},
-                   _expected_plain, _judge_plain, "plain bf16 / per-tensor FP8 rows (datapath 2.7)"))
+register(StageSpec(
+    name="swa_write",
+    kind="bytes",
+    outputs=("cache",),
+    defaults={"scale_rule": ScaleRule.AMAX_CLAMP.value, **_WRITE_DEFAULTS},
+    expected=_expected_model1,
+    judge=_judge_model1,
+    doc="SWA writer: cache_model1.insert (Q_A by default, datapath 2.1, H1)"))
+register(StageSpec(
+    name="compressed_write",
+    kind="bytes",
+    outputs=("cache",),
+    defaults={"scale_rule": ScaleRule.SCALE_CLAMP.value, **_WRITE_DEFAULTS},
+    expected=_expected_model1,
+    judge=_judge_model1,
+    doc="compressed writer from the bf16 pre-quantisation rows (Q_S by default: the CuTe "
+        "compressor, every compressed cache on NVIDIA, datapath 2.4, H1, H7)"))
+register(StageSpec(
+    name="v41_write",
+    kind="bytes",
+    outputs=("cache",),
+    defaults={"v41_layout": V41Layout.INTERLEAVED.value, "scale_rule": ScaleRule.AMAX_CLAMP.value,
+              "nvfp4_rule": Nvfp4ScaleRule.RECIP_MUL.value, "nonfinite": NonFinite.FINITE.value},
+    expected=_expected_v41,
+    judge=_judge_v41,
+    doc="DeepSeek-V4.1 writer of the 528-byte MXFP8 / 288-byte NVFP4 records (cache_v41.insert; "
+        "vLLM 0.33.0 interleaved byte order by default, datapath 1.6, H13)"))
+register(StageSpec(
+    name="plain_write",
+    kind="bytes",
+    outputs=("cache",),
+    defaults={"slot_skip": SlotSkip.ALL_NEGATIVE.value},
+    expected=_expected_plain,
+    judge=_judge_plain,
+    doc="plain bf16 / per-tensor FP8 rows (datapath 2.7)"))
