@@ -1,8 +1,8 @@
 """The kernel registry: one declarative :class:`KernelEntry` per (production kernel, stage).
 
-Adding a kernel means adding one entry to the ``ENTRIES`` list of its family module
-(``flashmla``, ``flashinfer``, ``cutedsl``, ``vllm_cuda``, ``vllm_triton``, ``vllm_v41``,
-``rocm_triton``, ``mla_family``, ``vllm_cpu``, ``sglang_jit``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
+Adding a kernel means adding one ``KernelEntry(...)`` to the ``ENTRIES: list[KernelEntry] = [...]``
+literal of its family module (``kernels/<engine>/<name>.py``, listed in :data:`FAMILY_MODULES` in
+listing order). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
 module ``__getattr__``), so a family module may import :class:`KernelEntry` from here without a
 cycle. A family module that does not exist yet contributes nothing; an ``ImportError`` raised
 *inside* an existing family module is a bug and propagates.
@@ -33,6 +33,8 @@ FAMILY_MODULES = (
     "vllm.v41",
     "vllm.rocm_triton",
     "flashmla.mla_family",
+    "flashinfer.mla_dense",
+    "tokenspeed.mla",
     "vllm.cpu",
     "sglang.triton",
     "sglang.jit",

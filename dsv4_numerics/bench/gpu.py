@@ -368,7 +368,8 @@ def bench_writers(ns, warmup, iters, device, log):
         try:
             # the matrix entry's own conversion (vllm_cuda.kv_rope_insert): the [nb, bs, 584] kernel
             # view of a cache copy, int64 slots, zero positions and the identity RoPE table
-            from dsv4_numerics.kernels.vllm.cuda import cuda_op, kv_rope_insert_args
+            from dsv4_numerics.kernels.vllm.cuda import cuda_op
+            from dsv4_numerics.kernels.vllm.writer_args import kv_rope_insert_args
 
             a = kv_rope_insert_args({"k": k, "cache": cache, "slot_mapping": slots, "block_size": SWA_BLOCK_SIZE})
             op = cuda_op("kv_only")

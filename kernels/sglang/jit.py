@@ -253,7 +253,7 @@ def store_args(inputs: dict, layout: str) -> dict:
     ``fused_store_cache``: ``input`` bf16 ``[W, 512]``, ``cache`` ``[nb, kv_page_bytes]`` (a copy of
     the case's pages, repacked when its stride differs), ``indices`` int64 ``[W]``, ``page_size``,
     ``layout``, and ``_finish()`` returning the written cache in the input's own form."""
-    from dsv4_numerics.kernels.vllm.cuda import paged_cache_2d
+    from dsv4_numerics.kernels.convert import paged_cache_2d
     from dsv4_numerics.reference.storage import clone_storage
 
     fn = "sglang_jit.store_args"

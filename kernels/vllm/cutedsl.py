@@ -46,7 +46,7 @@ from dsv4_numerics.reference.policies import (
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels.convert import round_up
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import readable_pages
+from dsv4_numerics.kernels.convert import readable_pages
 
 GATHER_MODULE = "vllm.models.deepseek_v4.nvidia.ops.dequant_gather_k_cutedsl"
 COMPRESS_MODULE = "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl"
@@ -126,26 +126,6 @@ def gather_call(case) -> dict[str, torch.Tensor]:
     return {"out": out}
 
 
-ENTRIES: list[KernelEntry] = [
-    KernelEntry(
-        name="cutedsl.dequant_gather",
-        stage="gather",
-        family="CuTe-DSL",
-        source=f"{GATHER_MODULE}.DequantGatherKCacheKernel",
-        archs=("sm90", "sm100", "sm103", "sm120", "sm121"),
-        dtypes=("uint8",),
-        policies={
-            "fp8": Fp8Flavour.E4M3FN.value,
-            "ue8m0": Ue8m0Consumer.CUTE.value,
-            "nan": NanPolicy.PROPAGATE.value,
-        },
-        tolerance_scope="cutedsl.dequant_gather",
-        probe=_cute_probe(GATHER_MODULE),
-        call=gather_call,
-        notes="page stride repacked to a multiple of 32 bytes when a case's is not (the kernel's "
-              "compile signature assumes it); record bytes unchanged",
-    ),
-]
 
 # The CuTe C128 path compresses from a state cache of exactly 8 entries per page
 # (``SparseAttnCompressC128Block8Kernel.state_block_size``, dispatcher :2419-2424).
@@ -185,7 +165,25 @@ def compressor_call(case) -> dict[str, torch.Tensor]:
     return {"cache": finish()}
 
 
-ENTRIES.append(
+ENTRIES: list[KernelEntry] = [
+    KernelEntry(
+        name="cutedsl.dequant_gather",
+        stage="gather",
+        family="CuTe-DSL",
+        source=f"{GATHER_MODULE}.DequantGatherKCacheKernel",
+        archs=("sm90", "sm100", "sm103", "sm120", "sm121"),
+        dtypes=("uint8",),
+        policies={
+            "fp8": Fp8Flavour.E4M3FN.value,
+            "ue8m0": Ue8m0Consumer.CUTE.value,
+            "nan": NanPolicy.PROPAGATE.value,
+        },
+        tolerance_scope="cutedsl.dequant_gather",
+        probe=_cute_probe(GATHER_MODULE),
+        call=gather_call,
+        notes="page stride repacked to a multiple of 32 bytes when a case's is not (the kernel's "
+              "compile signature assumes it); record bytes unchanged",
+    ),
     KernelEntry(
         name="cutedsl.compressor",
         stage="compressor",
@@ -204,5 +202,5 @@ ENTRIES.append(
         call=compressor_call,
         notes="the writer of every compressed cache on NVIDIA (Q_S scale rule); online-softmax "
               "reduction order differs from Triton's (H7), bytes exact only from the bf16 boundary",
-    )
-)
+    ),
+]

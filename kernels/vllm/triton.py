@@ -34,7 +34,7 @@ with placeholder stand-ins for those engine names (they raise if an engine path 
 entry runs from the staged folder too. The ``use_fnuz=True`` writer
 needs Triton's ``fp8e4b8``, which Triton 3.6 offers only on AMD targets: its probe says so on
 NVIDIA. Page strides a kernel would fault on (odd, for the bf16 lanes) are repacked for the call
-and copied back (``vllm_cuda.writable_pages``/``readable_pages``); vLLM's strides never are.
+and copied back (``convert.writable_pages``/``readable_pages``); vLLM's strides never are.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmet
 
 from dsv4_numerics.kernels.probe import chain, needs_arch, needs_import, needs_module, needs_staged_vllm
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, cache_geometry, readable_pages, writable_pages
+from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages, writable_pages
 
 __all__ = [
     "ENTRIES",
@@ -175,7 +175,7 @@ def quantize_insert_args(inputs: dict, use_fnuz: bool = False) -> dict:
         fail(fn, "k", f"must have shape [N, {HEAD_DIM}]", tuple(k.shape))
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
     cache = inputs["cache"]
-    nb, _ = cache_geometry(fn, cache, bs)
+    nb, _ = page_geometry(fn, cache, bs)
     slots = inputs["slot_mapping"]
     check_dtype(fn, "slot_mapping", slots, INDEX_DTYPES)
     check_rank(fn, "slot_mapping", slots, 1)
@@ -208,7 +208,7 @@ def gather_args(inputs: dict) -> dict:
     fn = "gather_args"
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
     cache = inputs["cache"]
-    cache_geometry(fn, cache, bs)
+    page_geometry(fn, cache, bs)
     seq = int32(fn, "seq_lens", inputs["seq_lens"])
     gl = int32(fn, "gather_lens", inputs.get("gather_lens"))
     bt = int32(fn, "block_table", inputs["block_table"])
@@ -444,7 +444,7 @@ def compressor_args(inputs: dict) -> dict:
         if tuple(v.shape) != (t,):
             fail(fn, name, f"must have shape [T={t}] (one per token)", tuple(v.shape))
     bs_c = check_int(fn, "kv_block_size", inputs["kv_block_size"], minimum=1)
-    nb_c, _ = cache_geometry(fn, inputs["cache"], bs_c)
+    nb_c, _ = page_geometry(fn, inputs["cache"], bs_c)
     p64, s64, c64 = pos.to(torch.int64), slots.to(torch.int64), cslots.to(torch.int64)
     fires = (s64 >= 0) & ((p64 + 1) % ratio == 0) & (c64 >= 0)
     if bool(fires.any()):
