@@ -251,7 +251,7 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-def _group(item) -> str | None:
+def xdist_group_name(item) -> str | None:
     m = item.get_closest_marker("xdist_group")
     return (m.kwargs.get("name") or (m.args[0] if m.args else None)) if m else None
 
@@ -289,7 +289,7 @@ def longest_first(items, durations: dict[str, float] | None = None) -> None:
     from dsv4_numerics.runner.timeline import unit_key
 
     known = _durations() if durations is None else durations
-    groups = [_group(it) for it in items]
+    groups = [xdist_group_name(it) for it in items]
     units = [unit_key(it.nodeid, g) for it, g in zip(items, groups)]
     first: dict[str, int] = {}
     est: dict[str, float] = {}

@@ -17,9 +17,12 @@ replaces a sentinel). Conventions (docs/architecture.md "Canonical data conventi
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 import torch
 
-from dsv4_numerics.reference.constants import RECORD_BYTES
+from dsv4_numerics.reference.constants import MLA_D_QK, RECORD_BYTES
 from dsv4_numerics.reference.errors import (
     INDEX_DTYPES,
     InputError,
@@ -30,6 +33,7 @@ from dsv4_numerics.reference.errors import (
     check_tensor,
     fail,
 )
+from dsv4_numerics.reference.storage import clone_storage
 
 FLASHMLA_HEADS = (64, 128)  # sparse_decode.h:327-334 (decode); vLLM pads prefill the same way
 FLASHINFER_HEADS = (8, 16, 32, 64, 128)  # FI mla/_core.py:1107; vLLM flashinfer_sparse.py:78-89
@@ -204,3 +208,153 @@ __all__ = [
     "lengths_int32", "lse_plus_inf_to_minus_inf", "in_prefix", "out_of_contract_indices", "pad_heads", "pad_topk", "refuse_non_minus1",
     "padded_heads", "paged_cache_view", "round_up", "slot_count",
 ]
+
+
+# --------------------------------------------------------------------------- 584-byte pages as kernels take them
+
+
+def page_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, int]:
+    """Validate a canonical 584-byte cache; return ``(num_blocks, page_stride)``."""
+    check_dtype(fn, "cache", cache, (torch.uint8,))
+    check_rank(fn, "cache", cache, (2, 3, 4))
+    check_int(fn, "block_size", block_size, minimum=1)
+    nb, page = cache.shape[0], cache.stride(0)
+    need = block_size * RECORD_BYTES
+    if cache.stride(-1) != 1:
+        fail(fn, "cache", "must have a unit byte stride in the last dimension", tuple(cache.stride()))
+    if cache.dim() == 2:
+        if cache.shape[1] < need:
+            fail(fn, "cache", f"2-D pages must hold block_size*584 = {need} bytes", tuple(cache.shape))
+        page = max(page, cache.shape[1]) if nb == 1 else page
+    else:
+        ok = cache.shape[1] == block_size and cache.shape[-1] == RECORD_BYTES
+        ok = ok and (block_size == 1 or cache.stride(1) == RECORD_BYTES)
+        ok = ok and (cache.dim() == 3 or cache.shape[2] == 1)
+        if not ok:
+            fail(fn, "cache", f"kernel view must be [num_blocks, {block_size}, (1,) 584] with strides "
+                 "(page_stride, 584, (.,) 1)", f"shape {tuple(cache.shape)} strides {cache.stride()}")
+        page = max(page, need) if nb == 1 else page
+    if page < need:
+        fail(fn, "cache", f"page stride (stride(0)) must be >= block_size*584 = {need}", page)
+    avail = cache.untyped_storage().nbytes() - cache.storage_offset()
+    if avail < nb * page:
+        fail(fn, "cache", f"storage must hold num_blocks*page_stride = {nb * page} bytes (vLLM "
+             "allocates whole pages)", f"{avail} bytes")
+    return nb, page
+
+
+def paged_cache_2d(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[num_blocks, page_stride]`` uint8 view (no copy) of a canonical 584-byte cache: what
+    ``swa_kv_cache.view(swa_kv_cache.shape[0], -1)`` hands the SWA writer (attention.py:803)."""
+    nb, page = page_geometry("paged_cache_2d", cache, block_size)
+    return torch.as_strided(cache, (nb, page), (page, 1), cache.storage_offset())
+
+
+def paged_cache_3d(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[num_blocks, bs, 584]`` uint8 kernel view with strides ``(page_stride, 584, 1)`` (no copy):
+    the layer's ``kv_cache`` as vLLM's Triton kernels and the KV-only op receive it."""
+    nb, page = page_geometry("paged_cache_3d", cache, block_size)
+    return torch.as_strided(cache, (nb, block_size, RECORD_BYTES), (page, RECORD_BYTES, 1),
+                            cache.storage_offset())
+
+
+# Page alignment the production kernels need (bytes). vLLM's allocator gives multiples of 576
+# (datapath 1.2), so production never sees less; canonical cases may use any stride >= bs*584.
+# The CUDA writer stores 16-byte vectors (uint4) at page + e*576 + 16*lane (IDX @00ce99f0
+# processDeepseekV4Slot); the Triton kernels access the bf16 RoPE lanes through a bf16 pointer
+# (2-byte alignment; their alignment analysis follows the actual stride).
+CUDA_PAGE_ALIGN = 16
+TRITON_PAGE_ALIGN = 2
+
+
+def writable_pages(cache: torch.Tensor, block_size: int, align: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
+    """A ``[num_blocks, page_stride']`` uint8 page buffer for an in-place writer, and
+    ``finish() -> cache`` that returns the written cache in the input's own form (sizes,
+    strides, storage offset), never touching the caller's tensor.
+
+    When the case's page stride (or base) is not a multiple of ``align`` -- a stride no vLLM
+    allocator produces, on which the kernel would fault -- the pages are repacked to
+    ``page_stride' = round_up(page_stride, align)`` for the call and the ``bs*584`` record bytes
+    of every page are copied back afterwards. Writers address bytes page-relative and never touch
+    ``[bs*584, page_stride)`` (datapath 1.2), so the result is the bytes the kernel writes at the
+    original stride."""
+    fn = "writable_pages"
+    check_int(fn, "align", align, minimum=1)
+    nb, page = page_geometry(fn, cache, block_size)
+    out = clone_storage(cache)
+    pages = paged_cache_2d(out, block_size)
+    if page % align == 0 and pages.data_ptr() % align == 0:
+        return pages, lambda: out
+    used = block_size * RECORD_BYTES
+    new_page = -(-page // align) * align
+    buf = torch.zeros((nb, new_page), dtype=torch.uint8, device=cache.device)
+    buf[:, :used] = pages[:, :used]
+
+    def finish() -> torch.Tensor:
+        pages[:, :used] = buf[:, :used]
+        return out
+
+    return buf, finish
+
+
+def readable_pages(cache: torch.Tensor, block_size: int, align: int) -> torch.Tensor:
+    """The ``[num_blocks, bs, 584]`` kernel view for a kernel that only READS the cache: the
+    case's own bytes when the stride and base are multiples of ``align``, else a repacked copy
+    with ``page_stride' = round_up(page_stride, align)`` holding the same record bytes."""
+    fn = "readable_pages"
+    check_int(fn, "align", align, minimum=1)
+    nb, page = page_geometry(fn, cache, block_size)
+    view = paged_cache_3d(cache, block_size)
+    if page % align == 0 and view.data_ptr() % align == 0:
+        return view
+    used = block_size * RECORD_BYTES
+    new_page = -(-page // align) * align
+    buf = torch.zeros((nb, new_page), dtype=torch.uint8, device=cache.device)
+    buf[:, :used] = paged_cache_2d(cache, block_size)[:, :used]
+    return torch.as_strided(buf, (nb, block_size, RECORD_BYTES), (new_page, RECORD_BYTES, 1))
+
+
+# --------------------------------------------------------------------------- dense MLA decode
+
+LN2 = math.log(2.0)
+
+
+def base2_lse_to_natural(lse2: torch.Tensor) -> torch.Tensor:
+    """A base-2 LSE (``log2 sum 2**(s * log2 e)``, TokenSpeed / trtllm-gen default) -> natural log
+    (multiply by ``ln 2``); ``+-inf`` unchanged."""
+    check_tensor("base2_lse_to_natural", "lse2", lse2)
+    return lse2.to(torch.float32) * LN2
+
+
+def pad_block_table(bt: torch.Tensor, multiple: int, fill: torch.Tensor | int = 0) -> torch.Tensor:
+    """``bt [B, M]`` int -> int32 ``[B, round_up(M, multiple)]``; new column ``j`` of row ``r``
+    holds ``fill`` (an int, or a ``[B]`` tensor of per-row page ids). Columns a request never
+    reads (``>= ceil(seq_len / bs)``) are never dereferenced by a correct kernel."""
+    fn = "pad_block_table"
+    check_rank(fn, "bt", bt, 2)
+    b, m = bt.shape
+    mp = round_up(max(m, 1), multiple)
+    out = torch.empty((b, mp), dtype=torch.int32, device=bt.device)
+    out[:, :m] = bt.to(torch.int32)
+    if mp > m:
+        if isinstance(fill, torch.Tensor):
+            out[:, m:] = fill.to(torch.int32).view(b, 1).to(bt.device)
+        else:
+            out[:, m:] = int(fill)
+    return out.contiguous()
+
+
+def dense_mla_inputs(case) -> tuple:
+    """``(inputs, q, kv_cache, block_size, block_table int32, seq_lens int32)`` of a canonical dense
+    MLA decode case (``reference.cases.mla``); ``UnsupportedCase`` unless ``q`` is
+    ``[b, s_q, h, 576]`` and the cache shares its dtype."""
+    inp = case.inputs
+    q, kv = inp["q"], inp["kv_cache"]
+    if q.dim() != 4 or q.shape[-1] != MLA_D_QK:
+        raise UnsupportedCase(f"MLA decode kernels take q [b, s_q, h, {MLA_D_QK}] (got {tuple(q.shape)})")
+    if kv.dtype != q.dtype:
+        raise UnsupportedCase(f"q and kv_cache must share a dtype (got {q.dtype}, {kv.dtype})")
+    bs = int(inp["block_size"])
+    bt = inp["block_table"].to(torch.int32).contiguous()
+    seq = inp["seq_lens"].to(torch.int32).contiguous()
+    return inp, q, kv, bs, bt, seq

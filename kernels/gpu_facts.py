@@ -10,7 +10,7 @@ and the kernel broker's children were being made: the collections, ~5 CPU-second
 together 15-16 s after the first worker started (4.5 s with 16 workers). NVML answers from the
 driver's device list.
 
-:func:`visible_gpus` returns one :class:`GpuFact` per device ``CUDA_VISIBLE_DEVICES`` selects (all
+:func:`visible_gpu_facts` returns one :class:`GpuFact` per device ``CUDA_VISIBLE_DEVICES`` selects (all
 devices when it is unset), in CUDA's numbering, or ``None`` where NVML cannot answer for certain:
 no NVML library (a ROCm or CPU-only host), an NVML error, MIG instances, or integer indices on a
 host whose GPUs differ while ``CUDA_DEVICE_ORDER`` is not ``PCI_BUS_ID`` (CUDA's default order,
@@ -23,7 +23,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-__all__ = ["GpuFact", "visible_gpus"]
+__all__ = ["GpuFact", "visible_gpu_facts"]
 
 _NAME_LEN = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE; the UUID buffer (NVML_DEVICE_UUID_V2_BUFFER_SIZE) too
 
@@ -38,7 +38,7 @@ class GpuFact:
     uuid: str
 
 
-def _nvml_devices() -> list[GpuFact] | None:
+def nvml_devices() -> list[GpuFact] | None:
     """Every NVIDIA device in NVML's (PCI bus) order, or None where NVML cannot be used (any
     failure: no library, an error code, an NVML too old for a call)."""
     try:
@@ -102,16 +102,16 @@ def select(devices: list[GpuFact], visible: str | None, pci_order: bool) -> list
     return out
 
 
-_FOUND: dict[tuple, tuple[GpuFact, ...]] = {}  # answers per (CUDA_VISIBLE_DEVICES, PCI order); no failure kept
+FOUND_CACHE: dict[tuple, tuple[GpuFact, ...]] = {}  # answers per (CUDA_VISIBLE_DEVICES, PCI order); no failure kept
 
 
-def visible_gpus() -> list[GpuFact] | None:
+def visible_gpu_facts() -> list[GpuFact] | None:
     """The GPUs this process may use, device 0 first (module docstring); None: ask torch."""
     key = (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID")
-    if key not in _FOUND:
-        devices = _nvml_devices()
+    if key not in FOUND_CACHE:
+        devices = nvml_devices()
         got = None if devices is None else select(devices, *key)
         if got is None:
             return None
-        _FOUND[key] = tuple(got)
-    return list(_FOUND[key])
+        FOUND_CACHE[key] = tuple(got)
+    return list(FOUND_CACHE[key])

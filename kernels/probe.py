@@ -129,7 +129,7 @@ def gpu_info() -> GpuInfo:
     except ImportError as e:  # pragma: no cover - torch is a hard dependency
         return GpuInfo(False, why=f"torch not importable ({e})")
     if torch.version.cuda is not None:  # NVML first: the name and capability without initialising CUDA
-        facts = gpu_facts.visible_gpus()
+        facts = gpu_facts.visible_gpu_facts()
         if facts is not None:
             if not facts:
                 return GpuInfo(False, why=f"no GPU visible to torch {torch.__version__} (CUDA {torch.version.cuda}; "
@@ -324,3 +324,39 @@ def reset_caches() -> None:
     """Forget cached answers (tests only)."""
     for f in (gpu_info, cpu_flags, cpu_arch, module_reason, staged_vllm_reason, import_reason, torch_op_reason, dtype_reason):
         f.cache_clear()
+
+
+# --------------------------------------------------------------------------- every failing requirement at once
+
+SM100_ARCHS = ("sm100", "sm103")  # the Blackwell datacentre parts (B200/GB200, B300/GB300)
+
+
+def all_reasons(*probes) -> "callable":
+    """A cached probe that reports *every* failing requirement joined by ``"; "`` (e.g. both
+    "needs sm100/sm103 (found sm90 ...)" and "flashinfer-python not installed"), so a reader on
+    an H200 learns everything that is missing at once. Import probes run only when the cheap
+    ones before them pass (they have side effects)."""
+
+    @functools.lru_cache(maxsize=None)
+    def probe() -> str | None:
+        reasons = []
+        for p in probes:
+            if getattr(p, "_after_ok", False) and reasons:
+                continue
+            r = p()
+            if r:
+                reasons.append(str(r))
+        return "; ".join(reasons) if reasons else None
+
+    return probe
+
+
+def after_others(p):
+    """Mark an (import) probe to run only when every probe before it passed."""
+    p._after_ok = True  # noqa: SLF001
+    return p
+
+
+def import_after_others(module: str) -> Probe:
+    """``needs_import(module)`` marked to run only when every probe before it passed (``all_reasons``)."""
+    return after_others(needs_import(module))

@@ -1,8 +1,8 @@
 """The kernel registry: one declarative :class:`KernelEntry` per (production kernel, stage).
 
-Adding a kernel means adding one entry to the ``ENTRIES`` list of its family module
-(``flashmla``, ``flashinfer``, ``cutedsl``, ``vllm_cuda``, ``vllm_triton``, ``vllm_v41``,
-``rocm_triton``, ``mla_family``, ``vllm_cpu``, ``sglang_jit``). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
+Adding a kernel means adding one ``KernelEntry(...)`` to the ``ENTRIES: list[KernelEntry] = [...]``
+literal of its family module (``kernels/<engine>/<name>.py``, listed in :data:`FAMILY_MODULES` in
+listing order). This module assembles them lazily, on first use of :data:`ENTRIES` (PEP 562
 module ``__getattr__``), so a family module may import :class:`KernelEntry` from here without a
 cycle. A family module that does not exist yet contributes nothing; an ``ImportError`` raised
 *inside* an existing family module is a bug and propagates.
@@ -33,6 +33,8 @@ FAMILY_MODULES = (
     "vllm.v41",
     "vllm.rocm_triton",
     "flashmla.mla_family",
+    "flashinfer.mla_dense",
+    "tokenspeed.mla",
     "vllm.cpu",
     "sglang.triton",
     "sglang.jit",
@@ -213,15 +215,15 @@ def validate_entry(entry: Any) -> list[str]:
 
 
 _ENTRIES: list[KernelEntry] | None = None
-_import = importlib.import_module  # indirection so tests can simulate a broken family module
+import_family = importlib.import_module  # indirection so tests can simulate a broken family module
 
 
-def _assemble() -> list[KernelEntry]:
+def assemble() -> list[KernelEntry]:
     out: list[KernelEntry] = []
     seen: dict[str, str] = {}
     for mod_name in FAMILY_MODULES:
         full = f"{__package__}.{mod_name}"
-        mod = _import(full)  # a family module that does not import is a broken install: raise
+        mod = import_family(full)  # a family module that does not import is a broken install: raise
         entries = getattr(mod, "ENTRIES", None)
         if entries is None:
             raise RuntimeError(f"kernel family module {full} defines no ENTRIES list")
@@ -242,7 +244,7 @@ def all_entries() -> list[KernelEntry]:
     """Every registered entry, in family order (assembled once per process)."""
     global _ENTRIES
     if _ENTRIES is None:
-        _ENTRIES = _assemble()
+        _ENTRIES = assemble()
     return list(_ENTRIES)
 
 

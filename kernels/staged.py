@@ -32,7 +32,7 @@ CUDA_SO = "vllm/_C_stable_libtorch.abi3.so"
 STAGE_COMMAND = "dsv4-numerics stage-vllm --wheel vllm-0.33.0-*.whl DIR"
 SGLANG_STAGE_COMMAND = "dsv4-numerics stage-sglang --wheel sglang-0.5.23-*.whl DIR"
 
-_active: dict[str, list[str]] = {}  # DSV4_STAGED value -> problems found while activating
+ACTIVATED: dict[str, list[str]] = {}  # DSV4_STAGED value -> problems found while activating
 
 
 def folders() -> list[Path]:
@@ -58,8 +58,8 @@ def activate() -> list[str]:
     """Make the ``DSV4_STAGED`` folders importable (see the module docstring). Returns the
     problems found (a folder that does not exist, a library that cannot be unpacked); never raises."""
     key = os.environ.get(ENV, "")
-    if key in _active:
-        return _active[key]
+    if key in ACTIVATED:
+        return ACTIVATED[key]
     problems: list[str] = []
     fallbacks = []
     for d in reversed(folders()):  # insert in reverse so the first folder ends up first
@@ -81,7 +81,7 @@ def activate() -> list[str]:
         if fb not in sys.path:
             sys.path.append(fb)
     importlib.invalidate_caches()
-    _active[key] = problems
+    ACTIVATED[key] = problems
     return problems
 
 

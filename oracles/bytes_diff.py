@@ -146,7 +146,7 @@ class BytesReport:
         return "\n".join(lines)
 
 
-class _Sink:
+class Sink:
     """Collects differences up to ``max_items`` and counts the rest."""
 
     def __init__(self, max_items: int):
@@ -161,7 +161,7 @@ class _Sink:
             self.dropped += 1
 
 
-def _fail_shape(layout: str, what: str) -> BytesReport:
+def fail_shape(layout: str, what: str) -> BytesReport:
     return BytesReport(layout=layout, passed=False, rule="shape", message=what)
 
 
@@ -369,13 +369,13 @@ def diff_model1(
         fail(fn, "slots", "must be a 1-D int32/int64 tensor", f"{slots.dtype} {tuple(slots.shape)}")
     fe, stride = model1_flat_bytes(expected, block_size)
     if not isinstance(got, torch.Tensor):
-        return _fail_shape(layout, f"got a {type(got).__name__}, not a cache tensor")
+        return fail_shape(layout, f"got a {type(got).__name__}, not a cache tensor")
     try:
         fg, stride_g = model1_flat_bytes(got, block_size)
     except ValueError as e:
-        return _fail_shape(layout, f"got cache has an unusable geometry: {e}")
+        return fail_shape(layout, f"got cache has an unusable geometry: {e}")
     if fg.numel() != fe.numel() or stride_g != stride:
-        return _fail_shape(layout, f"got spans {fg.numel()} bytes with page stride {stride_g}; expected {fe.numel()} / {stride}")
+        return fail_shape(layout, f"got spans {fg.numel()} bytes with page stride {stride_g}; expected {fe.numel()} / {stride}")
     fe, fg = fe.cpu(), fg.cpu()
     pol = _policies(policies)
     s_all = slots.to(torch.int64).cpu()
@@ -396,7 +396,7 @@ def diff_model1(
     neq = rec_e[:, :n_def] != rec_g[:, :n_def]
     rep = BytesReport(layout=layout, passed=True, compared=n_slots * n_def)
     rep.differing = int(neq.sum())
-    sink = _Sink(max_items)
+    sink = Sink(max_items)
     flav = pol["fp8"]
     bad_rows = neq.any(dim=1).nonzero().reshape(-1).tolist()
     rep.differing_records = len(bad_rows)
@@ -495,7 +495,7 @@ def diff_model1(
                 rep.explanations.append(f"got bytes match the expected records read as {what}")
     rep.differences, rep.truncated = sink.items, sink.dropped
     if not rep.passed:
-        rep.message = _first_explanation(rep)
+        rep.message = first_explanation(rep)
     return rep
 
 
@@ -509,7 +509,7 @@ def _find_record(rec: torch.Tensor, table: torch.Tensor, exclude: int | None = N
     return int(idx[0]) if idx.numel() else None
 
 
-def _first_explanation(rep: BytesReport) -> str:
+def first_explanation(rep: BytesReport) -> str:
     if rep.explanations:
         return rep.explanations[0]
     for d in rep.differences:
@@ -531,14 +531,14 @@ def diff_v32_rows(expected: torch.Tensor, got: torch.Tensor, *, max_items: int =
     if expected.shape[-1] != V32_ROW_BYTES:
         fail(fn, "expected", f"must have last dimension {V32_ROW_BYTES}", tuple(expected.shape))
     if got.dtype != torch.uint8 or tuple(got.shape) != tuple(expected.shape):
-        return _fail_shape(layout, f"got {got.dtype}{tuple(got.shape)}, expected uint8{tuple(expected.shape)}")
+        return fail_shape(layout, f"got {got.dtype}{tuple(got.shape)}, expected uint8{tuple(expected.shape)}")
     from dsv4_numerics.reference.caches.v32 import unpack_v32_rows
 
     e = expected.reshape(-1, V32_ROW_BYTES).cpu()
     g = got.reshape(-1, V32_ROW_BYTES).cpu()
     neq = e != g
     rep = BytesReport(layout=layout, passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
-    sink = _Sink(max_items)
+    sink = Sink(max_items)
     ce, se, re_ = unpack_v32_rows(e)
     cg, sg, rg = unpack_v32_rows(g)
     scale_off = V32_NOPE_DIM
@@ -571,7 +571,7 @@ def diff_v32_rows(expected: torch.Tensor, got: torch.Tensor, *, max_items: int =
     return rep
 
 
-def _dim_part(d: int) -> dict[str, Any]:
+def dim_part(d: int) -> dict[str, Any]:
     """Location fields of latent dim ``d`` of a 512-wide DSv4 row."""
     if d < NOPE_DIM:
         return {"dim": d, "part": "nope", "tile": d // TILE}
@@ -598,7 +598,7 @@ def diff_values(
     check_tensor(fn, "expected", expected)
     check_tensor(fn, "got", got)
     if got.dtype != expected.dtype or tuple(got.shape) != tuple(expected.shape):
-        return _fail_shape(layout, f"got {got.dtype}{tuple(got.shape)}, expected {expected.dtype}{tuple(expected.shape)}")
+        return fail_shape(layout, f"got {got.dtype}{tuple(got.shape)}, expected {expected.dtype}{tuple(expected.shape)}")
     e = expected.detach().cpu().contiguous()
     g = got.detach().cpu().contiguous()
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -607,8 +607,8 @@ def diff_values(
     neq = eb != gb
     rep = BytesReport(layout=layout, passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
     if describe is None and e.dim() >= 1 and e.shape[-1] == HEAD_DIM:
-        describe = lambda idx: _dim_part(idx[-1])  # noqa: E731
-    sink = _Sink(max_items)
+        describe = lambda idx: dim_part(idx[-1])  # noqa: E731
+    sink = Sink(max_items)
     for idx in _first_differences(neq, sink):
         where = {"index": list(idx), **(describe(idx) if describe else {})}
         ev, gv = e[idx].item(), g[idx].item()
@@ -617,11 +617,11 @@ def diff_values(
     rep.differences, rep.truncated = sink.items, sink.dropped
     if not rep.passed and alternatives:
         rep.explanations.extend(match_alternatives(got, alternatives))
-        rep.message = _first_explanation(rep)
+        rep.message = first_explanation(rep)
     return rep
 
 
-def _first_differences(neq: torch.Tensor, sink: _Sink) -> list[tuple[int, ...]]:
+def _first_differences(neq: torch.Tensor, sink: Sink) -> list[tuple[int, ...]]:
     """The indices (row-major order) of the first ``sink.max_items`` True elements of ``neq``; the
     others are counted into ``sink.dropped`` without being visited one by one (a kernel that
     differs everywhere differs in every one of ~10^5-10^6 elements)."""
@@ -653,14 +653,14 @@ def diff_plain_rows(expected: torch.Tensor, got: torch.Tensor, *, fp8_scale: flo
     check_tensor(fn, "expected", expected)
     if expected.dtype == torch.uint8:
         if got.dtype != torch.uint8 or tuple(got.shape) != tuple(expected.shape):
-            return _fail_shape("plain_fp8", f"got {got.dtype}{tuple(got.shape)}, expected uint8{tuple(expected.shape)}")
+            return fail_shape("plain_fp8", f"got {got.dtype}{tuple(got.shape)}, expected uint8{tuple(expected.shape)}")
         scale = 1.0 if fp8_scale is None else float(fp8_scale)
         e, g = expected.cpu(), got.cpu()
         neq = e != g
         rep = BytesReport(layout="plain_fp8", passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
-        sink = _Sink(max_items)
+        sink = Sink(max_items)
         for idx in _first_differences(neq, sink):
-            sink.add(Difference({"index": list(idx), **_dim_part(idx[-1])}, f"0x{int(e[idx]):02X}", f"0x{int(g[idx]):02X}",
+            sink.add(Difference({"index": list(idx), **dim_part(idx[-1])}, f"0x{int(e[idx]):02X}", f"0x{int(g[idx]):02X}",
                                 float(decode_fp8(e[idx].reshape(1))) * scale, float(decode_fp8(g[idx].reshape(1))) * scale))
         rep.differing_records = _records_with_differences(neq)
         rep.differences, rep.truncated = sink.items, sink.dropped
@@ -694,9 +694,9 @@ def diff_output_fp8(
     if tuple(expected_exponents.shape) != want_e:
         fail(fn, "expected_exponents", f"must have shape {list(want_e)}", tuple(expected_exponents.shape))
     if got_codes.dtype != torch.uint8 or tuple(got_codes.shape) != tuple(expected_codes.shape):
-        return _fail_shape(layout, f"got codes {got_codes.dtype}{tuple(got_codes.shape)}, expected uint8{tuple(expected_codes.shape)}")
+        return fail_shape(layout, f"got codes {got_codes.dtype}{tuple(got_codes.shape)}, expected uint8{tuple(expected_codes.shape)}")
     if tuple(got_exponents.shape) != want_e or got_exponents.dtype.is_floating_point:
-        return _fail_shape(layout, f"got exponents {got_exponents.dtype}{tuple(got_exponents.shape)}, expected int{list(want_e)}")
+        return fail_shape(layout, f"got exponents {got_exponents.dtype}{tuple(got_exponents.shape)}, expected int{list(want_e)}")
     ec, gc = expected_codes.cpu(), got_codes.cpu()
     ee, ge = expected_exponents.cpu().to(torch.int64), got_exponents.cpu().to(torch.int64)
     code_neq = ec != gc
@@ -706,7 +706,7 @@ def diff_output_fp8(
     blk_bad = code_neq.reshape(*want_e, group).any(-1) | exp_neq
     rep.differing_tiles = int(blk_bad.sum())
     rep.differing_records = int(blk_bad.any(-1).any(-1).sum())
-    sink = _Sink(max_items)
+    sink = Sink(max_items)
     for t, g, k in blk_bad.nonzero().tolist():
         d0 = k * group
         head, hd = g * heads_per_group + d0 // HEAD_DIM, d0 % HEAD_DIM
@@ -737,12 +737,12 @@ def diff_index(expected: torch.Tensor, got: torch.Tensor, *, name: str = "indice
     layout = f"index:{name}"
     if not isinstance(got, torch.Tensor) or got.dtype.is_floating_point or tuple(got.shape) != tuple(expected.shape):
         desc = f"{got.dtype}{tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
-        return _fail_shape(layout, f"{name}: got {desc}, expected int{tuple(expected.shape)}")
+        return fail_shape(layout, f"{name}: got {desc}, expected int{tuple(expected.shape)}")
     e = expected.detach().cpu().to(torch.int64)
     g = got.detach().cpu().to(torch.int64)
     neq = e != g
     rep = BytesReport(layout=layout, passed=not bool(neq.any()), compared=e.numel(), differing=int(neq.sum()))
-    sink = _Sink(max_items)
+    sink = Sink(max_items)
     for idx in _first_differences(neq, sink):
         where = {"token": idx[0]} if len(idx) == 1 else {"token": idx[0], "column": idx[1]} if len(idx) == 2 else {"index": list(idx)}
         sink.add(Difference(where, int(e[idx]), int(g[idx])))
@@ -759,7 +759,7 @@ def diff_index(expected: torch.Tensor, got: torch.Tensor, *, name: str = "indice
             rep.explanations.append("got -1 (empty) where the reference has a valid entry")
         if alternatives:
             rep.explanations.extend(match_alternatives(got, alternatives))
-        rep.message = _first_explanation(rep)
+        rep.message = first_explanation(rep)
     return rep
 
 

@@ -16,7 +16,7 @@ from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.errors import check_dtype, fail
 from dsv4_numerics.reference.policies import V41Layout, V41Record
 
-from .bytes_diff import BytesReport, Difference, _fail_shape, _Sink
+from .bytes_diff import BytesReport, Difference, fail_shape, Sink
 
 __all__ = ["diff_v41", "LAYOUT_PRODUCERS"]
 
@@ -40,7 +40,7 @@ def diff_v41(expected: torch.Tensor, got: torch.Tensor, written_slots: torch.Ten
     tag = f"v41_{record.value}_{layout.value}"
     check_dtype(fn, "expected", expected, (torch.uint8,))
     if not isinstance(got, torch.Tensor) or got.dtype != torch.uint8 or got.shape != expected.shape:
-        return _fail_shape(tag, f"got {getattr(got, 'dtype', type(got).__name__)}{tuple(getattr(got, 'shape', ()))}, "
+        return fail_shape(tag, f"got {getattr(got, 'dtype', type(got).__name__)}{tuple(getattr(got, 'shape', ()))}, "
                                 f"expected uint8{tuple(expected.shape)}")
     s = written_slots.to(torch.int64)
     s = s[s >= 0]
@@ -51,7 +51,7 @@ def diff_v41(expected: torch.Tensor, got: torch.Tensor, written_slots: torch.Ten
                       compared=de.numel() + se.numel(), differing=int(ne_d.sum() + ne_s.sum()))
     if rep.passed:
         return rep
-    sink = _Sink(max_items)
+    sink = Sink(max_items)
     groups = se.shape[1]
     per_group = de.shape[1] // groups
     for i in (ne_d.any(dim=1) | ne_s.any(dim=1)).nonzero().flatten().tolist():

@@ -15,7 +15,7 @@ Tier A (bf16-numerics kernels, exact KV; attention 4.1): the model is the oracle
         (``atol_unit = "vrms"``: outputs and their rounding errors scale exactly with V);
         ``cos_tol = M**2 * max cos_diff`` (``cos_diff`` is quadratic in the error);
         ``three_output_k = M``.
-  lse, max_logits: the worse of two fp32 models (``_softmax_model(..., dtype_logits=float32)``:
+  lse, max_logits: the worse of two fp32 models (``softmax_model(..., dtype_logits=float32)``:
         logits from the bf16 operands accumulated in fp32, fp32 max / exp / sum / log, as the
         kernels' softmax statistics), natural base (ROCm Triton ``tl.exp``) and ``base2=True``
         (FlashMLA, attention 2.1: ``log2 e`` folded into the fp32 scale, exp2, ``M * ln2`` back
@@ -25,7 +25,7 @@ Tier A (bf16-numerics kernels, exact KV; attention 4.1): the model is the oracle
         would set an unbounded relative error)
         (fp32 ulps), ``cos_tol`` = the larger of ``M**2 * max cos_diff`` and the cosine diff the
         elementwise limits imply (``atol**2 / min mean(ref**2) + rtol**2``).
-Tier B (FP8-compute routes, attention 4.1 [inferred]): model ``_softmax_model(p_round="e4m3")``
+Tier B (FP8-compute routes, attention 4.1 [inferred]): model ``softmax_model(p_round="e4m3")``
   on the q quantised to E4M3 per 64-dim block with a power-of-two scale
   (``quantize_q_e4m3_per64``, FlashInfer SM120 ``q_stage``, datapath 3 / H14): P quantised to
   E4M3 (``P * 448`` rounded, the FP8 P.V of the FP8 routes), fp32 row sum, bf16 output; compared
@@ -69,10 +69,10 @@ the decode domain with ``scale * 2**9`` (|lse| up to ~100) and the prefill domai
 q), where the fp32 logit chain's error (~ u * scale * sum_i |q_i k_i|) dominates the statistics.
 Reproducibility: every reduction in the sweep has a FIXED order built from elementwise IEEE ops
 (no ``einsum``/``matmul``/``sum``/``mean``/``softmax``, no fp32 ``torch.exp``/``log``/``rsqrt``):
-float64 parts use the oracle's helpers (``reference.attention.ordered._logits``/``_seq_sum_last``/
-``_seq_pv``, ``detmath.det_exp``/``det_log``/``fixed_sum``); the fp32 kernel models accumulate
+float64 parts use the oracle's helpers (``reference.attention.ordered.scaled_logits``/``seq_sum_last``/
+``seq_pv``, ``detmath.det_exp``/``det_log``/``fixed_sum``); the fp32 kernel models accumulate
 sequentially (an fp32 FMA chain over d for the logits, over k for the row sum and P.V, over d for
-the RMS; ``_softmax_model``, ``compressor_fp32`` document the order and why it models the
+the RMS; ``softmax_model``, ``compressor_fp32`` document the order and why it models the
 kernels' fp32 accumulation) with fp32 exp/log/rsqrt = ``fl32`` of the deterministic float64
 value. So the records are a function of the reference alone: the same bits for any host, BLAS,
 thread count, CPU ISA, device and torch version (``tests/oracles/test_derive.py`` requires the
@@ -100,7 +100,7 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.attention.ordered import Segment, _logits, _seq_pv, _seq_sum_last, segment_validity, sparse_attention
+from dsv4_numerics.reference.attention.ordered import Segment, scaled_logits, seq_pv, seq_sum_last, segment_validity, sparse_attention
 from dsv4_numerics.reference.caches.model1 import decode_records, encode_records
 from dsv4_numerics.reference.constants import E4M3_MAX, HEAD_DIM, OUT_GROUP, TILE
 from dsv4_numerics.reference.detmath import det_exp, det_log, fixed_sum
@@ -241,7 +241,7 @@ def quantize_q_e4m3_per64(q: torch.Tensor) -> torch.Tensor:
     return dequantize_tiles(codes, sb).reshape(T, H, D).to(torch.bfloat16)
 
 
-def _gathered(q: torch.Tensor, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+def gathered_kv(q: torch.Tensor, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """Gathered rows ``[T, K, D]`` float64 (invalid rows zero) and validity ``[T, K]``."""
     T = q.shape[0]
     valid = segment_validity(segments, T)
@@ -280,7 +280,7 @@ FLASHMLA_LOG2E_F32 = float(torch.tensor(1.44269504, dtype=torch.float32))
 FLASHMLA_LN2_F32 = float(torch.tensor(math.log(2.0), dtype=torch.float32))
 
 
-def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink: torch.Tensor | None,
+def softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink: torch.Tensor | None,
                    p_round: str, q_round: str, dtype_logits: torch.dtype = torch.float64,
                    abs_values: bool = False, base2: bool = False) -> dict[str, torch.Tensor]:
     """Dense attention with rounding points (derivation only; not bit-defining, but every
@@ -318,26 +318,26 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     ROCm Triton (natural ``tl.exp``) is the ``base2=False`` model.
     """
     if base2 and dtype_logits != torch.float32:
-        fail("_softmax_model", "base2", "models fp32 kernel statistics: needs dtype_logits=torch.float32", dtype_logits)
-    g, valid = _gathered(q, segments)
+        fail("softmax_model", "base2", "models fp32 kernel statistics: needs dtype_logits=torch.float32", dtype_logits)
+    g, valid = gathered_kv(q, segments)
     qq = quantize_q_e4m3_per64(q) if q_round == "e4m3_per64" else q
     vm = valid.unsqueeze(1)
     f32 = dtype_logits == torch.float32
     ft = torch.float32 if f32 else torch.float64
     if base2:  # c = fl32(fl32(scale) * fl32(log2 e)): FlashMLA's sm_scale_div_log2
         c = torch.tensor(scale, dtype=torch.float32) * torch.tensor(FLASHMLA_LOG2E_F32, dtype=torch.float32)
-        s = _logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * c
+        s = scaled_logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * c
     elif f32:
-        s = _logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * torch.tensor(scale, dtype=torch.float32)
+        s = scaled_logits(qq.to(torch.float32), g.to(torch.float32), 1.0) * torch.tensor(scale, dtype=torch.float32)
     else:
-        s = _logits(qq.to(torch.float64), g, scale)
+        s = scaled_logits(qq.to(torch.float64), g, scale)
     s = torch.where(vm, s, torch.full_like(s, -math.inf))
     m = s.amax(-1, keepdim=True) + 0.0
     has = torch.isfinite(m)
     msafe = torch.where(has, m, torch.zeros_like(m))
     diff = torch.where(vm, s - msafe, torch.full_like(s, -math.inf))
     p = _f32_exp2(diff) if base2 else (_f32_exp(diff) if f32 else det_exp(diff))
-    L = _seq_sum_last(p).unsqueeze(-1)
+    L = seq_sum_last(p).unsqueeze(-1)
     v = (g.abs() if abs_values else g).to(ft)
     div = torch.ones_like(L)
     if p_round == "bf16":
@@ -350,7 +350,7 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
             pn = decode_fp8(encode_fp8(p * E4M3_MAX, Fp8Flavour.E4M3FN)).to(torch.float64) / torch.full_like(p, E4M3_MAX)
     else:
         pn = p
-    num = _seq_pv(pn, v)
+    num = seq_pv(pn, v)
     if sink is None:
         den = L
     else:
@@ -379,7 +379,7 @@ def _softmax_model(q: torch.Tensor, segments: list[Segment], scale: float, sink:
     return res
 
 
-def _errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
+def model_errors(model: torch.Tensor, exact: torch.Tensor, eps: float,
             weight: torch.Tensor | None = None, atol_cap: float | None = None) -> dict[str, float]:
     """Worst-case figures of ``model`` vs ``exact`` over entries finite in both.
 
@@ -484,7 +484,7 @@ def _compressor_errors(ratio: int, seed: int) -> dict[str, float]:
         acc = acc + sq[:, d]
     rr = 1.0 / torch.sqrt(acc * (1.0 / HEAD_DIM) + 1e-6)
     A = (num_abs / den) * rr[:, None] * w.to(torch.float64)
-    return _errors(model, ref, FP32_EPS, A)
+    return model_errors(model, ref, FP32_EPS, A)
 
 
 FP8_ACCUM_BITS = 14  # Hopper FP8 MMA accumulation precision (DeepSeek-V3 technical report, 3.3.2)
@@ -492,8 +492,8 @@ FP8_ACCUM_BITS = 14  # Hopper FP8 MMA accumulation precision (DeepSeek-V3 techni
 
 def _logit_magnitude(q: torch.Tensor, segments: list[Segment], scale: float) -> float:
     """``max over (t, h, valid j) of scale * sum_i |q_i k_ji|`` (float64)."""
-    g, valid = _gathered(q, segments)
-    mag = _logits(q.to(torch.float64).abs(), g.abs(), scale)  # fixed order over d
+    g, valid = gathered_kv(q, segments)
+    mag = scaled_logits(q.to(torch.float64).abs(), g.abs(), scale)  # fixed order over d
     mag = mag.masked_fill(~valid.unsqueeze(1), 0.0)
     return float(mag.max()) if mag.numel() else 0.0
 
@@ -510,7 +510,7 @@ def mma_rz_logits(q: torch.Tensor, g: torch.Tensor, scale: float, block: int = M
     ``q`` ``[T, H, D]``, ``g`` ``[T, K, D]`` (float64 values of bf16 / FP8-code operands: every
     product is exact in float64; their sum with the accumulator is exact unless the exponents span
     more than ~29 bits, far below the truncation). The bias of truncation makes its error grow with
-    the number of steps, unlike the RNE chain of ``_softmax_model``; fixed order, elementwise ops
+    the number of steps, unlike the RNE chain of ``softmax_model``; fixed order, elementwise ops
     only (the same bits on every host)."""
     T, H, D = q.shape
     qt = q.to(torch.float64).permute(2, 0, 1)  # [D, T, H]
@@ -533,8 +533,8 @@ def _logit_ratio(model_logits: torch.Tensor, q: torch.Tensor, segments: list[Seg
     """``max over (t, h) of max_k |s32_k - s_k| / (2**-23 F[t, h])`` over the valid slots: the fp32
     logit chain's error in fp32 units of the row's logit scale ``F`` (``row_scale.logit_scale``);
     ``s`` the oracle's float64 logits (fixed order over d). Rows with ``F = 0`` have no valid slot."""
-    g, valid = _gathered(q, segments)
-    exact = _logits(q.to(torch.float64), g, scale)
+    g, valid = gathered_kv(q, segments)
+    exact = scaled_logits(q.to(torch.float64), g, scale)
     if model_logits is None:  # the truncating tensor-core model
         model_logits = mma_rz_logits(q, g, scale)
     err = torch.where(valid.unsqueeze(1), (model_logits - exact).abs(), torch.zeros((), dtype=torch.float64))
@@ -579,17 +579,17 @@ def sweep(seeds: int = 2, device: str = "cpu", configs: tuple[Config, ...] = CON
             vrms = v_rms(segs, q.shape[0], HEAD_DIM)
             if not cfg.stats_only:
                 bp = sparse_attention(q, segs, sc, sink, mode=AttentionMode.BF16_P)
-                A = _softmax_model(q, segs, sc, sink, "none", "none", abs_values=True)["out"]
-                _merge(meas.setdefault(("A", "out"), {}), _per_vrms(_errors(bp.out, ex.out, BF16_EPS, A), vrms))
+                A = softmax_model(q, segs, sc, sink, "none", "none", abs_values=True)["out"]
+                _merge(meas.setdefault(("A", "out"), {}), _per_vrms(model_errors(bp.out, ex.out, BF16_EPS, A), vrms))
             # the fp32 statistics of both arithmetics: natural exp/log (ROCm Triton) and FlashMLA's
             # base-2 (attention 2.1); the record covers the worse of the two
             mma_ratio = _logit_ratio(None, q, segs, sc)
             for base2 in (False, True):
-                f32 = _softmax_model(q, segs, sc, sink, "none", "none", torch.float32, base2=base2)
+                f32 = softmax_model(q, segs, sc, sink, "none", "none", torch.float32, base2=base2)
                 ratio = max(_logit_ratio(f32["logits"], q, segs, sc), mma_ratio)
                 for name, ref in (("lse", ex.lse), ("max_logits", ex.max_logits)):
                     cap = TIER_CEILINGS.get(("A", name), {}).get("atol")
-                    e = _errors(f32[name], ref, FP32_EPS, atol_cap=cap)
+                    e = model_errors(f32[name], ref, FP32_EPS, atol_cap=cap)
                     e["logit_ratio"] = ratio
                     _merge(meas.setdefault(("A", name), {}), e)
             count += 1
@@ -598,10 +598,10 @@ def sweep(seeds: int = 2, device: str = "cpu", configs: tuple[Config, ...] = CON
             # tier B: the oracle is fed the same E4M3-quantised q (attention 7 tier B)
             q8 = quantize_q_e4m3_per64(q)
             ex8 = sparse_attention(q8, segs, sc, sink, mode=AttentionMode.EXACT)
-            A8 = _softmax_model(q8, segs, sc, sink, "none", "none", abs_values=True)["out"]
-            f8 = _softmax_model(q8, segs, sc, sink, "e4m3", "none", torch.float32)
-            _merge(meas.setdefault(("B", "out"), {}), _per_vrms(_errors(f8["out"], ex8.out, BF16_EPS, A8), vrms))
-            e8 = _errors(f8["lse"], ex8.lse, FP32_EPS)
+            A8 = softmax_model(q8, segs, sc, sink, "none", "none", abs_values=True)["out"]
+            f8 = softmax_model(q8, segs, sc, sink, "e4m3", "none", torch.float32)
+            _merge(meas.setdefault(("B", "out"), {}), _per_vrms(model_errors(f8["out"], ex8.out, BF16_EPS, A8), vrms))
+            e8 = model_errors(f8["lse"], ex8.lse, FP32_EPS)
             # FP8 MMA accumulation keeps ~14 bits (Hopper; DeepSeek-V3 report 3.3.2): each logit may
             # be off by 2**-14 * scale * sum_i |q_i k_i|, and the LSE is 1-Lipschitz in the logits
             e8["fp8_accum_term"] = math.ldexp(_logit_magnitude(q8, segs, sc), -FP8_ACCUM_BITS)
@@ -647,8 +647,8 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
         if tier == "C":
             rec.update(metric="block_scale", block_mult=half_e4m3_step_at_top(),
                        derived=f"analytic: half the E4M3 quantum of the top binade [256, 448] = 16 (x block scale); {how}: measured max |deq - x| / 2**e",
-                       measured={k: _r(v) for k, v in m.items()})
-            rec["margin"] = _r(half_e4m3_step_at_top() / m["max_err_over_scale"]) if m["max_err_over_scale"] else None
+                       measured={k: round_up_3(v) for k, v in m.items()})
+            rec["margin"] = round_up_3(half_e4m3_step_at_top() / m["max_err_over_scale"]) if m["max_err_over_scale"] else None
         else:
             fmt = "bf16" if output == "out" else "fp32"
             model = {("A", "out"): "oracle bf16_p mode", ("B", "out"): "fp8 route model (q e4m3/64, P e4m3)",
@@ -663,14 +663,14 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
             uncovered = ("rel_ulps_uncovered" in m and ceil_atol is not None and unit == "abs"
                          and MARGIN * m["abs"] > ceil_atol)
             rel = m["rel_ulps_uncovered"] if uncovered else m["rel_ulps"]
-            lim = {"atol": _r(MARGIN * m["abs"]), "rtol_ulps": _r(MARGIN * rel),
-                   "cos_tol": _r(MARGIN * MARGIN * m["cos"])}
+            lim = {"atol": round_up_3(MARGIN * m["abs"]), "rtol_ulps": round_up_3(MARGIN * rel),
+                   "cos_tol": round_up_3(MARGIN * MARGIN * m["cos"])}
             implied = ""
             if output != "out":  # fp32 statistics: the cosine the elementwise limits imply
                 eps = math.ldexp(1.0, -FORMATS[fmt][0])
                 imp = lim["atol"] ** 2 / m["ref_ms_min"] + (lim["rtol_ulps"] * eps) ** 2
                 if imp > lim["cos_tol"]:
-                    lim["cos_tol"] = _r(imp)
+                    lim["cos_tol"] = round_up_3(imp)
                     implied = "; cos_tol = atol^2/min mean(ref^2) + rtol^2 (the cosine diff the elementwise limits imply; kernelkit's cosine adds nothing for fp32 statistics)"
             clamped = _clamp_to_ceiling(tier, output, fmt, lim, unit)
             rec.update(metric="kernelkit", atol=lim["atol"], atol_unit=unit, rtol_ulps=lim["rtol_ulps"],
@@ -679,11 +679,11 @@ def records(meas: dict[tuple[str, str], dict[str, Any]], arch: str | None = None
                                f"{' over the elements the ceiling-clamped atol does not cover (M*err > ceiling atol)' if uncovered else ''}"
                                f"{' over non-cancelling elements (|ref| >= A/2), atol over the rest' if output in ('out', 'normed') else ''}, cos_tol = M^2*max cos_diff; {how}"
                                + implied + (f"; clamped to the attention.md 7 ceiling: {', '.join(clamped)}" if clamped else ""),
-                       measured={k: _r(v) for k, v in m.items()})
+                       measured={k: round_up_3(v) for k, v in m.items()})
             if output == "out":
                 rec["three_output_k"] = MARGIN
             if "logit_ratio" in m:  # the per-row logit term (row_scale), on top of atol / rtol
-                rec["logit_ulps"] = _r(MARGIN * m["logit_ratio"])
+                rec["logit_ulps"] = round_up_3(MARGIN * m["logit_ratio"])
                 rec["derived"] += ("; logit_ulps = M*max over rows of max_k |s32_k - s_k| / (2**-23 F) (the fp32 logit "
                                    "chains of both models and of the truncating tensor-core model mma_rz_logits against the oracle's logits; F = scale ||q|| max_k ||K_k||, "
                                    "row_scale.logit_scale): the judge allows logit_ulps * 2**-23 * F per row on top of "
@@ -714,7 +714,7 @@ def _clamp_to_ceiling(tier: str, output: str, fmt: str, lim: dict[str, float], u
     return notes
 
 
-def _r(v: Any) -> Any:
+def round_up_3(v: Any) -> Any:
     """Round a measured float up to 3 significant digits (never down: a record must cover it)."""
     if not isinstance(v, float) or v == 0.0 or not math.isfinite(v):
         return v

@@ -76,13 +76,13 @@ def _cpu_tensor(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _cpu(x: Any) -> Any:
+def to_cpu(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return _cpu_tensor(x)
     if isinstance(x, dict):
-        return {k: _cpu(v) for k, v in x.items()}
+        return {k: to_cpu(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return type(x)(_cpu(v) for v in x)
+        return type(x)(to_cpu(v) for v in x)
     return x
 
 
@@ -178,7 +178,7 @@ def _judge_case(entry: Any, case: Case, plan: _Plan) -> dict[str, Any]:
     got = _guarded("call", entry.call, dcase, unsupported="")
     # (a device-to-host copy waits for the kernel: its time is the call's; judged on the device,
     # the outputs stay there and the call's time is the time its launch returned in)
-    got = got if plan.on_device else _cpu(got)
+    got = got if plan.on_device else to_cpu(got)
     t_call = time.perf_counter() - t_call
     if not isinstance(got, dict):
         raise _CaseDecided(Verdict.ERROR, "call", f"call returned {type(got).__name__}, not a dict of outputs")

@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable
 
 from dsv4_numerics.reference.errors import fail
 
+from .text import format_number
+
 SCHEMA = "dsv4-numerics/report/1"
 JUNIT_PREFIX = "dsv4"
 
@@ -197,21 +199,11 @@ class Result:
         if self.rule:
             bits.append(f"rule={self.rule}")
         if self.worst_ulps is not None:
-            bits.append(f"worst={_fmt(self.worst_ulps)}ulp")
+            bits.append(f"worst={format_number(self.worst_ulps)}ulp")
         if self.headroom is not None:
-            bits.append(f"headroom={_fmt(self.headroom)}")
+            bits.append(f"headroom={format_number(self.headroom)}")
         s = " ".join(bits)
         return s + (f" -- {self.message}" if self.message else "")
-
-
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if math.isinf(v):
-        return "inf"
-    if math.isnan(v):
-        return "nan"
-    return f"{v:.3g}"
 
 
 def counts(results: Iterable[Result]) -> dict[str, int]:
@@ -299,7 +291,7 @@ def junit_properties(result: Result) -> list[tuple[str, str]]:
     props = [
         (f"{p}.entry", result.entry), (f"{p}.stage", result.stage), (f"{p}.case", result.case),
         (f"{p}.verdict", str(result.verdict)), (f"{p}.rule", result.rule),
-        (f"{p}.worst_ulps", _fmt(result.worst_ulps)), (f"{p}.headroom", _fmt(result.headroom)),
+        (f"{p}.worst_ulps", format_number(result.worst_ulps)), (f"{p}.headroom", format_number(result.headroom)),
     ]
     if result.message:
         props.append((f"{p}.message", result.message[:500]))

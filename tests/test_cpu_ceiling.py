@@ -15,7 +15,7 @@ def test_measure_returns_the_sets_throughput():
     assert r["kind"] == "mix" and r["procs"] == 2 and r["units"] == 2 and r["wall_s"] > 0
     assert r["units_per_s"] == pytest.approx(4 / r["wall_s"], rel=0.02)
     m = cpu_ceiling.measure(procs=1, units=1, kind="memory")
-    moved = 2 * cpu_ceiling._MEM_PASSES * cpu_ceiling._MEM_ELEMS * 8  # bytes read and written in one unit
+    moved = 2 * cpu_ceiling.MEM_PASSES * cpu_ceiling.MEM_ELEMS * 8  # bytes read and written in one unit
     assert m["kind"] == "memory" and m["gb_per_s"] == pytest.approx(moved / m["wall_s"] / 1e9, rel=0.02)
     c = cpu_ceiling.measure(procs=1, units=3, kind="compute")
     assert c["kind"] == "compute" and "gb_per_s" not in c and c["units_per_s"] == pytest.approx(3 / c["wall_s"], rel=0.02)

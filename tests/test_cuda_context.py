@@ -51,7 +51,7 @@ def _driver_library(monkeypatch, cdll) -> None:
 def test_retains_the_primary_context_of_the_first_visible_device(monkeypatch):
     fake = FakeDriver()
     _driver_library(monkeypatch, lambda name: fake)
-    assert cuda_context._retain_primary_context() == 0
+    assert cuda_context.retain_primary_context() == 0
     assert fake.calls == [("cuInit", 0), ("cuDeviceGet", 0), ("cuDevicePrimaryCtxRetain",)]
 
 
@@ -59,7 +59,7 @@ def test_retains_the_primary_context_of_the_first_visible_device(monkeypatch):
 def test_stops_at_the_first_failing_call_and_returns_its_code(monkeypatch, fail_at, made):
     fake = FakeDriver(fail_at)
     _driver_library(monkeypatch, lambda name: fake)
-    assert cuda_context._retain_primary_context() == 999
+    assert cuda_context.retain_primary_context() == 999
     assert len(fake.calls) == made
 
 
@@ -68,13 +68,13 @@ def test_no_driver_library_is_minus_one_and_the_thread_swallows_errors(monkeypat
         raise OSError(f"{name}: cannot open shared object file")
 
     _driver_library(monkeypatch, missing)
-    assert cuda_context._retain_primary_context() == -1
+    assert cuda_context.retain_primary_context() == -1
 
     def broken(name):
         raise RuntimeError("anything")
 
     _driver_library(monkeypatch, broken)
-    cuda_context._run()  # an optimisation never raises
+    cuda_context.retain_quietly()  # an optimisation never raises
 
 
 @pytest.mark.parametrize("env", [{"DSV4_WARM_CUDA": "0", "CUDA_VISIBLE_DEVICES": "0"},
@@ -83,15 +83,15 @@ def test_off_or_no_visible_gpu_starts_nothing(monkeypatch, env):
     monkeypatch.delenv("DSV4_WARM_CUDA", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(cuda_context, "_STARTED", [])
+    monkeypatch.setattr(cuda_context, "STARTED", [])
     assert cuda_context.warm_primary_context() is None
 
 
 def test_starts_once_per_process(monkeypatch):
     monkeypatch.delenv("DSV4_WARM_CUDA", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    monkeypatch.setattr(cuda_context, "_STARTED", [])
-    monkeypatch.setattr(cuda_context, "_run", lambda: None)
+    monkeypatch.setattr(cuda_context, "STARTED", [])
+    monkeypatch.setattr(cuda_context, "retain_quietly", lambda: None)
     t = cuda_context.warm_primary_context()
     assert t is not None and t.daemon
     t.join(5)
@@ -157,9 +157,9 @@ def test_on_a_gpu_the_early_release_destroys_the_primary_context():
 def test_early_release_needs_a_context_fast_exit_and_the_switch(monkeypatch):
     """Off the GPU there is no context to release; the switch and fast exit turn it off too."""
     calls = []
-    monkeypatch.setattr(cuda_context, "_reset_primary_context", lambda: calls.append(1) or 0)
-    monkeypatch.setattr(cuda_context, "_RELEASED", [])
-    monkeypatch.setattr(cuda_context, "_STARTED", [])
+    monkeypatch.setattr(cuda_context, "reset_primary_context", lambda: calls.append(1) or 0)
+    monkeypatch.setattr(cuda_context, "RELEASED", [])
+    monkeypatch.setattr(cuda_context, "STARTED", [])
     monkeypatch.delenv("DSV4_FAST_EXIT", raising=False)
     monkeypatch.delenv("DSV4_EARLY_CUDA_RELEASE", raising=False)
     import torch
@@ -168,7 +168,7 @@ def test_early_release_needs_a_context_fast_exit_and_the_switch(monkeypatch):
         assert cuda_context.release_primary_context_soon() is None  # no context in this process
     done = threading.Thread(target=lambda: None)
     done.start()
-    monkeypatch.setattr(cuda_context, "_STARTED", [done])  # an early context was made
+    monkeypatch.setattr(cuda_context, "STARTED", [done])  # an early context was made
     for var, value in (("DSV4_EARLY_CUDA_RELEASE", "0"), ("DSV4_FAST_EXIT", "0")):
         monkeypatch.setenv(var, value)
         assert cuda_context.release_primary_context_soon() is None
@@ -192,14 +192,14 @@ _AT_EXIT = textwrap.dedent("""
 """)
 
 
-def _run(code: str, **env) -> subprocess.CompletedProcess:
+def _run_python(code: str, **env) -> subprocess.CompletedProcess:
     e = {k: v for k, v in os.environ.items() if k != "DSV4_FAST_EXIT"}
     e.update(env)
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
 
 
 def test_skip_shutdown_runs_later_handlers_skips_earlier_ones_and_flushes():
-    out = _run(_AT_EXIT)
+    out = _run_python(_AT_EXIT)
     assert out.returncode == 0, out.stderr  # an xdist worker's status is read by nobody
     assert "first True again False" in out.stdout
     assert "registered-after" in out.stdout and "buffered-no-newline" in out.stdout
@@ -218,20 +218,20 @@ _NON_DAEMON = textwrap.dedent("""
 
 def test_skip_shutdown_does_not_wait_for_non_daemon_threads():
     t0 = time.monotonic()
-    out = _run(_NON_DAEMON)
+    out = _run_python(_NON_DAEMON)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["main-done", "registered-after"]
     assert time.monotonic() - t0 < 30, "the process waited for its non-daemon thread"
 
 
 def test_fast_exit_off_keeps_the_ordinary_shutdown():
-    out = _run(_AT_EXIT, DSV4_FAST_EXIT="0")
+    out = _run_python(_AT_EXIT, DSV4_FAST_EXIT="0")
     assert out.returncode == 5
     assert "first False again False" in out.stdout
     assert "registered-before" in out.stdout and "registered-after" in out.stdout
 
 
 def test_exit_now_keeps_the_status_and_flushes():
-    out = _run("import sys\nfrom dsv4_numerics.runner.cuda_context import exit_now\n"
+    out = _run_python("import sys\nfrom dsv4_numerics.runner.cuda_context import exit_now\n"
                "sys.stdout.write('out'); sys.stderr.write('err')\nexit_now(3)\nprint('never')")
     assert (out.returncode, out.stdout, out.stderr) == (3, "out", "err")

@@ -1,4 +1,4 @@
-"""``host_gpus.visible_gpu_ids`` and ``worker_pool.visible_gpus``: GPUs found without asking torch
+"""``host_gpus.visible_gpu_ids`` (without and with ``torch_fallback``): GPUs found without asking torch
 (which initialises the CUDA driver in the asking process: the xdist controller, before it starts
 its first worker)."""
 
@@ -6,8 +6,6 @@ import os
 import subprocess
 
 from dsv4_numerics.runner import host_gpus
-
-from dsv4_numerics.runner import pool as worker_pool
 
 
 def _no_torch_count(monkeypatch) -> list:
@@ -25,9 +23,9 @@ def _no_torch_count(monkeypatch) -> list:
 def test_the_inherited_list_comes_first_stripped(monkeypatch):
     asked = _no_torch_count(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " 3, 1,,")
-    assert host_gpus.visible_gpu_ids() == ["3", "1"] and worker_pool.visible_gpus() == ["3", "1"]
+    assert host_gpus.visible_gpu_ids() == ["3", "1"] and host_gpus.visible_gpu_ids(torch_fallback=True) == ["3", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hidden on purpose: none, and torch is not asked
-    assert host_gpus.visible_gpu_ids() == [] and worker_pool.visible_gpus() == []
+    assert host_gpus.visible_gpu_ids() == [] and host_gpus.visible_gpu_ids(torch_fallback=True) == []
     assert not asked
 
 
@@ -37,7 +35,7 @@ def test_device_nodes_then_nvidia_smi_without_torch(monkeypatch):
     real = os.listdir
     nodes = ["nvidiactl", "nvidia1", "nvidia0", "nvidia-uvm"]
     monkeypatch.setattr(os, "listdir", lambda p: nodes if p == "/dev" else real(p))
-    assert host_gpus.visible_gpu_ids() == ["0", "1"] and worker_pool.visible_gpus() == ["0", "1"]
+    assert host_gpus.visible_gpu_ids() == ["0", "1"] and host_gpus.visible_gpu_ids(torch_fallback=True) == ["0", "1"]
     monkeypatch.setattr(os, "listdir", lambda p: [] if p == "/dev" else real(p))
     lines = "GPU 0: NVIDIA H200 (UUID: x)\nGPU 1: NVIDIA H200 (UUID: y)\n"
     smi = subprocess.CompletedProcess(["nvidia-smi", "-L"], 0, lines, "")
@@ -61,7 +59,7 @@ def test_nothing_found_falls_back_to_torch_in_the_pool_only(monkeypatch):
     monkeypatch.setattr(subprocess, "run", no_smi)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert host_gpus.visible_gpu_ids() == []
-    assert worker_pool.visible_gpus() == ["0", "1"]
+    assert host_gpus.visible_gpu_ids(torch_fallback=True) == ["0", "1"]
 
 
 def test_the_plugin_keeps_its_name_for_it():

@@ -1,4 +1,4 @@
-"""The mutation suite: every deliberately wrong implementation in ``tests/mutants.py`` must be
+"""The mutation suite: every deliberately wrong implementation in ``tests/mutants/`` (one module per stage family) must be
 caught by the kernel matrix's own runner and judges (``oracles.matrix.run_entry``) on the default
 case set of its stage; the reference itself must pass every default case (positive control).
 

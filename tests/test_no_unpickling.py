@@ -54,7 +54,7 @@ def _plant(path: Path, marker: Path) -> None:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv(cf.ENV_CASES_CACHE, str(tmp_path / "cache"))
-    monkeypatch.setattr(cf, "_CASES_FILES", {})  # every stage_cases_file call looks at the disk
+    monkeypatch.setattr(cf, "CASES_FILES", {})  # every stage_cases_file call looks at the disk
     return tmp_path / "cache"
 
 
@@ -65,9 +65,9 @@ def test_a_planted_case_file_in_the_cache_is_rebuilt_never_run(cache, tmp_path):
     assert path.parent == cache and path.suffix == ".safetensors"
 
     # 1. the planted file alone (no sidecar): rebuilt
-    cf._names_path(path).unlink()
+    cf.names_path(path).unlink()
     _plant(path, marker)
-    cf._CASES_FILES.clear()
+    cf.CASES_FILES.clear()
     assert cf.stage_cases_file(STAGE) == str(path)
     assert not marker.exists()
     assert [c.name for c in cf.load_cases(path)] == want and cf.case_names(STAGE) == want
@@ -75,9 +75,9 @@ def test_a_planted_case_file_in_the_cache_is_rebuilt_never_run(cache, tmp_path):
     # 2. with a forged sidecar that matches its byte count and names: its header is not a case
     # file's, so it is rebuilt too
     _plant(path, marker)
-    cf._names_path(path).write_text(json.dumps({"names": want, "bytes": path.stat().st_size}))
-    assert cf._read_names(path) == want  # the sidecar alone would have vouched for it
-    cf._CASES_FILES.clear()
+    cf.names_path(path).write_text(json.dumps({"names": want, "bytes": path.stat().st_size}))
+    assert cf.read_names(path) == want  # the sidecar alone would have vouched for it
+    cf.CASES_FILES.clear()
     assert cf.stage_cases_file(STAGE) == str(path)
     assert not marker.exists()
     assert [c.name for c in cf.load_cases(path)] == want
@@ -85,7 +85,7 @@ def test_a_planted_case_file_in_the_cache_is_rebuilt_never_run(cache, tmp_path):
     # 3. a pickle under the name an older release used for the same key: never read
     legacy = path.with_suffix(".pt")
     _plant(legacy, marker)
-    cf._CASES_FILES.clear()
+    cf.CASES_FILES.clear()
     assert cf.stage_cases_file(STAGE) == str(path) and cf.case_names(STAGE) == want
     assert not marker.exists()
 

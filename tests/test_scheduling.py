@@ -65,7 +65,7 @@ def test_shipped_durations_name_units_of_this_suite(request):
     collects (a renamed test leaves a stale key; refresh it from a GPU run's junit.xml)."""
     data = json.loads(root.DURATIONS_FILE.read_text())
     assert data and all(isinstance(v, (int, float)) and v >= 0.3 for v in data.values())
-    collected = {timeline.unit_key(it.nodeid, root._group(it)) for it in request.session.items}
+    collected = {timeline.unit_key(it.nodeid, root.xdist_group_name(it)) for it in request.session.items}
     if len(collected) < 1000:
         pytest.skip("a partial collection (-k / a path): the suite's units are not all here")
     stale = sorted(set(data) - collected)

@@ -145,12 +145,12 @@ def test_a_serving_kernel_child_writes_its_rows_under_the_timeline(tmp_path):
     save_cases(cases, path)
     env = dict(os.environ, DSV4_TIMELINE=str(tmp_path / "tl"), DSV4_WORKER_DEVICE="cpu")
     with wp.WorkerSession(env, workdir=str(tmp_path / "s")) as sess:
-        res = wp.run_isolated("tests.kernels._fake_entries:FAKE", [c.name for c in cases], device="cpu",
+        res = wp.run_isolated("tests.kernels.fake_entries:FAKE", [c.name for c in cases], device="cpu",
                               cases_file=str(path), mode="raw", workdir=str(tmp_path / "w"), session=sess)
     assert {r["verdict"] for r in res.values()} == {"ran"}
     (child,) = timeline.load(tmp_path / "tl" / "children").values()
     assert [r[2] for r in child] == ["warmup", "case", "case", "case", "job"]
-    assert [r[3] for r in child][1:] == ["tests.kernels._fake_entries:FAKE::c0", "tests.kernels._fake_entries:FAKE::c1",
-                                         "tests.kernels._fake_entries:FAKE::c2", "tests.kernels._fake_entries:FAKE"]
+    assert [r[3] for r in child][1:] == ["tests.kernels.fake_entries:FAKE::c0", "tests.kernels.fake_entries:FAKE::c1",
+                                         "tests.kernels.fake_entries:FAKE::c2", "tests.kernels.fake_entries:FAKE"]
     assert all(r[0] <= r[1] and r[4] <= r[5] for r in child)
     assert timeline.children_lines(tmp_path / "tl")[0].startswith("kernel children: 1; ")

@@ -31,6 +31,7 @@ from dsv4_numerics.oracles.matrix import expected_outputs
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import V32ScaleDecode
+from dsv4_numerics.reference.storage import clone_storage
 
 from dsv4_numerics.api.output_contract import OutputContractError, check_outputs
 from dsv4_numerics.api.result_sink import announce
@@ -106,9 +107,7 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     keeps its page stride), so a callable may write into it without touching the case."""
     if t.is_contiguous():
         return t.clone()
-    out = torch.empty(0, dtype=t.dtype, device=t.device)
-    out.set_(t.untyped_storage().clone(), t.storage_offset(), t.size(), t.stride())
-    return out
+    return clone_storage(t)
 
 
 def callable_name(fn: Any) -> str:

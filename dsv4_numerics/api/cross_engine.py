@@ -31,7 +31,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.api.callable_entry import JudgedEntry
-from dsv4_numerics.api.testing import Kernel, _case_list, _entry
+from dsv4_numerics.api.testing import Kernel, resolve_cases, build_entry
 
 WRITER_STAGE = "swa_write"
 
@@ -49,10 +49,10 @@ def _kernel(fn_name: str, arg: str, fn: Kernel, stage: str, policies: Any, cases
             name: str | None) -> JudgedEntry:
     """``fn`` (a callable or an entry; a registry name is :func:`_resolve`-d by the caller first) as the
     judged entry of ``stage``."""
-    return _entry(f"{fn_name} ({arg})", fn, stage, policies, cases, name)
+    return build_entry(f"{fn_name} ({arg})", fn, stage, policies, cases, name)
 
 
-def _device(fn_name: str, device: Any, *kernels: Kernel) -> str | None:
+def resolve_device(fn_name: str, device: Any, *kernels: Kernel) -> str | None:
     """``device`` checked; None: ``cuda`` when a GPU is visible and one of ``kernels`` is an entry
     of the registry (or entry-like) that runs on a GPU (its ``archs`` not CPU-only), else None
     (the CPU: plain callables get CPU tensors, as with ``dsv4_numerics.judge``)."""
@@ -77,11 +77,11 @@ def compare_writers(writer_a: Kernel, writer_b: Kernel, *, policies_a: dict | No
     ``explained``, the policy keys the two declarations disagree on; ``skipped`` with the reason
     where a writer refuses the case)."""
     fn = "compare_writers"
-    case_list = _case_list(fn, WRITER_STAGE, cases)
+    case_list = resolve_cases(fn, WRITER_STAGE, cases)
     writer_a, writer_b = _resolve(writer_a), _resolve(writer_b)
     a = _kernel(fn, "writer_a", writer_a, WRITER_STAGE, policies_a, case_list, name_a)
     b = _kernel(fn, "writer_b", writer_b, WRITER_STAGE, policies_b, case_list, name_b)
-    dev = _device(fn, device, writer_a, writer_b)
+    dev = resolve_device(fn, device, writer_a, writer_b)
     return [ce.compare_writers(a, b, c, device=dev) for c in case_list]
 
 
@@ -103,11 +103,11 @@ def read_foreign(writer: Kernel, reader: Kernel, *, reader_stage: str | None = N
     if stage not in ce.READ_CACHES:
         raise InputError(f"{fn}: argument 'reader' must read a cache of stage {' / '.join(ce.READ_CACHES)}, "
                          f"got stage {stage!r}")
-    case_list = _case_list(fn, stage, cases)
+    case_list = resolve_cases(fn, stage, cases)
     r = _kernel(fn, "reader", reader, stage, reader_policies, case_list, reader_name)
     writer = _resolve(writer)
     w = _kernel(fn, "writer", writer, WRITER_STAGE, writer_policies, [], writer_name)
-    dev = _device(fn, device, writer, reader)
+    dev = resolve_device(fn, device, writer, reader)
     return [ce.read_foreign(w, r, c, device=dev) for c in case_list]
 
 

@@ -49,7 +49,7 @@ from typing import Any, Iterator
 
 import torch
 
-from dsv4_numerics.oracles.matrix import _cpu
+from dsv4_numerics.oracles.matrix import to_cpu
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 
@@ -309,7 +309,7 @@ def call_in_child(entry: Any, cases: list[Case], device: str, *, stage: str, out
         try:
             dcase = case.to(call_device) if call_device is not None else case
             got = entry.call(dcase) if is_entry_like(entry) else call_callable(entry, dcase)
-            got = _cpu(got)  # the device-to-host copy waits for the kernel
+            got = to_cpu(got)  # the device-to-host copy waits for the kernel
         except UnsupportedCase as e:
             r["unsupported"] = str(e)
         except Exception as e:  # noqa: BLE001 - the kernel's failure is the result

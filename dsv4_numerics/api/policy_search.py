@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from dsv4_numerics.oracles import stages as st
-from dsv4_numerics.oracles.matrix import _cpu, expected_outputs, run_entry
+from dsv4_numerics.oracles.matrix import to_cpu, expected_outputs, run_entry
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.reference.constants import FNUZ_GFX942_CLAMP
 from dsv4_numerics.reference.policies import (
@@ -243,7 +243,7 @@ def _raw_diff(got: Any, exp: dict) -> float:
         g, e = got[k], exp[k]
         if not isinstance(g, torch.Tensor) or g.dtype != e.dtype or g.shape != e.shape:
             return math.inf
-        g = _cpu(g)
+        g = to_cpu(g)
         ne = g != e
         if g.dtype.is_floating_point:
             ne &= ~(torch.isnan(g) & torch.isnan(e))

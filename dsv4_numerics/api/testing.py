@@ -62,6 +62,7 @@ import torch
 from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.bytes_diff import BytesReport, Difference
+from dsv4_numerics.oracles.text import format_number
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.report import Result
 from dsv4_numerics.oracles.tolerances import Tolerances
@@ -114,7 +115,7 @@ def cases(stage: str, *, size: str = "default") -> list[Case]:
     return out[:SMALL_CASES] if size == "small" else out
 
 
-def _case_list(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[Case]:
+def resolve_cases(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[Case]:
     if given is None:
         return default_cases(stage)
     if isinstance(given, (str, Case)) or not isinstance(given, Iterable):
@@ -132,7 +133,7 @@ def _case_list(fn_name: str, stage: str, given: Iterable[Case] | None) -> list[C
     return out
 
 
-def _entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[Case],
+def build_entry(fn_name: str, fn: Kernel, stage: str, policies: Any, case_list: list[Case],
            name: str | None) -> JudgedEntry:
     pol = check_policies(fn_name, policies)
     if isinstance(fn, str):
@@ -187,9 +188,9 @@ def _prepare(fn_name: str, fn: Kernel, stage: Any, policies: Any, cases: Any, na
     """The arguments checked: the case list, the entry, where an isolated child finds the kernel
     (None: called here) and the per-case time limit."""
     _stage(fn_name, stage)
-    case_list = _case_list(fn_name, stage, cases)
+    case_list = resolve_cases(fn_name, stage, cases)
     timeout = isolation.check_timeout(fn_name, timeout_s)
-    entry = _entry(fn_name, fn, stage, policies, case_list, name)
+    entry = build_entry(fn_name, fn, stage, policies, case_list, name)
     return case_list, entry, _target(fn_name, fn, isolate), timeout
 
 
@@ -257,8 +258,7 @@ def _f(v: Any) -> str:
         return "-"
     if isinstance(v, str):
         return v
-    v = float(v)
-    return "inf" if math.isinf(v) and v > 0 else f"{v:.3g}"
+    return format_number(v)
 
 
 def _is_bytes_report(d: Any) -> bool:

@@ -49,8 +49,8 @@ from dsv4_numerics.runner.host_cpus import usable_cpus
 __all__ = ["measure", "work_unit", "memory_unit", "compute_unit", "KINDS"]
 
 KINDS = ("mix", "memory", "compute")
-_MEM_ELEMS = 1 << 25  # float64: 256 MiB per process (beyond a 2026 server L3 share)
-_MEM_PASSES = 4
+MEM_ELEMS = 1 << 25  # float64: 256 MiB per process (beyond a 2026 server L3 share)
+MEM_PASSES = 4
 
 
 def compute_unit() -> int:
@@ -79,11 +79,11 @@ def work_unit() -> int:
 
 
 def memory_unit(x) -> int:
-    """One unit of the memory-bound kind: ``_MEM_PASSES`` in-place float64 passes over ``x``
-    (``_MEM_ELEMS`` elements); returns the bytes moved (each pass reads and writes ``x``)."""
-    for _ in range(_MEM_PASSES):
+    """One unit of the memory-bound kind: ``MEM_PASSES`` in-place float64 passes over ``x``
+    (``MEM_ELEMS`` elements); returns the bytes moved (each pass reads and writes ``x``)."""
+    for _ in range(MEM_PASSES):
         x.add_(1.0)
-    return 2 * _MEM_PASSES * x.numel() * x.element_size()
+    return 2 * MEM_PASSES * x.numel() * x.element_size()
 
 
 def _os_threads() -> int:
@@ -100,7 +100,7 @@ def _child(barrier, units: int, kind: str, q) -> None:
 
     torch.set_num_threads(1)
     if kind == "memory":
-        x = torch.zeros(_MEM_ELEMS, dtype=torch.float64)
+        x = torch.zeros(MEM_ELEMS, dtype=torch.float64)
 
         def unit():
             return memory_unit(x)
@@ -150,7 +150,7 @@ def measure(procs: int | None = None, units: int | None = None, kind: str = "mix
     rec = {"kind": kind, "procs": procs, "units": units, "wall_s": round(wall, 3),
            "units_per_s": round(procs * units / wall, 2)}
     if kind == "memory":
-        rec["gb_per_s"] = round(procs * units * 2 * _MEM_PASSES * _MEM_ELEMS * 8 / wall / 1e9, 2)
+        rec["gb_per_s"] = round(procs * units * 2 * MEM_PASSES * MEM_ELEMS * 8 / wall / 1e9, 2)
     return rec
 
 

@@ -168,9 +168,9 @@ def host_launch_us(device, n: int = 2000) -> float:
 
 
 def flashmla_fn(inp):
-    from dsv4_numerics.kernels.flashmla.sparse import _interface
+    from dsv4_numerics.kernels.flashmla.sparse import flashmla_interface
 
-    fm = _interface()
+    fm = flashmla_interface()
     q = inp["q"].unsqueeze(1).contiguous()
     swa = kernel_view(inp["swa_cache"], KV_BLOCK_SIZE).unsqueeze(2)
     ext = kernel_view(inp["ext_cache"], inp["ext_bs"]).unsqueeze(2)
@@ -368,10 +368,11 @@ def bench_writers(ns, warmup, iters, device, log):
         try:
             # the matrix entry's own conversion (vllm_cuda.kv_rope_insert): the [nb, bs, 584] kernel
             # view of a cache copy, int64 slots, zero positions and the identity RoPE table
-            from dsv4_numerics.kernels.vllm.cuda import _op, kv_rope_insert_args
+            from dsv4_numerics.kernels.vllm.cuda import cuda_op
+            from dsv4_numerics.kernels.vllm.writer_args import kv_rope_insert_args
 
             a = kv_rope_insert_args({"k": k, "cache": cache, "slot_mapping": slots, "block_size": SWA_BLOCK_SIZE})
-            op = _op("kv_only")
+            op = cuda_op("kv_only")
             args = (a["kv"], a["k_cache"], a["slot_mapping"], a["position_ids"], a["cos_sin_cache"],
                     a["cache_block_size"], a["fp8_scale"], a["kv_mxfp8"])
             rec["vllm_cuda_ms"], _ = cuda_median_ms(lambda: op(*args), warmup, iters)

@@ -209,7 +209,7 @@ def pytest_generate_tests(metafunc):
 
 # ----------------------------------------------------------------------------- session state
 @dataclass
-class _State:
+class State:
     results: list = field(default_factory=list)  # oracles.report.Result
     skips: list[tuple[str, str]] = field(default_factory=list)  # (nodeid, reason)
     requirement_failures: list[str] = field(default_factory=list)
@@ -225,13 +225,13 @@ class _State:
     writer_error: list = field(default_factory=list)  # the exception it raised, if any
 
 
-_STATE_KEY = pytest.StashKey[_State]()
+_STATE_KEY = pytest.StashKey[State]()
 
 
-def _state(config) -> _State:
+def _state(config) -> State:
     st = config.stash.get(_STATE_KEY, None)
     if st is None:
-        st = config.stash[_STATE_KEY] = _State()
+        st = config.stash[_STATE_KEY] = State()
     return st
 
 
@@ -373,7 +373,7 @@ def _start_spool(config) -> None:
         config.stash[_SPOOL_DIR] = tempfile.mkdtemp(prefix="dsv4-report-spool-")
 
 
-def recover_spooled(st: "_State", folder: str) -> int:
+def recover_spooled(st: "State", folder: str) -> int:
     """Add the spooled Results of tests whose reports brought none (their worker crashed), and
     for a test whose worker crashed (``st.crashed``, from xdist) while a kernel call it announced
     had no Result yet, an ``error`` Result (rule ``crash``) for that kernel, stage and case;
@@ -494,7 +494,7 @@ def _first_line(report) -> str:
     return (e[1:].strip() if e else lines[-1] if lines else report.outcome)[:300]
 
 
-_LAST_STATE: list[_State | None] = [None]
+_LAST_STATE: list[State | None] = [None]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -602,7 +602,7 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     if not config.pluginmanager.hasplugin("dsession"):
-        _write_report(config, st, path, int(session.exitstatus))
+        write_report(config, st, path, int(session.exitstatus))
         return
     # The xdist controller: its own sessionfinish (after this one) tells the workers to exit and
     # waits for them -- seconds, the driver releasing their CUDA contexts one process at a time.
@@ -612,7 +612,7 @@ def pytest_sessionfinish(session, exitstatus):
 
     def write(status: int = int(session.exitstatus)) -> None:
         try:
-            _write_report(config, st, path, status)
+            write_report(config, st, path, status)
         except BaseException as e:  # noqa: BLE001 - raised again at unconfigure
             st.writer_error.append(e)
 
@@ -637,7 +637,7 @@ def pytest_unconfigure(config):
         raise st.writer_error.pop()
 
 
-def outcome_results(st: _State) -> list:
+def outcome_results(st: State) -> list:
     """The report is never greener than the run: for each test pytest reported ``failed`` or
     ``error`` whose own Results are all pass or skip (it failed for another reason after
     judging), one ``error`` Result (rule ``test_outcome``) on its first Result's entry, stage and
@@ -656,7 +656,7 @@ def outcome_results(st: _State) -> list:
     return out
 
 
-def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
+def outcome_counts(st: State) -> tuple[dict[str, int], dict[str, int]]:
     """``(all, with_results)``: pytest's outcome counts (its terminal's categories) over every
     test, and over the tests that attached Results."""
     every: dict[str, int] = {}
@@ -669,7 +669,7 @@ def outcome_counts(st: _State) -> tuple[dict[str, int], dict[str, int]]:
     return every, judged
 
 
-def _write_report(config, st: _State, path: str, exitstatus: int) -> None:
+def write_report(config, st: State, path: str, exitstatus: int) -> None:
     from dsv4_numerics.oracles.report import JUDGED, write_json
     from dsv4_numerics.report.run_meta import run_metadata
 

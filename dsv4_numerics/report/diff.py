@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsv4_numerics.oracles.report import JUDGED, SEVERITY, Verdict
+from dsv4_numerics.oracles.text import format_number
 from dsv4_numerics.reference.errors import InputError
 
 from dsv4_numerics.report.merge import load_matrix, num
@@ -107,10 +108,6 @@ def _f(v: Any) -> float | None:
     return None if v is None else num(v)
 
 
-def _g(v: float | None) -> str:
-    return "-" if v is None else "inf" if math.isinf(v) else f"{v:.3g}"
-
-
 def compare_cells(b: dict[str, Any], n: dict[str, Any], ratio: float) -> list[tuple[str, bool, str]]:
     """``(kind, regression, text)`` for one cell present on both sides."""
     out = []
@@ -125,11 +122,11 @@ def compare_cells(b: dict[str, Any], n: dict[str, Any], ratio: float) -> list[tu
     hb, hn = _f(b.get("headroom")), _f(n.get("headroom"))
     if hb is not None and hn is not None and not math.isnan(hb) and not math.isnan(hn) and hn < hb:
         if (math.isinf(hb) and not math.isinf(hn)) or (not math.isinf(hb) and hn > 0 and hb / hn > ratio) or hn == 0:
-            out.append(("headroom", True, f"headroom {_g(hb)} -> {_g(hn)} (ratio limit {ratio:g})"))
+            out.append(("headroom", True, f"headroom {format_number(hb)} -> {format_number(hn)} (ratio limit {ratio:g})"))
     ub, un = _f(b.get("worst_ulps")), _f(n.get("worst_ulps"))
     if ub is not None and un is not None and not math.isnan(ub) and not math.isnan(un):
         if un - ub >= 1 and (ub == 0 or un / ub > ratio):
-            out.append(("ulps", True, f"worst ulps {_g(ub)} -> {_g(un)} (ratio limit {ratio:g})"))
+            out.append(("ulps", True, f"worst ulps {format_number(ub)} -> {format_number(un)} (ratio limit {ratio:g})"))
     return out
 
 

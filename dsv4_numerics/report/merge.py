@@ -214,7 +214,7 @@ def _cell(pairs: list[tuple[str, Result]], rows: list[tuple[str, dict]]) -> tupl
     return cell, conflicts
 
 
-# Results of the mutation suite (tests/mutants.py: family "mutant") are counted, not placed: a
+# Results of the mutation suite (tests/mutants/: family "mutant") are counted, not placed: a
 # caught mutant is a failing Result by design and is no kernel of the matrix.
 MUTANT_FAMILY = "mutant"
 

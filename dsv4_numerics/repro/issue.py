@@ -58,7 +58,7 @@ def render(info: dict[str, Any]) -> str:
             ctext = policy_text(key, contract)
             lines.append(f"- `{key}`: **{contract}**" + (f" -- {ctext}" if ctext else ""))
     else:
-        lines.append(f"- the stage's reference under the op's own declared behaviour ({_pol(info['judged'])}); "
+        lines.append(f"- the stage's reference under the op's own declared behaviour ({policies_text(info['judged'])}); "
                      "the op fails it")
     if info.get("notes"):
         lines += ["", f"Adapter notes: {info['notes']}"]
@@ -102,7 +102,7 @@ def render(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _pol(p: dict) -> str:
+def policies_text(p: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(p.items())) or "stage defaults"
 
 

@@ -274,7 +274,7 @@ def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = Non
                 break
         if found is None:
             raise NothingToReproduce(f"repro: {name} passes every default case of {stage!r} under {under} "
-                                     f"({issue._pol(judged)}): nothing to reproduce")
+                                     f"({issue.policies_text(judged)}): nothing to reproduce")
         case, first = found
     else:
         if not isinstance(case, Case) or case.stage != stage:
@@ -283,7 +283,7 @@ def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = Non
     if first.verdict != "fail":
         what = {"pass": "passes", "skip": "is skipped", "error": "errors"}[first.verdict]
         raise NothingToReproduce(f"repro: {name} {what} on case {case.name!r} under {under} "
-                                 f"({issue._pol(judged)}){': ' + first.message if first.message else ''}: "
+                                 f"({issue.policies_text(judged)}){': ' + first.message if first.message else ''}: "
                                  "nothing to reproduce")
     sig = Signature.of(first)
     log(f"failing: {first.line()[:200]}")

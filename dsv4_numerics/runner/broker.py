@@ -97,19 +97,19 @@ def switch() -> str:
 
 class KernelBroker:
     """The shared children (module docstring). ``gpus``: ids to spread the children over (None:
-    :func:`~dsv4_numerics.runner.pool.visible_gpus`; empty: CPU children, ``per_gpu`` in all).
+    :func:`~dsv4_numerics.runner.host_gpus.visible_gpu_ids` with ``torch_fallback=True``; empty: CPU children, ``per_gpu`` in all).
     :meth:`start` serves; :meth:`warm` starts the children now; :meth:`close` ends them.
     ``jobs_served`` counts the jobs run, ``children_started`` the children started (restarts
     after crashes included)."""
 
     def __init__(self, per_gpu: int, gpus: list[str] | None = None, workdir: str | None = None):
-        from dsv4_numerics.runner.pool import visible_gpus
+        from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 
         if int(per_gpu) < 1:
             from dsv4_numerics.reference.errors import InputError
 
             raise InputError(f"per_gpu must be >= 1 (children per GPU), got {per_gpu}")
-        self.gpus = visible_gpus() if gpus is None else list(gpus)
+        self.gpus = visible_gpu_ids(torch_fallback=True) if gpus is None else list(gpus)
         self.per_gpu = int(per_gpu)
         self._dir = tempfile.mkdtemp(prefix="dsv4-broker-")
         self.pool = IsolatedPool("cuda" if self.gpus else "cpu", jobs=self.per_gpu * max(1, len(self.gpus)),
@@ -213,12 +213,12 @@ def maybe_start(workers: int) -> KernelBroker | None:
     """In the xdist controller, before the workers start: a started broker when :func:`switch`
     says so for ``workers`` workers (``auto``: workers > 0 and a GPU visible), with its
     :meth:`KernelBroker.env` put into ``os.environ`` for the workers to inherit; else None."""
-    from dsv4_numerics.runner.pool import visible_gpus
+    from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 
     mode = switch()
     if mode == "off" or workers < 1:
         return None
-    gpus = visible_gpus()
+    gpus = visible_gpu_ids(torch_fallback=True)
     if mode == "auto" and not gpus:
         return None
     raw = os.environ.get(PER_GPU_ENV, "").strip()
@@ -230,7 +230,7 @@ def maybe_start(workers: int) -> KernelBroker | None:
 
 # ----------------------------------------------------------------------------- a worker's side
 
-_CONN: dict = {}  # {broker address: this process's connection to it}
+CONNECTIONS: dict = {}  # {broker address: this process's connection to it}
 _CONN_LOCK = threading.Lock()
 
 
@@ -242,17 +242,17 @@ def available() -> bool:
 def _request(req: dict) -> dict:
     address = os.environ.get(ADDRESS_ENV, "")
     with _CONN_LOCK:
-        if address not in _CONN:
+        if address not in CONNECTIONS:
             try:
-                _CONN[address] = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ[KEY_ENV]))
+                CONNECTIONS[address] = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ[KEY_ENV]))
             except (KeyError, ValueError, OSError) as e:
                 raise BrokerUnreachable(f"no kernel broker at {address!r}: {type(e).__name__}: {e}") from e
-        conn = _CONN[address]
+        conn = CONNECTIONS[address]
         try:
             send_json(conn, req)
             reply = recv_json(conn)
         except (OSError, EOFError, ValueError) as e:
-            del _CONN[address]
+            del CONNECTIONS[address]
             raise BrokerUnreachable(f"the kernel broker went away: {type(e).__name__}: {e}") from e
     if not reply.get("ok"):
         raise BrokerError(f"the kernel broker could not run the job:\n{reply.get('error')}")

@@ -3,7 +3,7 @@ skeleton (everything else), and handed to every kernel child
 (``python -m dsv4_numerics.runner.child --cases FILE``), so no child rebuilds them.
 
 :func:`stage_cases_file` builds ``stage_cases(stage, size)`` at most once per process and, with the
-persistent cache, once per machine: the file's name carries a key (:func:`_cases_key`) over the
+persistent cache, once per machine: the file's name carries a key (:func:`cases_key`) over the
 package version, the torch version, the stage and the bytes of the ``reference`` sources that
 build the cases; a file that does not load is rebuilt; files of older keys are pruned once an
 hour old. Beside each file, written after it, a small JSON sidecar holds its case names and byte
@@ -63,7 +63,7 @@ def selected_case_size() -> str:
     return v
 
 
-_CASES_FILES: dict[tuple[str, str, str], str] = {}
+CASES_FILES: dict[tuple[str, str, str], str] = {}
 _CASES_LOCK = threading.Lock()
 _SESSION_DIR: list[str] = []
 _KEY_LEN = 20
@@ -84,22 +84,22 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-_SOURCES: dict[Path, bytes] = {}  # _sources_digest's memo, per reference tree
+SOURCES_MEMO: dict[Path, bytes] = {}  # _sources_digest's memo, per reference tree
 
 
 def _sources_digest(root: Path) -> bytes:
     """SHA-256 over the relative path and bytes of every ``*.py`` under ``root``, once per process
     (the cases this process builds come from the modules it imported: their sources as read then)."""
-    hit = _SOURCES.get(root)
+    hit = SOURCES_MEMO.get(root)
     if hit is None:
         h = hashlib.sha256()
         for f in sorted(root.rglob("*.py"), key=lambda f: f.relative_to(root).as_posix()):
             h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-        hit = _SOURCES[root] = h.digest()
+        hit = SOURCES_MEMO[root] = h.digest()
     return hit
 
 
-def _cases_key(stage: str, size: str = "default") -> str:
+def cases_key(stage: str, size: str = "default") -> str:
     """Hash of everything ``stage_cases(stage, size)`` depends on: the package and torch versions,
     the stage, the size and the source bytes of every module of the ``reference`` package, its
     subpackages included (the case builders, ``reference/cases/``, and all they call live there,
@@ -141,7 +141,7 @@ FORMAT_VERSION = "1"
 _CASE_FIELDS = ("name", "stage", "inputs", "params")
 
 
-def _names_path(path: Path) -> Path:
+def names_path(path: Path) -> Path:
     """The sidecar of case file ``NAME.safetensors``: ``NAME.names.json``."""
     return path.with_name(path.name.removesuffix(CASES_SUFFIX) + ".names.json")
 
@@ -151,14 +151,14 @@ def _write_names(path: Path, cases: list) -> None:
     doc = {"names": [c.name for c in cases], "bytes": path.stat().st_size}
     from dsv4_numerics.fixtures.store import atomic_write_bytes
 
-    atomic_write_bytes(_names_path(path), json.dumps(doc).encode())
+    atomic_write_bytes(names_path(path), json.dumps(doc).encode())
 
 
-def _read_names(path: Path) -> list[str] | None:
+def read_names(path: Path) -> list[str] | None:
     """The case names of ``path`` from its sidecar, or None: no sidecar, an unreadable one, or
     one whose byte count is not the file's (a file changed or cut after it was written)."""
     try:
-        doc = json.loads(_names_path(path).read_text())
+        doc = json.loads(names_path(path).read_text())
         if doc["bytes"] == path.stat().st_size and all(isinstance(n, str) for n in doc["names"]):
             return list(doc["names"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -291,7 +291,7 @@ def _valid(path: Path) -> bool:
 
     if not path.is_file():
         return False
-    if _read_names(path) is not None and _is_case_file(path):
+    if read_names(path) is not None and _is_case_file(path):
         return True
     try:
         cases = load_cases(path)
@@ -322,16 +322,16 @@ def stage_cases_file(stage: str, size: str | None = None) -> str:
     (``size`` None: :func:`selected_case_size`, i.e. ``DSV4_CASES``, default ``"default"``).
 
     Built at most once per process and, with the persistent cache (:func:`cases_cache_dir`),
-    once per machine for a given key (:func:`_cases_key`): a file that is not a complete case file
+    once per machine for a given key (:func:`cases_key`): a file that is not a complete case file
     (cut short, foreign, planted) is rebuilt, never executed.
     An unwritable cache folder falls back to a temporary folder of this process. Raises
     ``KeyError`` for a stage without default cases (as ``default_cases`` does)."""
     size = selected_case_size() if size is None else size
     cache = cases_cache_dir()
-    key = _cases_key(stage, size)
+    key = cases_key(stage, size)
     memo = (stage, key, str(cache))
-    if memo in _CASES_FILES and Path(_CASES_FILES[memo]).is_file():
-        return _CASES_FILES[memo]
+    if memo in CASES_FILES and Path(CASES_FILES[memo]).is_file():
+        return CASES_FILES[memo]
     stem = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in stage) + ("" if size == "default" else f"_{size}")
     name = f"{stem}-{key}{CASES_SUFFIX}"
     path = None
@@ -348,7 +348,7 @@ def stage_cases_file(stage: str, size: str | None = None) -> str:
         path = _session_dir() / name
         if not path.is_file():
             build_cases_file(stage, path, size)
-    _CASES_FILES[memo] = str(path)
+    CASES_FILES[memo] = str(path)
     return str(path)
 
 
@@ -357,7 +357,7 @@ def case_names(stage: str, size: str | None = None) -> list[str]:
     as there): read from the file's sidecar, so pytest's collection in every xdist worker loads no
     tensors; a file without a valid sidecar is loaded."""
     path = stage_cases_file(stage, size)
-    names = _read_names(Path(path))
+    names = read_names(Path(path))
     return names if names is not None else [c.name for c in load_cases(path)]
 
 

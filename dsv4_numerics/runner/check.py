@@ -89,6 +89,7 @@ from typing import Any, Callable, Iterable
 from dsv4_numerics.fixtures import store
 from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict
 from dsv4_numerics.runner import requirements
+from dsv4_numerics.oracles.text import format_number
 
 SCHEMA = "dsv4-numerics/check/2"
 BUILTIN_PACKAGE = "dsv4-numerics"
@@ -307,11 +308,12 @@ def run_kernels(device: str, only: Iterable[str] | Selection | None, progress: C
         progress(f"{p.name}: ERROR (package {p.package}: {p.message})")
     results: list[Any] = []
     n = len(sel.candidates)
-    from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, visible_gpus
+    from dsv4_numerics.runner.host_gpus import visible_gpu_ids
+    from dsv4_numerics.runner.pool import IsolatedPool, default_jobs
 
     isolated = isolate and str(device) != "cpu"
     if isolated and jobs is None:
-        jobs = default_jobs(len(visible_gpus()) if str(device) == "cuda" else 1, max(1, n))
+        jobs = default_jobs(len(visible_gpu_ids(torch_fallback=True)) if str(device) == "cuda" else 1, max(1, n))
     pool = IsolatedPool(str(device), jobs)  # `jobs` long-lived children, each reused across entries
     if isolated and any(not _is_cpu_entry(c.entry) for c in sel.candidates):
         # the children start now and warm up (torch, device context, the judge) while this process
@@ -548,16 +550,6 @@ def fixture_rows(checks: list[Any]) -> tuple[list[Row], list[Any]]:
     return rows, results
 
 
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    if math.isinf(v):
-        return "inf"
-    if v == 0:
-        return "0"
-    return f"{v:.3g}"
-
-
 def format_table(rows: list[Row], width: int = 160) -> str:
     """The matrix as a fixed-width table: entry, stage, cases, verdict, worst ulp, headroom, note."""
     if not rows:
@@ -570,7 +562,7 @@ def format_table(rows: list[Row], width: int = 160) -> str:
     for r, name in zip(rows, labels):
         fixed = (f"{name[:ew]:<{ew}}  {r.stage[:sw]:<{sw}}  {r.cases:>5}  "
                  f"{r.verdict.upper() if r.verdict.bad else r.verdict:<11}  "
-                 f"{_fmt(r.worst_ulps):>9}  {_fmt(r.headroom):>8}  ")
+                 f"{format_number(r.worst_ulps):>9}  {format_number(r.headroom):>8}  ")
         note = r.note.replace("\n", " ")
         if r.package != BUILTIN_PACKAGE and r.kind == "kernel" and not note.startswith("package "):
             note = f"[{r.package}] {note}".rstrip()

@@ -38,7 +38,7 @@ ENV_WARM = "DSV4_WARM_CUDA"
 ENV_FAST_EXIT = "DSV4_FAST_EXIT"
 ENV_EARLY_RELEASE = "DSV4_EARLY_CUDA_RELEASE"
 _DRIVER_LIBS = ("libcuda.so.1", "libcuda.so")
-_STARTED: list[threading.Thread] = []
+STARTED: list[threading.Thread] = []
 
 
 def _driver():
@@ -51,7 +51,7 @@ def _driver():
     return None
 
 
-def _retain_primary_context() -> int:
+def retain_primary_context() -> int:
     """Driver calls in order; returns the first non-zero CUresult, 0 when the context is made, or
     -1 when no driver library loads."""
     lib = _driver()
@@ -68,9 +68,9 @@ def _retain_primary_context() -> int:
     return lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 
 
-def _run() -> None:
+def retain_quietly() -> None:
     try:
-        _retain_primary_context()
+        retain_primary_context()
     except Exception:  # noqa: BLE001 - an optimisation: CUDA's own init reports real problems later
         pass
 
@@ -81,10 +81,10 @@ def warm_primary_context() -> threading.Thread | None:
     visible (``CUDA_VISIBLE_DEVICES`` empty), or when started already."""
     if os.environ.get(ENV_WARM) == "0" or os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return None
-    if _STARTED:
+    if STARTED:
         return None
-    t = threading.Thread(target=_run, name="dsv4-cuda-context", daemon=True)
-    _STARTED.append(t)
+    t = threading.Thread(target=retain_quietly, name="dsv4-cuda-context", daemon=True)
+    STARTED.append(t)
     t.start()
     return t
 
@@ -92,7 +92,7 @@ def warm_primary_context() -> threading.Thread | None:
 # ----------------------------------------------------------------------------- the end
 
 
-def _reset_primary_context() -> int:
+def reset_primary_context() -> int:
     """``cuDevicePrimaryCtxReset`` of the first visible device: its allocations and state are
     destroyed now (whoever retains it). Returns the CUresult, or -1 without a driver library."""
     lib = _driver()
@@ -106,7 +106,7 @@ def _reset_primary_context() -> int:
     return rc or reset(dev)
 
 
-_RELEASED: list[threading.Thread] = []
+RELEASED: list[threading.Thread] = []
 
 
 def release_primary_context_soon() -> threading.Thread | None:
@@ -119,10 +119,10 @@ def release_primary_context_soon() -> threading.Thread | None:
     (``DSV4_EARLY_CUDA_RELEASE=0``, or fast exit off: an ordinary shutdown still tears CUDA
     down itself), when no CUDA context exists in this process, or when started already.
     Failures are swallowed: the exit releases what is left."""
-    if os.environ.get(ENV_EARLY_RELEASE, "1").strip() == "0" or not fast_exit_enabled() or _RELEASED:
+    if os.environ.get(ENV_EARLY_RELEASE, "1").strip() == "0" or not fast_exit_enabled() or RELEASED:
         return None
     torch = sys.modules.get("torch")
-    if not _STARTED and (torch is None or not torch.cuda.is_initialized()):
+    if not STARTED and (torch is None or not torch.cuda.is_initialized()):
         return None
     if torch is not None and torch.cuda.is_initialized():
         with contextlib.suppress(Exception):
@@ -130,12 +130,12 @@ def release_primary_context_soon() -> threading.Thread | None:
 
     def run() -> None:
         with contextlib.suppress(Exception):
-            for t in _STARTED:  # the early context is made (or failed) before it is destroyed
+            for t in STARTED:  # the early context is made (or failed) before it is destroyed
                 t.join()
-            _reset_primary_context()
+            reset_primary_context()
 
     t = threading.Thread(target=run, name="dsv4-cuda-release", daemon=True)
-    _RELEASED.append(t)
+    RELEASED.append(t)
     t.start()
     return t
 

@@ -284,7 +284,7 @@ class _Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-_SERVERS: dict[tuple, _Server] = {}
+SERVERS: dict[tuple, _Server] = {}
 _LOCK = threading.Lock()
 
 
@@ -296,12 +296,12 @@ def spawn(env: dict, cwd: str, err_path: str, jobs_path: str) -> ForkedChild | N
         return None
     key = tuple(sorted(_import_env(env).items())) + (cwd,)
     with _LOCK:
-        srv = _SERVERS.get(key)
+        srv = SERVERS.get(key)
         if srv is not None and not srv.alive():
             srv = None
         if srv is None:
             try:
-                srv = _SERVERS[key] = _Server(env, cwd, err_path + ".fork-server")
+                srv = SERVERS[key] = _Server(env, cwd, err_path + ".fork-server")
             except OSError:
                 return None
     try:
@@ -314,8 +314,8 @@ def close_all(timeout_s: float = 10.0) -> None:
     """End this process's servers: end of their input, then each waits for its children (which end
     at the end of their jobs) and exits; killed after ``timeout_s``."""
     with _LOCK:
-        servers = list(_SERVERS.values())
-        _SERVERS.clear()
+        servers = list(SERVERS.values())
+        SERVERS.clear()
     for srv in servers:
         with contextlib.suppress(OSError):
             srv.proc.stdin.close()

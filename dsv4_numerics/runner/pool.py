@@ -69,6 +69,7 @@ from typing import Any
 from dsv4_numerics.runner import fork_server  # noqa: F401 - first: its exit handler (end the servers) runs after ours (end the sessions)
 from dsv4_numerics.runner.case_files import stage_cases_file
 from dsv4_numerics.runner.host_cpus import usable_cpus
+from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 from dsv4_numerics.runner.child import CHILD_DEVICE_ENV, EXIT_POISONED, STDERR_TAIL
 
 DEFAULT_CASE_TIMEOUT_S = float(os.environ.get("DSV4_KERNEL_CASE_TIMEOUT", "180"))
@@ -132,7 +133,7 @@ _LIVE_SESSIONS: "weakref.WeakSet[WorkerSession]" = weakref.WeakSet()
 VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 
 
-def _child_env(env: dict | None) -> dict:
+def child_environment(env: dict | None) -> dict:
     """The environment a child gets: ``env`` (None: this process's) without
     :data:`VOLATILE_ENV`, with the repository root first on ``PYTHONPATH`` (so
     ``tests.kernels...`` fake entries import in the child) and ``PYTHONUNBUFFERED=1`` unless set."""
@@ -163,7 +164,7 @@ class WorkerSession:
 
     def __init__(self, env: dict | None = None, workdir: str | None = None, prefix: str = "child",
                  reuse: bool | None = None):
-        self._env = _child_env(env)
+        self._env = child_environment(env)
         self.reuse = _reuse_default() if reuse is None else bool(reuse)
         self._dir = Path(workdir or tempfile.mkdtemp(prefix="dsv4-session-"))
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +194,7 @@ class WorkerSession:
     def use_env(self, env: dict | None) -> None:
         """Jobs from now on run with ``env`` (None: this process's environment now): a live child
         with another environment is ended first (gracefully: it is idle between jobs)."""
-        want = _child_env(env)
+        want = child_environment(env)
         with self._lock:
             if want != self._env:
                 self._end_child(grace_s=5.0)
@@ -503,24 +504,6 @@ def _tail(path: Path, offset: int) -> str:
 
 # ----------------------------------------------------------------------------- many children at once
 
-def visible_gpus() -> list[str]:
-    """The GPU ids this process may hand to children as ``CUDA_VISIBLE_DEVICES``:
-    ``host_gpus.visible_gpu_ids()`` (the inherited ``CUDA_VISIBLE_DEVICES`` list, else the NVIDIA
-    device nodes; no CUDA initialised), else, where that finds none (a ROCm host),
-    ``0 .. torch.cuda.device_count() - 1``."""
-    from dsv4_numerics.runner.host_gpus import visible_gpu_ids
-
-    ids = visible_gpu_ids()
-    if ids or os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-        return ids
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001
-        return []
-
-
 def default_jobs(num_gpus: int, num_entries: int, cpus: int | None = None) -> int:
     """Children run at once by default: 8 per GPU (8 with none: a child spends most of its life
     in imports, device start-up and the CPU-side reference, not on the GPU), at most one per
@@ -534,7 +517,7 @@ class IsolatedPool:
     """Run :func:`run_isolated` for several entries at once, in ``jobs`` long-lived children
     (:class:`WorkerSession`); results in submission order.
 
-    ``device``: ``"cuda"`` spreads the sessions over :func:`visible_gpus` (session ``i`` is pinned
+    ``device``: ``"cuda"`` spreads the sessions over :func:`~dsv4_numerics.runner.host_gpus.visible_gpu_ids` (``torch_fallback=True``) (session ``i`` is pinned
     for its life to GPU ``i mod n`` with ``CUDA_VISIBLE_DEVICES``, so its child sees it as
     ``cuda:0``); an explicit device (``"cuda:1"``, ``"cpu"``) runs every child on it with the
     inherited visibility, unless ``gpus`` (ids) is given: then the sessions are spread over those
@@ -563,7 +546,7 @@ class IsolatedPool:
                  workdir: str | None = None):
         dev = str(device)
         self.device = dev
-        self._spread: list[str] = list(gpus) if gpus is not None else (visible_gpus() if dev == "cuda" else [])
+        self._spread: list[str] = list(gpus) if gpus is not None else (visible_gpu_ids(torch_fallback=True) if dev == "cuda" else [])
         if jobs is not None and int(jobs) < 1:
             from dsv4_numerics.reference.errors import InputError
 
@@ -678,7 +661,7 @@ class IsolatedPool:
         # every queued job for every rival at each wake-up)
         want = self._job_env.get((slot, item[0]))
         if want is None:
-            want = self._job_env[(slot, item[0])] = _child_env(self._slot_env(slot, item[3]))
+            want = self._job_env[(slot, item[0])] = child_environment(self._slot_env(slot, item[3]))
         return want == self.sessions[slot].env, score
 
     def _pick(self, slot: int) -> int | None:

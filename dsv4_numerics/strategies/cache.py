@@ -222,9 +222,9 @@ def cache_geometries(draw, max_blocks: int = 6, block_sizes=(1, 2, 3, 5, 16, 53,
 def garbage_cache(seed: int, num_blocks: int, page_stride: int) -> torch.Tensor:
     """uint8 ``[num_blocks, page_stride]`` of seeded random bytes (the default cases' stale pages,
     ``reference.cases.cache``): what a writer writes into (every byte it must not touch is checked)."""
-    from dsv4_numerics.reference.cases.cache import _garbage
+    from dsv4_numerics.reference.cases.cache import garbage_bytes
 
-    return _garbage(torch.Generator().manual_seed(seed), (num_blocks, page_stride))
+    return garbage_bytes(torch.Generator().manual_seed(seed), (num_blocks, page_stride))
 
 
 @st.composite

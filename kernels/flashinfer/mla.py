@@ -102,7 +102,7 @@ def _probe(*archs: str, symbol: str = "trtllm_batch_decode_sparse_mla_dsv4") -> 
     )
 
 
-def _mla():
+def mla_module():
     from importlib import import_module
 
     return import_module(MLA)
@@ -128,7 +128,7 @@ def _check_indices(d: DecodeInputs, kernel: str) -> None:
                                   f"inside the length prefix are outside [-1, {seg.num_slots})")
 
 
-def _swa_seq_lens(d: DecodeInputs, kernel: str) -> torch.Tensor:
+def swa_seq_lens(d: DecodeInputs, kernel: str) -> torch.Tensor:
     """``seq_lens [T]`` int32 that make TRTLLM-GEN's derived window equal the case's SWA length
     (one query token per request: window = ``clamp(seq_len, 0, 128)``)."""
     t, k = d.main.idx.shape
@@ -149,7 +149,7 @@ def _swa_seq_lens(d: DecodeInputs, kernel: str) -> torch.Tensor:
     return seq.to(torch.int32).contiguous()
 
 
-def _combined_table(d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+def combined_table(d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sparse_indices [T, 128 + Pk] int32, sparse_topk_lens [T] int32)`` (datapath 4.6)."""
     t = d.q.shape[0]
     swa = pad_topk(d.main.idx, SWA_WINDOW, minimum=SWA_WINDOW)[:, :SWA_WINDOW]
@@ -185,11 +185,11 @@ def trtllm_gen_call(case) -> dict[str, torch.Tensor]:
     d = decode_inputs(case, "flashinfer.dsv4_decode.trtllm_gen")
     _check_indices(d, kernel)
     q, sink, h = _heads(d, kernel)
-    seq_lens = _swa_seq_lens(d, kernel)
-    table, lens = _combined_table(d)
+    seq_lens = swa_seq_lens(d, kernel)
+    table, lens = combined_table(d)
     swa_pool = _plain_rows(d.main)
     comp_pool = _plain_rows(d.extra) if d.extra is not None and d.extra.idx.shape[1] else swa_pool
-    out = _mla().trtllm_batch_decode_sparse_mla_dsv4(
+    out = mla_module().trtllm_batch_decode_sparse_mla_dsv4(
         query=q.unsqueeze(1), swa_kv_cache=swa_pool, workspace_buffer=_workspace(q.device),
         sparse_indices=table, compressed_kv_cache=comp_pool, sparse_topk_lens=lens, seq_lens=seq_lens,
         bmm1_scale=d.scale, bmm2_scale=1.0, sinks=sink, kv_layout="HND", backend="trtllm-gen")
@@ -216,11 +216,11 @@ def trtllm_gen_rope_quant_call(case) -> dict[str, torch.Tensor]:
         raise UnsupportedCase(f"{kernel}: seq_lens serves both the SWA window and the position "
                               "(seq_len - 1), so the case needs swa_len = min(position + 1, 128)")
     seq_lens = (pos + 1).to(torch.int32).contiguous()
-    table, lens = _combined_table(d)
+    table, lens = combined_table(d)
     swa_pool = _e4m3(_plain_rows(d.main))
     comp_pool = _e4m3(_plain_rows(d.extra)) if d.extra is not None and d.extra.idx.shape[1] else swa_pool
     q = _e4m3(d.q).unsqueeze(1)
-    codes, scales = _mla().trtllm_batch_decode_sparse_mla_dsv4(
+    codes, scales = mla_module().trtllm_batch_decode_sparse_mla_dsv4(
         query=q, swa_kv_cache=swa_pool, workspace_buffer=_workspace(q.device), sparse_indices=table,
         compressed_kv_cache=comp_pool, sparse_topk_lens=lens, seq_lens=seq_lens, bmm1_scale=d.scale,
         bmm2_scale=1.0, sinks=d.sink, kv_layout="HND", backend="trtllm-gen",
@@ -242,7 +242,7 @@ def cake_call(case) -> dict[str, torch.Tensor]:
     _check_indices(d, kernel)
     q, sink, h = _heads(d, kernel)
     t = q.shape[0]
-    seq_lens = _swa_seq_lens(d, kernel)
+    seq_lens = swa_seq_lens(d, kernel)
     swa_pool = _plain_rows(d.main)
     kw = {}
     if d.extra is not None and d.extra.idx.shape[1]:
@@ -253,9 +253,9 @@ def cake_call(case) -> dict[str, torch.Tensor]:
         kw = dict(sparse_indices=swa_table, compressed_kv_cache=_plain_rows(d.extra),
                   extra_sparse_indices=pad_topk(d.extra.idx, ROW_ALIGN), extra_sparse_topk_lens=elen)
     else:
-        table, lens = _combined_table(d)
+        table, lens = combined_table(d)
         kw = dict(sparse_indices=table, compressed_kv_cache=swa_pool, sparse_topk_lens=lens)
-    out = _mla().trtllm_batch_decode_sparse_mla_dsv4(
+    out = mla_module().trtllm_batch_decode_sparse_mla_dsv4(
         query=q.unsqueeze(1), swa_kv_cache=swa_pool, workspace_buffer=_workspace(q.device),
         seq_lens=seq_lens, bmm1_scale=d.scale, bmm2_scale=1.0, sinks=sink, kv_layout="HND",
         backend="cake", **kw)
@@ -269,10 +269,10 @@ def cute_dsl_hca_call(case) -> dict[str, torch.Tensor]:
         raise UnsupportedCase(f"{kernel} serves compressed (C128A) layers; the case has no compressed segment")
     _check_indices(d, kernel)
     q, sink, h = _heads(d, kernel)
-    seq_lens = _swa_seq_lens(d, kernel)
-    table, lens = _combined_table(d)
+    seq_lens = swa_seq_lens(d, kernel)
+    table, lens = combined_table(d)
     try:
-        out = _mla().trtllm_batch_decode_sparse_mla_dsv4(
+        out = mla_module().trtllm_batch_decode_sparse_mla_dsv4(
             query=_e4m3(q).unsqueeze(1), swa_kv_cache=_e4m3(_plain_rows(d.main)),
             workspace_buffer=_workspace(q.device), sparse_indices=table,
             compressed_kv_cache=_e4m3(_plain_rows(d.extra)), sparse_topk_lens=lens, seq_lens=seq_lens,
@@ -299,7 +299,7 @@ def sm120_call(case) -> dict[str, torch.Tensor]:
                   extra_indices=d.extra.idx.to(torch.int32).contiguous(),
                   extra_topk_length=lengths_int32(d.extra.length, t, fn, "extra_lens"))
     out = torch.empty((t, q.shape[1], HEAD_DIM), dtype=torch.bfloat16, device=q.device)
-    wrapper = _mla().SparseMLASm120Wrapper()
+    wrapper = mla_module().SparseMLASm120Wrapper()
     lse2 = wrapper.run(q, main, d.main.idx.to(torch.int32).contiguous(), out, d.scale,
                        topk_length=lengths_int32(d.main.length, t, fn, "swa_lens"), attn_sink=sink,
                        return_lse=True, **kw)

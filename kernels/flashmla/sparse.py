@@ -80,7 +80,7 @@ DECODE_TOPK_BLOCK = 64  # SM90 decode TOPK_BLOCK_SIZE; SM100 head64 B_TOPK (kern
 PREFILL_TOPK_BLOCK = 128  # SM90 prefill phase1.cuh:577; vLLM rounds the combined width to 128
 
 
-def _probe(*archs: str) -> P.Probe:
+def flashmla_probe(*archs: str) -> P.Probe:
     return P.chain(
         P.needs_arch(*archs),
         P.needs_staged_vllm(INTERFACE),
@@ -89,7 +89,7 @@ def _probe(*archs: str) -> P.Probe:
     )
 
 
-def _interface():
+def flashmla_interface():
     from importlib import import_module
 
     return import_module(INTERFACE)
@@ -165,7 +165,7 @@ def sparse_decode_call(case, s_q: int = 1, attend=None, who: str | None = None, 
         kw = dict(extra_k_cache=_cache_for_kernel(d.extra), extra_indices_in_kvcache=e_idx, extra_topk_length=e_len)
     sched = None
     if attend is None:
-        fm = _interface()
+        fm = flashmla_interface()
         sched, _ = fm.get_mla_metadata()
         attend = fm.flash_mla_with_kvcache
     out, lse = attend(
@@ -232,7 +232,7 @@ def sparse_prefill_call(case) -> dict[str, torch.Tensor]:
     kv = p.kv
     if kv.stride(-1) != 1:
         kv = kv.contiguous()
-    fm = _interface()
+    fm = flashmla_interface()
     out, max_logits, lse = fm.flash_mla_sparse_fwd(
         q=q,
         kv=kv.unsqueeze(1),
@@ -270,7 +270,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16", "uint8"),
         policies=dict(_DECODE_POLICIES),
         tolerance_scope="flashmla.sparse_decode",
-        probe=_probe("sm90"),
+        probe=flashmla_probe("sm90"),
         call=sparse_decode_call,
         notes="h_q padded to 64/128; b = T tokens with s_q = 1 (vLLM's call); lengths per batch row",
     ),
@@ -283,7 +283,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16", "uint8"),
         policies=dict(_DECODE_POLICIES),
         tolerance_scope="flashmla.sparse_decode",
-        probe=_probe(*_SM100),
+        probe=flashmla_probe(*_SM100),
         call=sparse_decode_call,
         notes="SM100 uses lazy rescaling (attention 4.1); same call as sm90",
     ),
@@ -296,7 +296,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16", "uint8"),
         policies=dict(_DECODE_POLICIES),
         tolerance_scope="flashmla.sparse_decode",
-        probe=_probe("sm90"),
+        probe=flashmla_probe("sm90"),
         call=sparse_decode_sq_call,
         notes="b = ceil(T/3) rows of s_q = 3 tokens (FlashMLA's own s_q > 1 path; not vLLM's call); "
               "per-token lengths as -1 past each token's length, the row's largest as its length",
@@ -310,7 +310,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16",),
         policies=dict(_PREFILL_POLICIES),
         tolerance_scope="flashmla.sparse_prefill",
-        probe=_probe("sm90"),
+        probe=flashmla_probe("sm90"),
         call=sparse_prefill_call,
         notes="top-k padded to a multiple of 128 with -1",
     ),
@@ -323,7 +323,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16",),
         policies=dict(_PREFILL_POLICIES),
         tolerance_scope="flashmla.sparse_prefill",
-        probe=_probe(*_SM100),
+        probe=flashmla_probe(*_SM100),
         call=sparse_prefill_call,
         notes="top-k padded to a multiple of 128 with -1",
     ),

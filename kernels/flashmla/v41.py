@@ -116,7 +116,7 @@ def v41_decode_call(case: Case, fp4: bool = False) -> dict[str, torch.Tensor]:
                   extra_topk_length=lengths_int32(inp.get("extra_lens"), t, who, "extra_lens"))
     hp = padded_heads(h, FLASHMLA_HEADS, "FlashMLA sparse decode")
     qp, sinkp = pad_heads(q, sink, hp)
-    fm = F._interface()
+    fm = F.flashmla_interface()
     sched, _ = fm.get_mla_metadata()
     out, lse = fm.flash_mla_with_kvcache(
         q=qp.unsqueeze(1), k_cache=main, block_table=None, cache_seqlens=None, head_dim_v=q.shape[-1],
@@ -127,7 +127,7 @@ def v41_decode_call(case: Case, fp4: bool = False) -> dict[str, torch.Tensor]:
             "lse": lse_plus_inf_to_minus_inf(lse.transpose(1, 2).reshape(t, hp)[:, :h].float())}
 
 
-def _tiny_decode(fp4: bool) -> None:
+def tiny_decode(fp4: bool) -> None:
     """One token, 64 heads, top-k 64 over one zeroed 64-entry page of the path's records (every
     index 0: valid, finite rows), on the current GPU. Raises whatever FlashMLA raises."""
     dev = torch.device("cuda")
@@ -144,10 +144,10 @@ def _tiny_decode(fp4: bool) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _path_reason(fp4: bool) -> str | None:
+def path_reason(fp4: bool) -> str | None:
     """None if the tiny call of the path runs; else ``FlashMLA V4.1 <path> not supported here: <error>``."""
     try:
-        _tiny_decode(fp4)
+        tiny_decode(fp4)
     except Exception as e:  # the library's refusal (TORCH_CHECK -> RuntimeError) is the reason
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         path = "MXFP8 528 B main + NVFP4 288 B extra (V41_FP4)" if fp4 else "MXFP8 528 B (V41)"
@@ -156,7 +156,7 @@ def _path_reason(fp4: bool) -> str | None:
 
 
 def _decode_probe(fp4: bool, *archs: str) -> P.Probe:
-    return P.chain(F._probe(*archs), lambda: _path_reason(fp4))
+    return P.chain(F.flashmla_probe(*archs), lambda: path_reason(fp4))
 
 
 # --------------------------------------------------------------------------- prefill
@@ -237,7 +237,7 @@ def _prefill_entry(arch: str, archs: tuple[str, ...]) -> KernelEntry:
         source=f"{CACHE_UTILS}.dequantize_and_gather_k_cache_triton + {F.INTERFACE}.flash_mla_sparse_fwd",
         archs=archs, dtypes=("bfloat16", "uint8"), policies=dict(_PREFILL_POLICIES),
         tolerance_scope="flashmla.sparse_prefill",
-        probe=P.chain(F._probe(*archs), P.needs_staged_vllm(CACHE_UTILS), P.needs_import(CACHE_UTILS)),
+        probe=P.chain(F.flashmla_probe(*archs), P.needs_staged_vllm(CACHE_UTILS), P.needs_import(CACHE_UTILS)),
         call=v41_prefill_call, notes="vLLM's V4.1 prefill: Triton gather into the bf16 workspace, FlashMLA prefill")
 
 

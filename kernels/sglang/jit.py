@@ -147,7 +147,7 @@ def ninja_reason() -> str | None:
     return "ninja not found on PATH: SGLang's JIT builds run `ninja -f build.ninja` (SG:kernels/jit/utils/compile/ninja.py)"
 
 
-def _wheel_hint(module: str, dist: str) -> Callable[[], "str | None"]:
+def wheel_hint(module: str, dist: str) -> Callable[[], "str | None"]:
     def probe() -> str | None:
         reason = P.module_reason(module, dist)
         if reason is None:
@@ -172,8 +172,8 @@ def _jit_probe(module: str) -> P.Probe:
         lambda: staged_reason(module),
         nvcc_reason,
         ninja_reason,
-        _wheel_hint("tvm_ffi", "apache-tvm-ffi"),
-        _wheel_hint("msgspec", "msgspec"),
+        wheel_hint("tvm_ffi", "apache-tvm-ffi"),
+        wheel_hint("msgspec", "msgspec"),
         P.needs_import(module),
     )
 
@@ -181,13 +181,13 @@ def _jit_probe(module: str) -> P.Probe:
 _TILELANG_PROBE = P.chain(
     P.needs_arch(*_TILELANG_ARCHS),
     lambda: staged_reason(TILELANG_MODULE),
-    _wheel_hint("tvm_ffi", "apache-tvm-ffi"),
-    _wheel_hint("tilelang", "tilelang"),
+    wheel_hint("tvm_ffi", "apache-tvm-ffi"),
+    wheel_hint("tilelang", "tilelang"),
     P.needs_import(TILELANG_MODULE),
 )
 
 
-def _module(name: str):
+def jit_module(name: str):
     from importlib import import_module
 
     return import_module(name)
@@ -254,7 +254,8 @@ def store_args(inputs: dict, layout: str) -> dict:
     ``fused_store_cache``: ``input`` bf16 ``[W, 512]``, ``cache`` ``[nb, kv_page_bytes]`` (a copy of
     the case's pages, repacked when its stride differs), ``indices`` int64 ``[W]``, ``page_size``,
     ``layout``, and ``_finish()`` returning the written cache in the input's own form."""
-    from dsv4_numerics.kernels.vllm.cuda import clone_storage, paged_cache_2d
+    from dsv4_numerics.kernels.convert import paged_cache_2d
+    from dsv4_numerics.reference.storage import clone_storage
 
     fn = "sglang_jit.store_args"
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
@@ -325,7 +326,7 @@ def store_op(case: Case, layout: str) -> OpCall:
     the written slots (the 584-byte record; the pad byte is never written)."""
     a = store_args(case.inputs, layout)
     bs, buf = a["page_size"], a["cache"]
-    call = OpCall(op=f"{STORE_MODULE}.fused_store_cache", fn=_module(STORE_MODULE).fused_store_cache,
+    call = OpCall(op=f"{STORE_MODULE}.fused_store_cache", fn=jit_module(STORE_MODULE).fused_store_cache,
                   loader=python_loader("sglang", STORE_MODULE, "fused_store_cache"),
                   args=[a["input"], buf, a["indices"]],
                   kwargs={"page_size": bs, "type": "flashmla", "layout": a["layout"]},
@@ -354,7 +355,7 @@ def _store_call(layout_of: Callable[[dict], str]):
 def _rope_call(inverse: bool):
     def call(case: Case) -> dict:
         a = rope_args(case.inputs, inverse)
-        _module(ROPE_MODULE).fused_rope_inplace(a["q"], None, a["freqs_cis"], a["positions"], inverse=a["inverse"])
+        jit_module(ROPE_MODULE).fused_rope_inplace(a["q"], None, a["freqs_cis"], a["positions"], inverse=a["inverse"])
         return {"out": a["_x"].reshape(a["_shape"])}
 
     return call
@@ -371,7 +372,7 @@ def tilelang_decode_call(case: Case) -> dict:
     driven as FlashMLA's decode (``flashmla.sparse_decode_call``; module docstring)."""
     from dsv4_numerics.kernels.flashmla.sparse import sparse_decode_call
 
-    fwd = _module(TILELANG_MODULE).dpsk_v4_fp8_attention_fwd
+    fwd = jit_module(TILELANG_MODULE).dpsk_v4_fp8_attention_fwd
     return sparse_decode_call(case, 1, attend=fwd, who="SGLang's TileLang decode", check=_tilelang_pages,
                               fn="sglang.tilelang_decode")
 

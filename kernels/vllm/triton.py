@@ -34,7 +34,7 @@ with placeholder stand-ins for those engine names (they raise if an engine path 
 entry runs from the staged folder too. The ``use_fnuz=True`` writer
 needs Triton's ``fp8e4b8``, which Triton 3.6 offers only on AMD targets: its probe says so on
 NVIDIA. Page strides a kernel would fault on (odd, for the bf16 lanes) are repacked for the call
-and copied back (``vllm_cuda.writable_pages``/``readable_pages``); vLLM's strides never are.
+and copied back (``convert.writable_pages``/``readable_pages``); vLLM's strides never are.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmet
 
 from dsv4_numerics.kernels.probe import chain, needs_arch, needs_import, needs_module, needs_staged_vllm
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import TRITON_PAGE_ALIGN, _cache_geometry, readable_pages, writable_pages
+from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages, writable_pages
 
 __all__ = [
     "ENTRIES",
@@ -113,7 +113,7 @@ def triton_fp8_dtype_reason(name: str) -> str | None:
             f"(supported: {', '.join(supported)})")
 
 
-def _fn(module: str, name: str):
+def triton_fn(module: str, name: str):
     return getattr(importlib.import_module(module), name)
 
 
@@ -175,7 +175,7 @@ def quantize_insert_args(inputs: dict, use_fnuz: bool = False) -> dict:
         fail(fn, "k", f"must have shape [N, {HEAD_DIM}]", tuple(k.shape))
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
     cache = inputs["cache"]
-    nb, _ = _cache_geometry(fn, cache, bs)
+    nb, _ = page_geometry(fn, cache, bs)
     slots = inputs["slot_mapping"]
     check_dtype(fn, "slot_mapping", slots, INDEX_DTYPES)
     check_rank(fn, "slot_mapping", slots, 1)
@@ -208,7 +208,7 @@ def gather_args(inputs: dict) -> dict:
     fn = "gather_args"
     bs = check_int(fn, "block_size", inputs["block_size"], minimum=1)
     cache = inputs["cache"]
-    _cache_geometry(fn, cache, bs)
+    page_geometry(fn, cache, bs)
     seq = int32(fn, "seq_lens", inputs["seq_lens"])
     gl = int32(fn, "gather_lens", inputs.get("gather_lens"))
     bt = int32(fn, "block_table", inputs["block_table"])
@@ -444,7 +444,7 @@ def compressor_args(inputs: dict) -> dict:
         if tuple(v.shape) != (t,):
             fail(fn, name, f"must have shape [T={t}] (one per token)", tuple(v.shape))
     bs_c = check_int(fn, "kv_block_size", inputs["kv_block_size"], minimum=1)
-    nb_c, _ = _cache_geometry(fn, inputs["cache"], bs_c)
+    nb_c, _ = page_geometry(fn, inputs["cache"], bs_c)
     p64, s64, c64 = pos.to(torch.int64), slots.to(torch.int64), cslots.to(torch.int64)
     fires = (s64 >= 0) & ((p64 + 1) % ratio == 0) & (c64 >= 0)
     if bool(fires.any()):
@@ -510,7 +510,7 @@ def _call_qins(use_fnuz: bool):
     def call(case: Case) -> dict:
         a = quantize_insert_args(case.inputs, use_fnuz)
         finish = a.pop("_finish")
-        f = _fn(CACHE_UTILS, "quantize_and_insert_k_cache")
+        f = triton_fn(CACHE_UTILS, "quantize_and_insert_k_cache")
         if use_fnuz:
             from vllm.platforms import current_platform
 
@@ -528,16 +528,16 @@ def _call_gather(case: Case) -> dict:
     # on NVIDIA); its Triton branch is this one call (cache_utils.py:540-547), made directly so
     # the entry always runs the Triton kernel.
     a = gather_args(case.inputs)
-    kernel = _fn(CACHE_UTILS, "_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL")
+    kernel = triton_fn(CACHE_UTILS, "_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL")
     kernel(a["out"], a["k_cache"], a["seq_lens"], a["gather_lens"], a["block_table"], a["block_size"],
            a["offset"], use_fnuz=False)
     return {"out": a["out"]}
 
 
-def _call_index(builder: str, args: Callable[[dict], dict], names: tuple[str, ...], module: str = CACHE_UTILS):
+def call_index(builder: str, args: Callable[[dict], dict], names: tuple[str, ...], module: str = CACHE_UTILS):
     def call(case: Case) -> dict:
         index_case_builder(case, builder)
-        res = _fn(module, builder)(**args(case.inputs))
+        res = triton_fn(module, builder)(**args(case.inputs))
         return dict(zip(names, res))
 
     return call
@@ -546,7 +546,7 @@ def _call_index(builder: str, args: Callable[[dict], dict], names: tuple[str, ..
 def _call_swa_indices(case: Case) -> dict:
     index_case_builder(case, "compute_swa_indices_and_lens")
     a = swa_indices_args(case.inputs)
-    k = _fn(SPARSE_SWA, "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL")
+    k = triton_fn(SPARSE_SWA, "_COMPUTE_SWA_INDICES_AND_LENS_KERNEL")
     k(a["swa_indices"], a["swa_lens"], a["window_size"], a["index_width"], a["left_visible"],
       a["right_visible"], a["query_start_loc"], a["seq_lens"], a["token_to_req_indices"],
       a["is_valid_token"], a["block_table"], a["block_size"], a["replay_start"],
@@ -557,14 +557,14 @@ def _call_swa_indices(case: Case) -> dict:
 def _call_compressor(case: Case) -> dict:
     a = compressor_args(case.inputs)
     finish = a.pop("_finish")
-    _fn(COMPRESS, "compress_norm_rope_store_triton")(**a)
+    triton_fn(COMPRESS, "compress_norm_rope_store_triton")(**a)
     return {"cache": finish()}
 
 
 def _call_inv_rope(tma_aligned_scales: bool):
     def call(case: Case) -> dict:
         a = inv_rope_fp8_args(case.inputs, tma_aligned_scales)
-        out, scales = _fn(INV_ROPE, "fused_inv_rope_fp8_quant")(**a)
+        out, scales = triton_fn(INV_ROPE, "fused_inv_rope_fp8_quant")(**a)
         return {"codes": out.view(torch.uint8), "exponents": scales_to_exponents(scales, a["heads_per_group"])}
 
     return call
@@ -644,7 +644,7 @@ ENTRIES: list[KernelEntry] = [
         policies={"topk_lens": "count"},
         tolerance_scope="vllm_triton.compute_global_topk_indices_and_lens",
         probe=_probe_cache_utils,
-        call=_call_index("compute_global_topk_indices_and_lens", topk_global_args,
+        call=call_index("compute_global_topk_indices_and_lens", topk_global_args,
                          ("global_topk_indices", "topk_lens")),
         notes="lens = count of entries >= 0, not a prefix length (datapath 4.1, H10).",
     ),
@@ -658,7 +658,7 @@ ENTRIES: list[KernelEntry] = [
         policies={"combine_form": "common"},
         tolerance_scope="vllm_triton.combine_topk_swa_indices",
         probe=_probe_cache_utils,
-        call=_call_index("combine_topk_swa_indices", combine_args, ("combined_indices", "combined_lens")),
+        call=call_index("combine_topk_swa_indices", combine_args, ("combined_indices", "combined_lens")),
         notes="Common form: a -1 inside the first topk_len columns becomes M*r - 1 (datapath 4.5, H10).",
     ),
     KernelEntry(
@@ -671,7 +671,7 @@ ENTRIES: list[KernelEntry] = [
         policies={},
         tolerance_scope="vllm_triton.build_flashinfer_mixed_sparse_indices",
         probe=_probe_cache_utils,
-        call=_call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_args,
+        call=call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_args,
                          ("sparse_indices", "sparse_topk_lens")),
         notes="Rows past num_tokens (num_rows > num_tokens) stay unset, as in production.",
     ),

@@ -95,8 +95,9 @@ from dsv4_numerics.reference.policies import (
 
 from dsv4_numerics.kernels.probe import chain, needs_arch
 from dsv4_numerics.kernels.registry import KernelEntry
-from dsv4_numerics.kernels.vllm.cuda import clone_storage, identity_cos_sin_cache
-from dsv4_numerics.kernels.vllm.triton import _call_index, _fn, combine_args, flashinfer_mixed_args, gather_args, int32, staged_triton_probe, topk_global_args
+from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
+from dsv4_numerics.reference.storage import clone_storage
+from dsv4_numerics.kernels.vllm.triton import call_index, triton_fn, combine_args, flashinfer_mixed_args, gather_args, int32, staged_triton_probe, topk_global_args
 
 __all__ = [
     "ENTRIES",
@@ -170,7 +171,7 @@ def _call_qins_mxfp8(case: Case) -> dict:
     a = v41_writer_args("v41_writer_args", case.inputs, rec, SlotSkip.MINUS1_ONLY)
     # The 2-D [num_blocks, page_stride] form the callers pass; bytes_per_token picks the record.
     pages = torch.as_strided(a["view"], (a["view"].shape[0], a["view"].stride(0)), (a["view"].stride(0), 1))
-    _fn(V41_CACHE_UTILS, "quantize_and_insert_k_cache")(
+    triton_fn(V41_CACHE_UTILS, "quantize_and_insert_k_cache")(
         a["k"], pages, a["slot_mapping"], block_size=a["block_size"], is_ue8m0=True, use_fnuz=False,
         bytes_per_token=cache_v41.record_bytes(rec))
     return {"cache": a["owner"]}
@@ -182,8 +183,8 @@ def _call_rope_insert(record: V41Record) -> Callable[[Case], dict]:
         a = v41_writer_args("v41_writer_args", case.inputs, record, SlotSkip.ALL_NEGATIVE)
         n = a["k"].shape[0]
         if a["slot_mapping"].numel():
-            _fn(V41_COMPRESS, "rope_quant_insert")(
-                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), identity_cos_sin_cache(1, a["k"].device),
+            triton_fn(V41_COMPRESS, "rope_quant_insert")(
+                a["k"], torch.zeros(n, dtype=torch.int64, device=a["k"].device), identity_cos_sin(1, a["k"].device),
                 a["view"], a["slot_mapping"], compress_ratio=1)
         return {"cache": a["owner"]}
 
@@ -243,8 +244,8 @@ def _call_compress_insert(records: tuple[str, ...]) -> Callable[[Case], dict]:
             raise UnsupportedCase(f"case {case.name!r} holds {case.inputs['record']!r} records; this entry "
                                   f"writes {list(records)}")
         a = compress_insert_args("compress_insert_args", case.inputs)
-        _fn(V41_COMPRESS, "fused_save_compress_norm")(**a["save"])
-        _fn(V41_COMPRESS, "rope_quant_insert")(a["save"]["latent_out"], **a["insert"])
+        triton_fn(V41_COMPRESS, "fused_save_compress_norm")(**a["save"])
+        triton_fn(V41_COMPRESS, "rope_quant_insert")(a["save"]["latent_out"], **a["insert"])
         out = {"latent": a["save"]["latent_out"], "cache": a["owner"]}
         if a["save"]["state_cache"] is not None:
             out["state"] = a["save"]["state_cache"]
@@ -279,17 +280,17 @@ def _call_indexer_store(record: str) -> Callable[[Case], dict]:
             raise UnsupportedCase(f"case {case.name!r} holds {case.inputs['record']!r} records; this entry "
                                   f"writes {record!r}")
         a = indexer_store_args("indexer_store_args", case.inputs)
-        _fn(V41_INDEXER, "indexer_k_norm_rope_store")(**a)
+        triton_fn(V41_INDEXER, "indexer_k_norm_rope_store")(**a)
         return {"cache": a["k_cache"]}
 
     return call
 
 
-def _no_mx_scales() -> str | None:
+def no_mx_scales() -> str | None:
     """The FP8 indexer writer stores ``pack_ue8m0_x4`` scales where ``mqa_logits_use_mx_scales()``
     (DeepGEMM, SM100) holds; the reference models the fp32 scale only (``IndexerKScale.FP32``)."""
     try:
-        use_mx = bool(_fn("vllm.utils.deep_gemm", "mqa_logits_use_mx_scales")())
+        use_mx = bool(triton_fn("vllm.utils.deep_gemm", "mqa_logits_use_mx_scales")())
     except Exception as e:  # noqa: BLE001 - the reason is the result
         return f"vllm.utils.deep_gemm.mqa_logits_use_mx_scales unavailable: {type(e).__name__}: {e}"
     if use_mx:
@@ -326,7 +327,7 @@ def _call_v41_gather(record: V41Record) -> Callable[[Case], dict]:
         a = v41_gather_args("v41_gather_args", case.inputs, record)
         # The Triton half of the wrapper, called directly: the wrapper takes the CuTe-DSL gather
         # for the 528-byte record when cutlass imports (cache_utils.py:798-815).
-        _fn(V41_CACHE_UTILS, "dequantize_and_gather_k_cache_triton")(**a, use_fnuz=False)
+        triton_fn(V41_CACHE_UTILS, "dequantize_and_gather_k_cache_triton")(**a, use_fnuz=False)
         return {"out": a["out"]}
 
     return call
@@ -340,11 +341,11 @@ def _call_gather_584(one_pass: bool) -> Callable[[Case], dict]:
     def call(case: Case) -> dict:
         a = gather_args(case.inputs)
         if not one_pass:
-            _fn(V41_CACHE_UTILS, "dequantize_and_gather_k_cache_triton")(**a, use_fnuz=False)
+            triton_fn(V41_CACHE_UTILS, "dequantize_and_gather_k_cache_triton")(**a, use_fnuz=False)
             return {"out": a["out"]}
         out, cache, bs = a["out"], a["k_cache"], a["block_size"]
-        workers = _fn(V41_CACHE_UTILS, "gather_num_workers")(None)
-        _fn(V41_CACHE_UTILS, "_dequantize_and_gather_k_one_pass_kernel")[(a["seq_lens"].shape[0], workers)](
+        workers = triton_fn(V41_CACHE_UTILS, "gather_num_workers")(None)
+        triton_fn(V41_CACHE_UTILS, "_dequantize_and_gather_k_one_pass_kernel")[(a["seq_lens"].shape[0], workers)](
             out, out.stride(0), out.stride(1), cache, a["seq_lens"], a["block_table"], a["offset"], a["gather_lens"],
             max_blocks_per_seq=a["block_table"].shape[-1], fp8_dim=NOPE_DIM, bf16_dim=ROPE_DIM, scale_dim=8,
             quant_block=64, cache_block_size=bs, token_data_size=NOPE_DIM + 2 * ROPE_DIM,
@@ -517,7 +518,7 @@ ENTRIES: list[KernelEntry] = [
         dtypes=("bfloat16", "uint8"),
         policies={"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_k_scale": IndexerKScale.FP32.value},
         tolerance_scope="vllm_v41.indexer_k_norm_rope_store.fp8",
-        probe=chain(_probe_indexer, _no_mx_scales),
+        probe=chain(_probe_indexer, no_mx_scales),
         call=_call_indexer_store("fp8"),
         notes="Indexer K: k_norm, RoPE at the group start, FP8 + fp32 scale; unavailable where DeepGEMM's MX "
               "scales are on (SM100: pack_ue8m0_x4, not modelled).",
@@ -599,7 +600,7 @@ ENTRIES: list[KernelEntry] = [
         policies={"topk_lens": "count"},
         tolerance_scope="vllm_v41.compute_global_topk_indices_and_lens",
         probe=_probe_cache_utils,
-        call=_call_index("compute_global_topk_indices_and_lens", topk_global_args,
+        call=call_index("compute_global_topk_indices_and_lens", topk_global_args,
                          ("global_topk_indices", "topk_lens"), module=V41_CACHE_UTILS),
         notes="Same contract as the V4 builder (plain Triton launch instead of the JIT-warmup class).",
     ),
@@ -613,7 +614,7 @@ ENTRIES: list[KernelEntry] = [
         policies={"combine_form": "common", "invalid_topk": "bounded_minus1", "window_start": "gathered"},
         tolerance_scope="vllm_v41.combine_topk_swa_indices",
         probe=_probe_cache_utils,
-        call=_call_index("combine_topk_swa_indices", combine_v41_args, ("combined_indices", "combined_lens"),
+        call=call_index("combine_topk_swa_indices", combine_v41_args, ("combined_indices", "combined_lens"),
                          module=V41_CACHE_UTILS),
         notes="Common form without vision columns (cases with image spans are skipped).",
     ),
@@ -627,7 +628,7 @@ ENTRIES: list[KernelEntry] = [
         policies={},
         tolerance_scope="vllm_v41.build_flashinfer_mixed_sparse_indices",
         probe=_probe_cache_utils,
-        call=_call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_v41_args,
+        call=call_index("build_flashinfer_mixed_sparse_indices", flashinfer_mixed_v41_args,
                          ("sparse_indices", "sparse_topk_lens"), module=V41_CACHE_UTILS),
         notes="replay_start from the case (zeros where it has none: the V4 window); DSpark non-causal decode "
               "rows, vision and num_rows cases are skipped (a different contract, flashinfer_mixed_v41_args).",

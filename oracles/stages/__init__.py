@@ -2,7 +2,7 @@
 policies, and the judge that compares a kernel's canonical outputs with them (docs/architecture.md
 "The protocols"; spec README 2-4).
 
-``StageSpec(name, kind, outputs, defaults, expected, judge)``:
+``StageSpec(name=, kind=, outputs=, defaults=, expected=, judge=, doc=)`` (registered by keyword):
 
 * ``kind``: ``"bytes"`` (bit-exact over the defined bytes, ``bytes_diff``), ``"index"`` (exact,
   ``bytes_diff.diff_index``) or ``"numeric"`` (``numeric.compare`` with the tolerance record of the
@@ -67,7 +67,7 @@ Modules (``import dsv4_numerics.oracles.stages`` imports every family, so each s
 ``core``           ``StageSpec``, the registry (``STAGES``, ``register``, ``get``), ``Verdict``,
                    ``JudgeScope``, the policy lookups, the shared judges and helpers
                    (``writer_rows``, ``judge_gather_rows``, ``judge_attention``,
-                   ``_attention_outputs``, ``prefill_segments``, the oracle modes ``ORDERED`` / ``FAST``)
+                   ``attention_outputs``, ``prefill_segments``, the oracle modes ``ORDERED`` / ``FAST``)
 ``writers``        ``swa_write``, ``compressed_write``, ``v41_write``, ``plain_write``
 ``gathers``        ``gather``
 ``indices``        the index stages
@@ -108,9 +108,9 @@ from .core import (
     writer_rows,
     written_slots,
 )
-# the private names other modules and tests use as ``stages.X``
-from .core import _ATTN_DEFAULTS, _ATTN_OUTPUTS, _attention_outputs, _bytes_verdict  # noqa: F401
-from .core import _index_rule, _missing, _pol  # noqa: F401
+# the helpers the stage families and tests use as ``stages.X``
+from .core import ATTN_DEFAULTS, ATTN_OUTPUTS, attention_outputs, bytes_verdict  # noqa: F401
+from .core import index_rule_of, missing_verdict, policy_value  # noqa: F401
 
 # The stage families register on import, in this order (the registry order).
 from . import writers  # noqa: F401  (swa_write, compressed_write, v41_write, plain_write)
@@ -126,7 +126,7 @@ from . import v41_attention  # noqa: F401  (v41_sparse_decode / prefill, v41_que
 from . import v41_compress  # noqa: F401  (v41_compress_insert)
 from . import v41_indexer  # noqa: F401  (v41_indexer_k_store)
 from . import sglang  # noqa: F401  (kv_norm_rope_store)
-from .attention import _expected_prefill, decode_segments  # noqa: F401
+from .attention import expected_prefill, decode_segments  # noqa: F401
 
 __all__ = ["FAST", "FAST_ORACLE_STAGES", "JudgeScope", "ORDERED", "STAGES", "StageSpec", "Verdict", "decode_segments",
            "get", "identity_cos_sin", "identity_rotated_pairs", "judge_attention", "judge_gather_rows",

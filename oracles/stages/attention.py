@@ -9,8 +9,8 @@ from dsv4_numerics.reference.caches import model1 as cache_model1
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import Fp8Decode, Fp8Flavour, Ue8m0Consumer
 
-from .core import (_ATTN_DEFAULTS, _ATTN_OUTPUTS, FAST, ORDERED, JudgeScope, StageSpec, Verdict, _attention_outputs,
-                   _flag, _index_rule, _pol, judge_attention, prefill_segments, register)
+from .core import (ATTN_DEFAULTS, ATTN_OUTPUTS, FAST, ORDERED, JudgeScope, StageSpec, Verdict, attention_outputs,
+                   flag_policy, index_rule_of, policy_value, judge_attention, prefill_segments, register)
 
 
 def decode_segments(case: Case, policies: dict, device: str | torch.device | None = None,
@@ -36,15 +36,15 @@ def decode_segments(case: Case, policies: dict, device: str | torch.device | Non
             return cache_model1.dequantize_all(cache, bs, read=read, **kw), idx
         return _compact(cache, bs, idx, read=read, **kw)
 
-    rule = IndexRule(_index_rule(case, policies))
-    read = _pol(policies, "fp8_decode", Fp8Decode.EXACT.value)
+    rule = IndexRule(index_rule_of(case, policies))
+    read = policy_value(policies, "fp8_decode", Fp8Decode.EXACT.value)
     main_rows, main_idx = rows_of(on(inp["swa_cache"]), inp["swa_block_size"], on(inp["swa_indices"]),
-                                  flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
-                                  consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
+                                  flavour=policy_value(policies, "fp8", Fp8Flavour.E4M3FN.value),
+                                  consumer=policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
     segs = [Segment(main_rows, main_idx, on(inp.get("swa_lens")), rule)]
     if "extra_cache" in inp:  # the compressed cache is OCP on every platform (datapath 2.3, H8)
         extra_rows, extra_idx = rows_of(on(inp["extra_cache"]), inp["extra_block_size"], on(inp["extra_indices"]),
-                                        consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
+                                        consumer=policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value))
         segs.append(Segment(extra_rows, extra_idx, on(inp.get("extra_lens")), rule))
     return segs
 
@@ -71,23 +71,33 @@ def _compact(cache: torch.Tensor, block_size: int, idx: torch.Tensor, **kw) -> t
 
 def _expected_decode(case: Case, policies: dict) -> dict:
     # under the fast oracle the caches are dequantised where the attention runs (the kernel's device)
-    dev = _pol(policies, "oracle_device", "cpu") if _pol(policies, "oracle", ORDERED) == FAST else None
+    dev = policy_value(policies, "oracle_device", "cpu") if policy_value(policies, "oracle", ORDERED) == FAST else None
     # judged on the device (matrix.run_entry(judge_device=True)): only the slots the indices read
-    segs = decode_segments(case, policies, dev, compact=_flag(policies, "judge_device"))
-    return _attention_outputs(case, policies, case.inputs["q"], segs)
+    segs = decode_segments(case, policies, dev, compact=flag_policy(policies, "judge_device"))
+    return attention_outputs(case, policies, case.inputs["q"], segs)
 
 
-def _expected_prefill(case: Case, policies: dict) -> dict:
-    return _attention_outputs(case, policies, case.inputs["q"], prefill_segments(case, policies))
+def expected_prefill(case: Case, policies: dict) -> dict:
+    return attention_outputs(case, policies, case.inputs["q"], prefill_segments(case, policies))
 
 
 def _judge_attention_stage(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
-    return judge_attention(case, expected, got, scope, _ATTN_OUTPUTS)
+    return judge_attention(case, expected, got, scope, ATTN_OUTPUTS)
 
 
-register(StageSpec("decode", "numeric", _ATTN_OUTPUTS,
-                   dict(_ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
-                   _expected_decode, _judge_attention_stage,
-                   "sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
-register(StageSpec("prefill", "numeric", _ATTN_OUTPUTS, dict(_ATTN_DEFAULTS), _expected_prefill, _judge_attention_stage,
-                   "sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))
+register(StageSpec(
+    name="decode",
+    kind="numeric",
+    outputs=ATTN_OUTPUTS,
+    defaults=dict(ATTN_DEFAULTS, fp8=Fp8Flavour.E4M3FN.value, fp8_decode=Fp8Decode.EXACT.value),
+    expected=_expected_decode,
+    judge=_judge_attention_stage,
+    doc="sparse decode: one softmax over SWA + compressed segments, sink (attention 2, 7)"))
+register(StageSpec(
+    name="prefill",
+    kind="numeric",
+    outputs=ATTN_OUTPUTS,
+    defaults=dict(ATTN_DEFAULTS),
+    expected=expected_prefill,
+    judge=_judge_attention_stage,
+    doc="sparse prefill over the bf16 workspace, one combined segment (attention 1.4, 2)"))

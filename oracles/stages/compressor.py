@@ -10,7 +10,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import Fp8Flavour, Fp8Subnormals, RopeArithmetic, ScaleRule, SlotSkip
 
 from .. import numeric as nm
-from .core import JudgeScope, StageSpec, Verdict, _missing, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, missing_verdict, policy_value, register
 
 
 def compressor_fires(inp: dict) -> torch.Tensor:
@@ -36,7 +36,7 @@ def _expected_compressor(case: Case, policies: dict) -> dict:
     from ..compressor_tier import compressor_error_bound
 
     inp = case.inputs
-    arith = _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
+    arith = policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
     b = compressor_boundary(inp["state"], inp["positions"], inp["ratio"], inp["norm_weight"], inp["eps"],
                             inp["cos_sin"], arithmetic=arith)
     out = {"normed": b.normed.to(torch.float64), "_row_bf16": b.row_bf16}
@@ -45,10 +45,10 @@ def _expected_compressor(case: Case, policies: dict) -> dict:
         slots = inp["compressed_slot_mapping"].to(torch.int64).cpu()[fires]
         out["cache"] = cache_model1.insert(
             inp["cache"], b.row_bf16[fires], slots, inp["kv_block_size"],
-            rule=_pol(policies, "scale_rule", ScaleRule.SCALE_CLAMP.value),
-            flavour=_pol(policies, "fp8", Fp8Flavour.E4M3FN.value),
-            slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
-            subnormals=_pol(policies, "fp8_subnormals", Fp8Subnormals.KEEP.value))
+            rule=policy_value(policies, "scale_rule", ScaleRule.SCALE_CLAMP.value),
+            flavour=policy_value(policies, "fp8", Fp8Flavour.E4M3FN.value),
+            slot_skip=policy_value(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
+            subnormals=policy_value(policies, "fp8_subnormals", Fp8Subnormals.KEEP.value))
         out["_slots"] = slots
         out["_bound"] = compressor_error_bound(inp["state"], inp["positions"][fires], inp["ratio"],
                                                inp["norm_weight"], inp["eps"], b.normed[fires])
@@ -64,7 +64,7 @@ def _judge_compressor(case: Case, expected: dict, got: dict, scope: JudgeScope) 
     from ..compressor_tier import judge_compressed_records
 
     if "normed" not in got and "cache" not in got:
-        return _missing("normed' or 'cache", got)
+        return missing_verdict("normed' or 'cache", got)
     checks: list[Verdict] = []
     if "normed" in got:
         g = got["normed"].detach().cpu()
@@ -92,10 +92,14 @@ def _judge_compressor(case: Case, expected: dict, got: dict, scope: JudgeScope) 
                    {k: v for c in checks for k, v in c.details.items()})
 
 
-register(StageSpec("compressor", "numeric", ("normed", "cache"),
-                   {"rope_arith": RopeArithmetic.FMA_TRITON.value, "scale_rule": ScaleRule.SCALE_CLAMP.value,
-                    "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value,
-                    "fp8_subnormals": Fp8Subnormals.KEEP.value},
-                   _expected_compressor, _judge_compressor,
-                   "compressor steps 3-7 for boundary positions of one request: fp32 normed rows by tolerance, "
-                   "the written compressed records by the compressor tier (H7)"))
+register(StageSpec(
+    name="compressor",
+    kind="numeric",
+    outputs=("normed", "cache"),
+    defaults={"rope_arith": RopeArithmetic.FMA_TRITON.value, "scale_rule": ScaleRule.SCALE_CLAMP.value,
+              "fp8": Fp8Flavour.E4M3FN.value, "slot_skip": SlotSkip.ALL_NEGATIVE.value,
+              "fp8_subnormals": Fp8Subnormals.KEEP.value},
+    expected=_expected_compressor,
+    judge=_judge_compressor,
+    doc="compressor steps 3-7 for boundary positions of one request: fp32 normed rows by tolerance, "
+        "the written compressed records by the compressor tier (H7)"))

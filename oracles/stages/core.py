@@ -1,7 +1,7 @@
 """The shared core of the stage oracles: the ``StageSpec`` record and the registry (``STAGES``, ``register``, ``get``),
-the ``Verdict`` / ``JudgeScope`` records, the policy lookups (``_pol``, ``_flag``, ``_clamp``), and the judges and
+the ``Verdict`` / ``JudgeScope`` records, the policy lookups (``policy_value``, ``flag_policy``, ``clamp_policy``), and the judges and
 helpers several stage families share (writer rows, the bytes and gather verdicts, the numeric attention
-judge, the oracle modes ``ORDERED`` / ``FAST``, ``_attention_outputs`` and ``prefill_segments``, which the
+judge, the oracle modes ``ORDERED`` / ``FAST``, ``attention_outputs`` and ``prefill_segments``, which the
 V4.1 attention stages build on too)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from typing import Any, Callable
 import torch
 
 from dsv4_numerics.reference.cases import Case
-from dsv4_numerics.reference.constants import HEAD_DIM, ROPE_DIM
+from dsv4_numerics.reference.constants import HEAD_DIM
 from dsv4_numerics.reference.detmath import fixed_sum
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase, fail
+from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
 from dsv4_numerics.reference.policies import AttentionMode, MissingLengths, NanPolicy, NonFinite, RopeArithmetic
 
 from .. import bytes_diff as bd
@@ -72,25 +73,25 @@ class StageSpec:
         return p
 
 
-def _pol(policies: dict | None, key: str, default: Any) -> Any:
+def policy_value(policies: dict | None, key: str, default: Any) -> Any:
     v = (policies or {}).get(key, default)
     return v.value if hasattr(v, "value") else v
 
 
-def _flag(policies: dict | None, key: str, default: bool = False) -> bool:
+def flag_policy(policies: dict | None, key: str, default: bool = False) -> bool:
     v = (policies or {}).get(key)
     if v is None:
         return default
     return str(v).lower() in ("true", "1", "yes")
 
 
-def _clamp(policies: dict | None) -> float | None:
+def clamp_policy(policies: dict | None) -> float | None:
     p = policies or {}
     v = p.get("fp8_clamp", p.get("clamp"))
     return None if v in (None, "", "none") else float(v)
 
 
-def _missing(name: str, got: dict) -> Verdict:
+def missing_verdict(name: str, got: dict) -> Verdict:
     have = sorted(got) if isinstance(got, dict) else type(got).__name__
     return Verdict(False, "missing_output", f"the kernel returned no '{name}' (returned {have})", headroom=0.0)
 
@@ -98,24 +99,19 @@ def _missing(name: str, got: dict) -> Verdict:
 # --------------------------------------------------------------------------- writer helpers
 
 
-def identity_cos_sin() -> torch.Tensor:
-    """fp32 ``[1, 64]`` RoPE table row with cos = 1, sin = +0 (the adapters' identity table)."""
-    return torch.cat([torch.ones(1, ROPE_DIM // 2), torch.zeros(1, ROPE_DIM // 2)], dim=1)
-
-
 def writer_rows(k: torch.Tensor, policies: dict | None) -> torch.Tensor:
     """The rows the writer quantises: ``k`` itself, under ``writer_rope=identity_all`` the fp32
     ``identity_rotated_pairs(k)``, or under ``writer_rope=identity`` the
     bf16 of ``apply_rope(k, identity, rope_arith)`` (an identity table is not an exact identity:
     -0.0 may become +0.0 and a non-finite RoPE lane poisons its pair partner)."""
-    mode = _pol(policies, "writer_rope", "none")
+    mode = policy_value(policies, "writer_rope", "none")
     if mode == "identity_all":
-        return identity_rotated_pairs(k, _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
+        return identity_rotated_pairs(k, policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
     if mode != "identity":
         return k
     from dsv4_numerics.reference.pipeline.rope import apply_rope
 
-    arith = _pol(policies, "rope_arith", RopeArithmetic.FMA.value)
+    arith = policy_value(policies, "rope_arith", RopeArithmetic.FMA.value)
     pos = torch.zeros(k.shape[0], dtype=torch.int64)
     return apply_rope(k.cpu(), pos, identity_cos_sin(), inverse=False, arithmetic=arith).to(torch.bfloat16)
 
@@ -142,7 +138,7 @@ def written_slots(slot_mapping: torch.Tensor, n_rows: int, policies: dict | None
     return torch.where(s >= 0, s, torch.full_like(s, -1))
 
 
-def _bytes_verdict(rep: bd.BytesReport) -> Verdict:
+def bytes_verdict(rep: bd.BytesReport) -> Verdict:
     if rep.passed:
         return Verdict(True, "bit_exact", "", headroom=math.inf, details=rep.to_dict())
     rule = rep.rule if rep.rule != "bit_exact" else ("clobber" if rep.differing == 0 and rep.clobbered else "bit_exact")
@@ -154,7 +150,7 @@ def judge_gather_rows(expected: dict, got: dict, alternatives: Callable[[], dict
     kernel workspace is cut to the reference width); on a failure, ``alternatives()`` (label ->
     expected ``out`` under one other policy) explain it."""
     if "out" not in got:
-        return _missing("out", got)
+        return missing_verdict("out", got)
     e, valid = expected["out"], expected["_valid"]
     g = got["out"].cpu()
     if g.dim() == 3 and g.shape[0] == e.shape[0] and g.shape[1] >= e.shape[1] and g.shape[2] == e.shape[2]:
@@ -166,14 +162,14 @@ def judge_gather_rows(expected: dict, got: dict, alternatives: Callable[[], dict
     g_m = torch.where(mask, g, torch.zeros_like(g))
 
     def where(idx):
-        return {"request": idx[0], "row": idx[1], **bd._dim_part(idx[-1])}
+        return {"request": idx[0], "row": idx[1], **bd.dim_part(idx[-1])}
 
     rep = bd.diff_values(e_m, g_m, layout="gather_bf16", describe=where)
     if not rep.passed:
         alts = {k: torch.where(mask, v, torch.zeros_like(v)) for k, v in alternatives().items()}
         rep.explanations.extend(bd.match_alternatives(g_m, alts))
-        rep.message = bd._first_explanation(rep)
-    return _bytes_verdict(rep)
+        rep.message = bd.first_explanation(rep)
+    return bytes_verdict(rep)
 
 
 # --------------------------------------------------------------------------- numeric judge
@@ -193,10 +189,10 @@ def _lookup(tols: Tolerances, scope: JudgeScope, name: str, dtype: str, params: 
         return tols.lookup(scope.kernel, _TOL_FALLBACK[name], dtype, scope.arch, params)
 
 
-def _dtype_name(case: Case, policies: dict | None = None) -> str:
+def dtype_name(case: Case, policies: dict | None = None) -> str:
     """Tolerance-scope dtype: the dtype the kernel computes QK with -- ``float8_e4m3fn`` under
     ``fp8_q=true`` (the adapter feeds FP8 q), else the case's ``q`` dtype."""
-    if _flag(policies, "fp8_q"):
+    if flag_policy(policies, "fp8_q"):
         return "float8_e4m3fn"
     q = case.inputs.get("q")
     return str(q.dtype).replace("torch.", "") if isinstance(q, torch.Tensor) else "*"
@@ -217,13 +213,13 @@ def judge_attention(case: Case, expected: dict, got: dict, scope: JudgeScope,
     reports: dict[str, Any] = {}
     checks: list[tuple[str, bool, str, float, float | None]] = []  # (rule, passed, msg, headroom, ulps)
     tols = scope.tol()
-    dtype = _dtype_name(case, scope.policies)
+    dtype = dtype_name(case, scope.policies)
     for name in outputs:
         if name not in expected:
             continue
         if name not in got:
             if name == "out":
-                return _missing(name, got)
+                return missing_verdict(name, got)
             continue
         e = expected[name]
         g = got[name].detach()
@@ -321,7 +317,7 @@ def v_rms(segments: list, num_tokens: int, d_v: int) -> float:
     return math.sqrt(sq / n) if n else 0.0
 
 
-def _zero_rows(n_valid: torch.Tensor, sink: torch.Tensor | None, H: int) -> torch.Tensor:
+def zero_rows(n_valid: torch.Tensor, sink: torch.Tensor | None, H: int) -> torch.Tensor:
     """``[T, H]`` rows whose exact output is 0: no valid key, or sink = +inf."""
     z = (n_valid == 0).reshape(-1, 1).expand(-1, H)
     if sink is not None:
@@ -332,13 +328,13 @@ def _zero_rows(n_valid: torch.Tensor, sink: torch.Tensor | None, H: int) -> torc
 # --------------------------------------------------------------------------- shared attention helpers
 
 
-def _index_rule(case: Case, policies: dict) -> str:
+def index_rule_of(case: Case, policies: dict) -> str:
     """The consumer's index rule; a case built for any-out-of-range consumers (out-of-range values
     inside the prefix) is outside a ``-1``-only consumer's contract (attention 2.4, H2)."""
     from dsv4_numerics.reference.policies import IndexRule
 
     case_rule = case.params.get("index_rule", IndexRule.MINUS1_ONLY.value)
-    rule = _pol(policies, "index_rule", case_rule)
+    rule = policy_value(policies, "index_rule", case_rule)
     if rule == IndexRule.MINUS1_ONLY.value and case_rule == IndexRule.ANY_OUT_OF_RANGE_INVALID.value:
         raise UnsupportedCase("the case puts out-of-range index values inside the prefix, which a "
                               "-1-only consumer (index_rule=minus1_only) treats as addresses (attention 2.4, H2)")
@@ -353,7 +349,7 @@ ORDERED, FAST = "ordered", "fast"
 FAST_ORACLE_STAGES = ("decode", "prefill", "v41_sparse_decode", "v41_sparse_prefill")
 
 
-def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
+def attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -> dict:
     """Oracle outputs (and judge aux, all on the CPU) for ``q`` over ``segs`` under ``policies``.
     Under ``oracle=fast`` the attention itself runs on ``oracle_device`` (the kernel's device;
     ``_expected_decode`` dequantises the decode caches there too, the rest of the preparation stays
@@ -362,24 +358,24 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
     from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 
     inp = case.inputs
-    nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
+    nan = policy_value(policies, "nan", NanPolicy.PROPAGATE.value)
     sink = inp.get("sink")
     T, H, _ = q.shape
-    if _flag(policies, "fp8_q"):  # attention 7 adapters: feed the oracle the FP8-rounded q
+    if flag_policy(policies, "fp8_q"):  # attention 7 adapters: feed the oracle the FP8-rounded q
         q = _e4m3_values(q)
-    if _flag(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
+    if flag_policy(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
     dsegs = None  # under the fast oracle: the segments on the oracle's device
-    if _pol(policies, "oracle", ORDERED) == FAST:
+    if policy_value(policies, "oracle", ORDERED) == FAST:
         from dsv4_numerics.reference.attention.fast import fast_sparse_attention
         from dsv4_numerics.reference.attention.ordered import OracleOut
 
-        dev = torch.device(_pol(policies, "oracle_device", "cpu"))
+        dev = torch.device(policy_value(policies, "oracle_device", "cpu"))
         dsegs = [Segment(s.rows.to(dev), s.idx.to(dev), None if s.length is None else s.length.to(dev), s.rule)
                  for s in segs]
         fx = fast_sparse_attention(q.to(dev), dsegs, inp["scale"], None if sink is None else sink.to(dev),
                                    nan_policy=nan, want_abs=True)
-        keep = _flag(policies, "judge_device")  # judged on the oracle's device (matrix.run_entry)
+        keep = flag_policy(policies, "judge_device")  # judged on the oracle's device (matrix.run_entry)
         ex = OracleOut(*(t if keep else t.cpu() for t in (fx.out, fx.lse, fx.lse_with_sink, fx.max_logits,
                                                           fx.n_valid)))
         names = [k for k, b in fx.bound.items() if b.numel()]
@@ -395,7 +391,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         pv = None
     lscale = logit_scale(q, segs, inp["scale"])  # [T, H] float64 on the CPU
     out = {"out": ex.out, "lse": ex.lse, "max_logits": ex.max_logits, "lse_with_sink": ex.lse_with_sink,
-           "_zero": _zero_rows(ex.n_valid, None if sink is None else sink.to(ex.n_valid.device), H),
+           "_zero": zero_rows(ex.n_valid, None if sink is None else sink.to(ex.n_valid.device), H),
            "_vrms": torch.tensor(v_rms(segs, T, HEAD_DIM)),
            "_logit_scale": lscale.to(ex.out.device) if keep else lscale, "_oracle": oracle}
     # the bf16-P rounding budget of `out` (row_scale.pv_allowance): the fast oracle's pv_abs, under the
@@ -412,7 +408,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
         out["_pv_abs"] = pv if keep else pv.cpu()
     except Exception as e:  # noqa: BLE001 - an allowance only: the judgement goes on without it
         oracle["pv_abs_error"] = f"{type(e).__name__}: {e}"[:300]
-    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+    if policy_value(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         # the same-precision emulation is the ORDERED oracle (bf16 P), whose bits are the same on every
         # device (tests/attention/test_gpu.py): under the fast oracle it runs where the fast one ran --
         # on one CPU thread of a kernel child it took 50-78 s per full-set case at batch 321
@@ -425,7 +421,7 @@ def _attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) 
                                                   mode=AttentionMode.BF16_P).out
         if not keep:
             out["_same_precision"] = out["_same_precision"].cpu()
-    if _flag(policies, "output_inv_roped"):
+    if flag_policy(policies, "output_inv_roped"):
         out = _inv_roped(case, policies, out)
     return out
 
@@ -448,7 +444,7 @@ def _inv_roped(case: Case, policies: dict, out: dict) -> dict:
     cs = inp.get("cos_sin", inp.get("cos_sin_cache"))
     if cs is None or inp.get("positions") is None:
         raise UnsupportedCase("output_inv_roped=true needs 'positions' and 'cos_sin' in the case")
-    arith = _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
+    arith = policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value)
     for k in ("out", "_same_precision"):
         if k in out:
             dev = out[k].device  # rotated on the CPU (its bits), returned where the reference is
@@ -465,17 +461,17 @@ def prefill_segments(case: Case, policies: dict) -> list:
     from dsv4_numerics.reference.policies import IndexRule
 
     inp = case.inputs
-    rule = IndexRule(_index_rule(case, policies))
+    rule = IndexRule(index_rule_of(case, policies))
     length = inp.get("topk_length")
-    if length is None and _pol(policies, "missing_lengths", MissingLengths.ALL_COLUMNS.value) == \
+    if length is None and policy_value(policies, "missing_lengths", MissingLengths.ALL_COLUMNS.value) == \
             MissingLengths.COUNT_AS_PREFIX.value:
         length = (inp["indices"] >= 0).sum(dim=-1, dtype=torch.int32)  # the count, read as a prefix
     return [Segment(inp["kv"], inp["indices"], length, rule)]
 
 
-_ATTN_OUTPUTS = ("out", "lse", "max_logits", "lse_with_sink")
+ATTN_OUTPUTS = ("out", "lse", "max_logits", "lse_with_sink")
 
-_ATTN_DEFAULTS = {"nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.EXACT.value}
+ATTN_DEFAULTS = {"nan": NanPolicy.PROPAGATE.value, "attention_mode": AttentionMode.EXACT.value}
 
 
 # --------------------------------------------------------------------------- registry

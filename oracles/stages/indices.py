@@ -8,7 +8,7 @@ import math
 from dsv4_numerics.reference.cases import Case
 
 from .. import bytes_diff as bd
-from .core import JudgeScope, StageSpec, Verdict, _missing, register
+from .core import JudgeScope, StageSpec, Verdict, missing_verdict, register
 
 # --------------------------------------------------------------------------- index stages
 
@@ -26,7 +26,7 @@ def _judge_index(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ve
         if name.startswith("_"):
             continue
         if name not in got:
-            return _missing(name, got)
+            return missing_verdict(name, got)
         rep = bd.diff_index(e, got[name], name=name)
         reports[name] = rep.to_dict()
         if not rep.passed:
@@ -41,5 +41,11 @@ def _judge_index(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Ve
 
 for _st in ("topk_global", "swa_indices", "c128a_indices", "compressed_slots", "combine_prefill",
             "flashinfer_mixed", "rocm_ragged"):
-    register(StageSpec(_st, "index", (), {}, _expected_index, _judge_index,
-                       "index plumbing (datapath 4): exact, outputs named by the case's builder"))
+    register(StageSpec(
+        name=_st,
+        kind="index",
+        outputs=(),
+        defaults={},
+        expected=_expected_index,
+        judge=_judge_index,
+        doc="index plumbing (datapath 4): exact, outputs named by the case's builder"))

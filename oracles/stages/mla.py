@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
-from dsv4_numerics.reference.attention.ordered import _logits
+from dsv4_numerics.reference.attention.ordered import scaled_logits
 from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import check_tensor, fail
 from dsv4_numerics.reference.attention.mla_dense import dense_kv_rows, dense_token_indices
 from dsv4_numerics.reference.policies import AttentionMode, NanPolicy, V32ScaleDecode
 
-from .core import _ATTN_DEFAULTS, StageSpec, _pol, _zero_rows, judge_attention, register, v_rms
+from .core import ATTN_DEFAULTS, StageSpec, policy_value, zero_rows, judge_attention, register, v_rms
 
 __all__ = ["v32_policy_fit", "fp8_logit_magnitude", "mla_tolerance_records", "MLA_TOLERANCES_PATH",
            "FP8_ACCUM_BITS", "FP8_LSE_MARGIN"]
@@ -100,7 +100,7 @@ def fp8_logit_magnitude(case: Case) -> float:
             continue
         k = rows[idx[t, :n].long()]  # [n, d], all finite (visible positions are never poisoned)
         # sum_i |q_i k_ji| accumulated over i = 0..d-1 in order (fixed order: no matmul)
-        worst = max(worst, float(_logits(qa[t][None], k[None], 1.0).max()) * bmm1)
+        worst = max(worst, float(scaled_logits(qa[t][None], k[None], 1.0).max()) * bmm1)
     return worst
 
 
@@ -166,17 +166,17 @@ def _expected_v32(case: Case, policies: dict) -> dict:
     q = inp["q"]
     b, s, h, d = q.shape
     rows = dequantize_v32_cache(inp["kv_cache"], inp["block_size"],
-                                _pol(policies, "v32_scale_decode", V32ScaleDecode.EXACT.value))
+                                policy_value(policies, "v32_scale_decode", V32ScaleDecode.EXACT.value))
     idx = inp["indices"].reshape(b * s, -1)
-    rule = _pol(policies, "index_rule", IndexRule.ANY_OUT_OF_RANGE_INVALID.value)
+    rule = policy_value(policies, "index_rule", IndexRule.ANY_OUT_OF_RANGE_INVALID.value)
     seg = [Segment(rows, idx, None, IndexRule(rule))]
-    nan = _pol(policies, "nan", NanPolicy.PROPAGATE.value)
+    nan = policy_value(policies, "nan", NanPolicy.PROPAGATE.value)
     qf = q.reshape(b * s, h, d)
     ex = sparse_attention(qf, seg, inp["scale"], inp.get("sink"), d_v=inp["d_v"], nan_policy=nan)
     out = {"out": ex.out.reshape(b, s, h, -1), "lse": ex.lse.reshape(b, s, h),
-           "_zero": _zero_rows(ex.n_valid, inp.get("sink"), h).reshape(b, s, h),
+           "_zero": zero_rows(ex.n_valid, inp.get("sink"), h).reshape(b, s, h),
            "_vrms": torch.tensor(v_rms(seg, b * s, inp["d_v"]))}
-    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+    if policy_value(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         bp = sparse_attention(qf, seg, inp["scale"], inp.get("sink"), d_v=inp["d_v"], nan_policy=nan,
                               mode=AttentionMode.BF16_P)
         out["_same_precision"] = bp.out.reshape(b, s, h, -1)
@@ -202,7 +202,7 @@ def _expected_dense_decode(case: Case, policies: dict) -> dict:
                                       causal=kw["causal"], num_blocks=rows.shape[0] // inp["block_size"])
     out = {"out": ex.out, "lse": ex.lse, "_zero": (ex.n_valid == 0).reshape(b, s, 1).expand(b, s, h).clone(),
            "_vrms": torch.tensor(v_rms([Segment(rows, idx, length)], b * s, kw["d_v"]))}
-    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+    if policy_value(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         out["_same_precision"] = dense_mla_decode(q, kvf, inp["block_table"], inp["seq_lens"], inp["block_size"],
                                                   inp["softmax_scale"], mode=AttentionMode.BF16_P, **kw).out
     return out
@@ -218,19 +218,36 @@ def _expected_dense_prefill(case: Case, policies: dict) -> dict:
     v = inp["v"].to(torch.float64)
     out = {"out": ex.out, "lse": ex.lse, "_zero": (ex.n_valid == 0).reshape(T, 1).expand(T, h).clone(),
            "_vrms": torch.tensor(math.sqrt(float((v * v).mean())))}
-    if _pol(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
+    if policy_value(policies, "attention_mode", AttentionMode.EXACT.value) == AttentionMode.BF16_P.value:
         out["_same_precision"] = dense_mha_prefill(inp["q"], inp["k"], inp["v"], cq, ck, inp["scale"],
                                                    causal=bool(inp.get("causal", True)), mode=AttentionMode.BF16_P).out
     return out
 
 
-register(StageSpec("v32_decode", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_v32,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
-                   "DeepSeek V3.2 sparse decode over the 656-byte cache (attention 1.3, datapath 1.5)"))
-register(StageSpec("dense_mla_decode", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_dense_decode,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense paged MLA decode"))
-register(StageSpec("dense_mla_prefill", "numeric", ("out", "lse"), dict(_ATTN_DEFAULTS), _expected_dense_prefill,
-                   lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")), "dense ragged MHA prefill (R1)"))
+register(StageSpec(
+    name="v32_decode",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_v32,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="DeepSeek V3.2 sparse decode over the 656-byte cache (attention 1.3, datapath 1.5)"))
+register(StageSpec(
+    name="dense_mla_decode",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_dense_decode,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="dense paged MLA decode"))
+register(StageSpec(
+    name="dense_mla_prefill",
+    kind="numeric",
+    outputs=("out", "lse"),
+    defaults=dict(ATTN_DEFAULTS),
+    expected=_expected_dense_prefill,
+    judge=lambda c, e, g, s: judge_attention(c, e, g, s, ("out", "lse")),
+    doc="dense ragged MHA prefill (R1)"))
 
 
 def _main(argv: list[str] | None = None) -> int:

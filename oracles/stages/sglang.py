@@ -26,7 +26,7 @@ from dsv4_numerics.reference.pipeline.norm_rope_store import kv_norm_rope_store
 from dsv4_numerics.reference.policies import NonFinite, RopeArithmetic, SlotSkip
 
 from .. import bytes_diff as bd
-from .core import JudgeScope, StageSpec, Verdict, _bytes_verdict, _missing, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, bytes_verdict, missing_verdict, policy_value, register
 
 __all__ = ["NORM_ROPE_STORE_DEFAULTS"]
 
@@ -39,11 +39,11 @@ _ALTERNATIVES = {"rope_arith": tuple(RopeArithmetic),
 
 def _expected_norm_rope_store(case: Case, policies: dict) -> dict:
     inp = case.inputs
-    nonfinite = _pol(policies, "nonfinite", NonFinite.FINITE.value)
+    nonfinite = policy_value(policies, "nonfinite", NonFinite.FINITE.value)
     cache = kv_norm_rope_store(inp["kv"], inp["weight"], float(inp["eps"]), inp["cos_sin"], inp["positions"],
                                inp["slots"], inp["cache"],
-                               arithmetic=_pol(policies, "rope_arith", RopeArithmetic.FMA.value),
-                               slot_skip=_pol(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
+                               arithmetic=policy_value(policies, "rope_arith", RopeArithmetic.FMA.value),
+                               slot_skip=policy_value(policies, "slot_skip", SlotSkip.ALL_NEGATIVE.value),
                                nonfinite=nonfinite)
     return {"cache": cache}
 
@@ -52,7 +52,7 @@ def _alternatives(case: Case, policies: dict) -> dict[str, torch.Tensor]:
     """The pool under each single other policy value (``_ALTERNATIVES``)."""
     alts = {}
     for key, values in _ALTERNATIVES.items():
-        mine = _pol(policies, key, NORM_ROPE_STORE_DEFAULTS[key])
+        mine = policy_value(policies, key, NORM_ROPE_STORE_DEFAULTS[key])
         for v in values:
             if v.value != mine:
                 alts[f"{key}={v.value}"] = _expected_norm_rope_store(case, dict(policies, **{key: v.value}))["cache"]
@@ -61,16 +61,21 @@ def _alternatives(case: Case, policies: dict) -> dict[str, torch.Tensor]:
 
 def _judge_norm_rope_store(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
     if "cache" not in got:
-        return _missing("cache", got)
+        return missing_verdict("cache", got)
     g = got["cache"].detach().cpu()
     g = g.view(torch.uint8) if g.dtype == torch.float8_e4m3fn else g
     rep = bd.diff_plain_rows(expected["cache"], g, fp8_scale=1.0)
     if not rep.passed and g.dtype == torch.uint8 and tuple(g.shape) == tuple(expected["cache"].shape):
         rep.explanations.extend(bd.match_alternatives(g, _alternatives(case, scope.policies)))
-    return _bytes_verdict(rep)
+    return bytes_verdict(rep)
 
 
-register(StageSpec("kv_norm_rope_store", "bytes", ("cache",), dict(NORM_ROPE_STORE_DEFAULTS),
-                   _expected_norm_rope_store, _judge_norm_rope_store,
-                   "kv RMSNorm + RoPE stored as unit-scale E4M3 rows of a plain pool (SGLang's "
-                   "fused_k_norm_rope_uniform_fp8; reference.pipeline.norm_rope_store)"))
+register(StageSpec(
+    name="kv_norm_rope_store",
+    kind="bytes",
+    outputs=("cache",),
+    defaults=dict(NORM_ROPE_STORE_DEFAULTS),
+    expected=_expected_norm_rope_store,
+    judge=_judge_norm_rope_store,
+    doc="kv RMSNorm + RoPE stored as unit-scale E4M3 rows of a plain pool (SGLang's "
+        "fused_k_norm_rope_uniform_fp8; reference.pipeline.norm_rope_store)"))

@@ -41,7 +41,7 @@ from dsv4_numerics.reference.caches import v41 as cache_v41
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.policies import E2m1Zero, Ue8m0Consumer, V41Layout
 
-from .core import JudgeScope, StageSpec, Verdict, _pol, judge_gather_rows, register
+from .core import JudgeScope, StageSpec, Verdict, policy_value, judge_gather_rows, register
 
 __all__ = ["V41_GATHER_DEFAULTS"]
 
@@ -53,9 +53,9 @@ def _expected_v41_gather(case: Case, policies: dict) -> dict:
     inp = case.inputs
     out, valid = cache_v41.gather(
         inp["cache"], inp["block_table"], inp["seq_lens"], inp["block_size"], inp["record"],
-        _pol(policies, "v41_layout", V41Layout.INTERLEAVED.value), inp.get("gather_lens"),
-        consumer=_pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value), offset=inp.get("offset", 0),
-        e2m1_zero=_pol(policies, "e2m1_zero", E2m1Zero.SIGNED.value))
+        policy_value(policies, "v41_layout", V41Layout.INTERLEAVED.value), inp.get("gather_lens"),
+        consumer=policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value), offset=inp.get("offset", 0),
+        e2m1_zero=policy_value(policies, "e2m1_zero", E2m1Zero.SIGNED.value))
     return {"out": out, "_valid": valid}
 
 
@@ -63,19 +63,19 @@ def _v41_gather_alternatives(case: Case, policies: dict) -> dict[str, torch.Tens
     """The gather under each single other policy: the other byte order (H13), and for MXFP8 the
     other UE8M0 consumers."""
     alts = {}
-    layout = _pol(policies, "v41_layout", V41Layout.INTERLEAVED.value)
+    layout = policy_value(policies, "v41_layout", V41Layout.INTERLEAVED.value)
     for other in V41Layout:
         if other.value != layout:
             alts[f"v41_layout={other.value} (the cache read in the other byte order, H13)"] = \
                 _expected_v41_gather(case, dict(policies, v41_layout=other.value))["out"]
     if case.inputs["record"] == "mxfp8_528":
-        ue = _pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value)
+        ue = policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value)
         for c in (Ue8m0Consumer.EXACT, Ue8m0Consumer.TRITON, Ue8m0Consumer.CUTE):
             if c.value != ue:
                 alts[f"ue8m0={c.value} (scale bytes 0/255 decoded by another consumer)"] = \
                     _expected_v41_gather(case, dict(policies, ue8m0=c.value))["out"]
     if case.inputs["record"] == "nvfp4_288":
-        z = _pol(policies, "e2m1_zero", E2m1Zero.SIGNED.value)
+        z = policy_value(policies, "e2m1_zero", E2m1Zero.SIGNED.value)
         for other in E2m1Zero:
             if other.value != z:
                 alts[f"e2m1_zero={other.value} (E2M1 code 0x8 read as the other signed zero)"] = \
@@ -87,6 +87,12 @@ def _judge_v41_gather(case: Case, expected: dict, got: dict, scope: JudgeScope) 
     return judge_gather_rows(expected, got, lambda: _v41_gather_alternatives(case, scope.policies))
 
 
-register(StageSpec("v41_gather", "bytes", ("out",), dict(V41_GATHER_DEFAULTS), _expected_v41_gather, _judge_v41_gather,
-                   "dequantise + gather of DeepSeek-V4.1 528-byte MXFP8 / 288-byte NVFP4 records by block table "
-                   "(cache_v41.gather; datapath 1.6, 4.5, H13)"))
+register(StageSpec(
+    name="v41_gather",
+    kind="bytes",
+    outputs=("out",),
+    defaults=dict(V41_GATHER_DEFAULTS),
+    expected=_expected_v41_gather,
+    judge=_judge_v41_gather,
+    doc="dequantise + gather of DeepSeek-V4.1 528-byte MXFP8 / 288-byte NVFP4 records by block table "
+        "(cache_v41.gather; datapath 1.6, 4.5, H13)"))

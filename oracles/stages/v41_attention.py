@@ -44,7 +44,7 @@ def written_layout(case: Case) -> str:
 
 def reader_layout(policies: dict | None) -> str:
     """The byte order the entry's reader assumes (policy ``v41_layout``, default interleaved)."""
-    return V41Layout(st._pol(policies, "v41_layout", V41Layout.INTERLEAVED.value)).value
+    return V41Layout(st.policy_value(policies, "v41_layout", V41Layout.INTERLEAVED.value)).value
 
 
 def _paged(inp: dict, prefix: str, on) -> V41Paged:
@@ -65,8 +65,8 @@ def _decoded(case: Case, policies: dict, layout: str) -> list:
 
     main = _paged(inp, "swa", on)
     extra = _paged(inp, "extra", on) if "extra_cache" in inp else None
-    rule = IndexRule(st._index_rule(case, policies))
-    consumer = st._pol(policies, "ue8m0", Ue8m0Consumer.EXACT.value)
+    rule = IndexRule(st.index_rule_of(case, policies))
+    consumer = st.policy_value(policies, "ue8m0", Ue8m0Consumer.EXACT.value)
     return v41_segments(main, extra, layout, rule, consumer)
 
 
@@ -90,7 +90,7 @@ def v41_prefill_segments(case: Case, policies: dict, layout: str | None = None) 
 
 
 def _misread(case: Case, policies: dict, segs: list) -> torch.Tensor:
-    nan = st._pol(policies, "nan", NanPolicy.PROPAGATE.value)
+    nan = st.policy_value(policies, "nan", NanPolicy.PROPAGATE.value)
     sink = case.inputs.get("sink")  # the segments are decoded on the CPU: the misread runs there too
     return sparse_attention(case.inputs["q"].cpu(), segs, case.inputs["scale"], None if sink is None else sink.cpu(),
                             nan_policy=nan).out
@@ -98,14 +98,14 @@ def _misread(case: Case, policies: dict, segs: list) -> torch.Tensor:
 
 def _expected_v41_decode(case: Case, policies: dict) -> dict:
     # decoded on the CPU (the V4.1 cases are small); under oracle=fast the attention runs on the device
-    out = st._attention_outputs(case, policies, case.inputs["q"].cpu(), v41_decode_segments(case, policies))
+    out = st.attention_outputs(case, policies, case.inputs["q"].cpu(), v41_decode_segments(case, policies))
     if reader_layout(policies) != written_layout(case):
         out["_misread"] = _misread(case, policies, v41_decode_segments(case, policies, layout=reader_layout(policies)))
     return out
 
 
 def _expected_v41_prefill(case: Case, policies: dict) -> dict:
-    out = st._attention_outputs(case, policies, case.inputs["q"].cpu(), v41_prefill_segments(case, policies))
+    out = st.attention_outputs(case, policies, case.inputs["q"].cpu(), v41_prefill_segments(case, policies))
     if reader_layout(policies) != written_layout(case):
         out["_misread"] = _misread(case, policies, v41_prefill_segments(case, policies, reader_layout(policies)))
     return out
@@ -122,7 +122,7 @@ def _distance(g: torch.Tensor, ref: torch.Tensor) -> float:
 def _judge_v41_attention(case: Case, expected: dict, got: dict, scope: st.JudgeScope) -> st.Verdict:
     """``judge_attention`` against the rows as written; a reader whose declared ``v41_layout``
     differs from the writer's gets a verdict naming both policies (module docstring)."""
-    v = st.judge_attention(case, expected, got, scope, st._ATTN_OUTPUTS)
+    v = st.judge_attention(case, expected, got, scope, st.ATTN_OUTPUTS)
     reader, writer = reader_layout(scope.policies), written_layout(case)
     if reader == writer or "_misread" not in expected:
         return v
@@ -171,7 +171,7 @@ def _judge_query_quant(case: Case, expected: dict, got: dict, scope: st.JudgeSco
     buffer, padding included); ``kv_normed`` bit-exact when returned."""
     for k in ("q_codes", "q_scales"):
         if k not in got:
-            return st._missing(k, got)
+            return st.missing_verdict(k, got)
     t, q = expected["q_codes"].shape
     describers = {
         "q_codes": lambda idx: {"token": int(idx[0]), "group": int(idx[-1]) // V41_MXFP8_GROUP},
@@ -199,17 +199,32 @@ def _judge_query_quant(case: Case, expected: dict, got: dict, scope: st.JudgeSco
 
 # --------------------------------------------------------------------------- registry
 
-_V41_ATTN_DEFAULTS = dict(st._ATTN_DEFAULTS, v41_layout=V41Layout.INTERLEAVED.value, ue8m0=Ue8m0Consumer.EXACT.value)
+_V41_ATTN_DEFAULTS = dict(st.ATTN_DEFAULTS, v41_layout=V41Layout.INTERLEAVED.value, ue8m0=Ue8m0Consumer.EXACT.value)
 
-st.register(st.StageSpec("v41_sparse_decode", "numeric", st._ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
-                         _expected_v41_decode, _judge_v41_attention,
-                         "DeepSeek-V4.1 sparse decode: one softmax over the MXFP8 SWA + MXFP8/NVFP4 compressed "
-                         "caches, sink (reference.attention.v41; datapath 1.6, H13)"))
-st.register(st.StageSpec("v41_sparse_prefill", "numeric", st._ATTN_OUTPUTS, dict(_V41_ATTN_DEFAULTS),
-                         _expected_v41_prefill, _judge_v41_attention,
-                         "DeepSeek-V4.1 sparse prefill over the workspace gathered from the V4.1 caches "
-                         "(one combined segment; attention 1.4, 2)"))
-st.register(st.StageSpec("v41_query_quant", "bytes", ("q_codes", "q_scales", "kv_normed"), {},
-                         _expected_query_quant, _judge_query_quant,
-                         "DeepSeek-V4.1 query quantiser: RMS-normalised q as MXFP8 (UE8M0 ceil, zero inverse "
-                         "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.pipeline.query_quant)"))
+st.register(st.StageSpec(
+    name="v41_sparse_decode",
+    kind="numeric",
+    outputs=st.ATTN_OUTPUTS,
+    defaults=dict(_V41_ATTN_DEFAULTS),
+    expected=_expected_v41_decode,
+    judge=_judge_v41_attention,
+    doc="DeepSeek-V4.1 sparse decode: one softmax over the MXFP8 SWA + MXFP8/NVFP4 compressed "
+        "caches, sink (reference.attention.v41; datapath 1.6, H13)"))
+st.register(st.StageSpec(
+    name="v41_sparse_prefill",
+    kind="numeric",
+    outputs=st.ATTN_OUTPUTS,
+    defaults=dict(_V41_ATTN_DEFAULTS),
+    expected=_expected_v41_prefill,
+    judge=_judge_v41_attention,
+    doc="DeepSeek-V4.1 sparse prefill over the workspace gathered from the V4.1 caches "
+        "(one combined segment; attention 1.4, 2)"))
+st.register(st.StageSpec(
+    name="v41_query_quant",
+    kind="bytes",
+    outputs=("q_codes", "q_scales", "kv_normed"),
+    defaults={},
+    expected=_expected_query_quant,
+    judge=_judge_query_quant,
+    doc="DeepSeek-V4.1 query quantiser: RMS-normalised q as MXFP8 (UE8M0 ceil, zero inverse "
+        "for byte 0, F8_128x4 scales) and normalised kv, bit-exact (reference.pipeline.query_quant)"))

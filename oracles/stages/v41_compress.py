@@ -35,7 +35,7 @@ from dsv4_numerics.reference.pipeline import compressor_v41 as cv41
 from dsv4_numerics.reference.policies import Nvfp4ScaleRule, RopeArithmetic, ScaleRule, V41Layout
 
 from ..compressor_tier import ulp_bf16, window_error_bound
-from .core import JudgeScope, StageSpec, Verdict, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, policy_value, register
 
 __all__ = ["V41_COMPRESS_DEFAULTS", "v41_compress_expected_cache"]
 
@@ -49,10 +49,10 @@ def v41_compress_expected_cache(case: Case, latent: torch.Tensor, policies: dict
     return cv41.v41_rope_quant_insert(
         inp["cache"], latent.detach().cpu(), inp["positions"], inp["cos_sin"], inp["cache_slots"],
         inp["compress_ratio"], inp["record"], inp["block_size"], inp.get("fp8_scale"),
-        scale_rule=_pol(policies, "scale_rule", ScaleRule.AMAX_CLAMP.value),
-        nvfp4_rule=_pol(policies, "nvfp4_rule", Nvfp4ScaleRule.RECIP_MUL.value),
-        layout=_pol(policies, "v41_layout", V41Layout.INTERLEAVED.value),
-        arith=_pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
+        scale_rule=policy_value(policies, "scale_rule", ScaleRule.AMAX_CLAMP.value),
+        nvfp4_rule=policy_value(policies, "nvfp4_rule", Nvfp4ScaleRule.RECIP_MUL.value),
+        layout=policy_value(policies, "v41_layout", V41Layout.INTERLEAVED.value),
+        arith=policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))
 
 
 def _expected(case: Case, policies: dict) -> dict:
@@ -128,7 +128,12 @@ def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
                    headroom=1.0 / worst if worst else math.inf, details=details)
 
 
-register(StageSpec("v41_compress_insert", "numeric", ("latent", "cache"), dict(V41_COMPRESS_DEFAULTS),
-                   _expected, _judge,
-                   "DeepSeek-V4.1 fused compressor (fused_save_compress_norm + rope_quant_insert): ring state "
-                   "bit-exact, bf16 latent by the compressor tier (H7), records bit-exact from the latent"))
+register(StageSpec(
+    name="v41_compress_insert",
+    kind="numeric",
+    outputs=("latent", "cache"),
+    defaults=dict(V41_COMPRESS_DEFAULTS),
+    expected=_expected,
+    judge=_judge,
+    doc="DeepSeek-V4.1 fused compressor (fused_save_compress_norm + rope_quant_insert): ring state "
+        "bit-exact, bf16 latent by the compressor tier (H7), records bit-exact from the latent"))

@@ -19,7 +19,7 @@ from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import UnsupportedCase
 from dsv4_numerics.reference.policies import IndexerKScale, RopeArithmetic
 
-from .core import JudgeScope, StageSpec, Verdict, _pol, register
+from .core import JudgeScope, StageSpec, Verdict, policy_value, register
 
 __all__ = ["V41_INDEXER_DEFAULTS"]
 
@@ -27,12 +27,12 @@ V41_INDEXER_DEFAULTS = {"rope_arith": RopeArithmetic.FMA_TRITON.value, "indexer_
 
 
 def _expected(case: Case, policies: dict) -> dict:
-    if _pol(policies, "indexer_k_scale", IndexerKScale.FP32.value) != IndexerKScale.FP32.value:
+    if policy_value(policies, "indexer_k_scale", IndexerKScale.FP32.value) != IndexerKScale.FP32.value:
         raise UnsupportedCase("indexer_k_scale=ue8m0_x4 (pack_ue8m0_x4 scales) is not modelled")
     i = case.inputs
     return {"cache": insert_indexer_k(i["cache"], i["k_pre"], i["positions"], i["cos_sin"], i["weight"], i["eps"],
                                       i["slots"], i["compress_ratio"], i["record"],
-                                      _pol(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))}
+                                      policy_value(policies, "rope_arith", RopeArithmetic.FMA_TRITON.value))}
 
 
 def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
@@ -57,6 +57,12 @@ def _judge(case: Case, expected: dict, got: dict, scope: JudgeScope) -> Verdict:
                    headroom=0.0, details={"value_slots": slots_v, "scale_slots": slots_s})
 
 
-register(StageSpec("v41_indexer_k_store", "bytes", ("cache",), dict(V41_INDEXER_DEFAULTS), _expected, _judge,
-                   "DeepSeek-V4.1 indexer K store (indexer_k_norm_rope_store): k_norm, RoPE at the group start, "
-                   "FP8 + fp32 scale or MXFP4 records; bit-exact on exact-norm rows"))
+register(StageSpec(
+    name="v41_indexer_k_store",
+    kind="bytes",
+    outputs=("cache",),
+    defaults=dict(V41_INDEXER_DEFAULTS),
+    expected=_expected,
+    judge=_judge,
+    doc="DeepSeek-V4.1 indexer K store (indexer_k_norm_rope_store): k_norm, RoPE at the group start, "
+        "FP8 + fp32 scale or MXFP4 records; bit-exact on exact-norm rows"))

@@ -25,13 +25,13 @@ has work queued from the first launch (``_issue``: the table and its row statist
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
-read with the call's one host sync (``_flags``; ``_check_common`` then raises the precise error):
+read with the call's one host sync (``_flags``; ``check_common`` then raises the precise error):
 the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
 lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``_layout``), and the
 host vector is one ``cat`` of integers only -- flags, counts and the sink's bits -- so it is int64
 and exact (a float among them would turn every integer into that float).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
-are one float32 norm and one bits lookup (``fast_rows._row_stats``, written into one ``[3, N]``
+are one float32 norm and one bits lookup (``fast_rows.row_stats``, written into one ``[3, N]``
 tensor) and whose slot rows are one ``index_select`` per chunk
 (gathered as bfloat16, then converted); steps 4-7 and all bounds run once on ``[T, H]`` tensors
 (``_finish``: the bounds are three ``addcmul`` on a base that holds the sink term); the host
@@ -58,10 +58,10 @@ from dataclasses import dataclass
 import torch
 
 from . import fast_buckets, fast_graphs
-from .fast_bound import (_BF16_ABS_MAX_K, _BIG, _DELTA_MAX, _F_LNL, _F_LSE, _F_SINK, _F_X, _delta_coefficient,
-                         _x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
-from .fast_rows import _BF16_LUT, _STAT_BYTES, _STAT_PER_ELEM, _STAT_PER_ELEM_BF16, _row_stats, _vmax_finite
-from .ordered import Segment, _check_common, _check_host, _logits
+from .fast_bound import (BF16_ABS_MAX_K, BIG, DELTA_MAX, F_LNL, F_LSE, F_SINK, F_X, delta_coefficient,
+                         x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
+from .fast_rows import BF16_LUT, STAT_BYTES, STAT_PER_ELEM, STAT_PER_ELEM_BF16, row_stats, vmax_finite
+from .ordered import Segment, check_common, check_host, scaled_logits
 from ..errors import check_enum, check_int, fail
 from ..policies import IndexRule, NanPolicy
 
@@ -110,7 +110,7 @@ def peak_bytes_estimate_fast(chunk_tokens: int, num_heads: int, total_topk: int,
     one spare logit-sized allowance (index/redo temporaries, masks), q in float64 and the chunk's
     ``N``, and per-slot / per-row scalars (indices, gathered statistics). Once per call come the
     table (rows of every segment, a zero row and q's ``T*H`` rows: ``(N + 1 + T*H) * D * b``), its
-    statistics (``<= 24`` bytes per row; temporaries in pieces of ``<= _STAT_BYTES``, 1 GiB) and the
+    statistics (``<= 24`` bytes per row; temporaries in pieces of ``<= STAT_BYTES``, 1 GiB) and the
     outputs and bounds of all ``T`` tokens (``T * (2 * H * d_v + 12 * H) * 8`` bytes), held until
     the call returns. Production decode (H=128, K=1152, D=d_v=512): 9.95 MiB per token, so the
     default 1.5 GiB budget gives 154-token chunks (batch 128: one chunk). ``want_abs``: plus the
@@ -167,7 +167,7 @@ def _layout(segments, rules, T: int, dev: torch.device):
     ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32), what
     ``_flags`` needs for the deferred validation (issued later, so the heavy kernels start sooner)
     and ``_column_constants``. No host sync: the caller reads the flags with its one sync after the
-    heavy kernels and then lets ``_check_common`` raise the precise error. Out-of-range slots never
+    heavy kernels and then lets ``check_common`` raise the precise error. Out-of-range slots never
     reach a gather (they point at the zero row), so a bad input cannot fault the device first.
 
     Several segments: one ``cat`` gives the indices ``[T, K]``, each slot's length (its segment's,
@@ -216,7 +216,7 @@ def _flags(pending) -> list:
     return flags
 
 
-def _table_dtype(segments, q: torch.Tensor) -> torch.dtype:
+def table_dtype(segments, q: torch.Tensor) -> torch.dtype:
     """The table's dtype: the one dtype of q and every segment's rows, else float64 (every accepted
     dtype converts to float64 exactly)."""
     dts = {s.rows.dtype for s in segments} | {q.dtype}
@@ -229,7 +229,7 @@ def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
     scrubbed; their statistics come from the same pass). One dtype: the common one, else float64
     (every accepted dtype converts to float64 exactly)."""
     T, H, D = q.shape
-    dt = _table_dtype(segments, q)
+    dt = table_dtype(segments, q)
     Nrows = sum(s.rows.shape[0] for s in segments)
     zkey = (D, dt, q.device)
     zero = _ZERO_ROWS.get(zkey)
@@ -247,10 +247,10 @@ def _table(segments, q: torch.Tensor, nan_policy: NanPolicy):
 
 # ----------------------------------------------------------------------------- chunks
 
-def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float,
+def ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale: float,
                   piece: int | None = None) -> torch.Tensor:
     """The ordered oracle's logits (d = 0..D-1, multiply then add from +0) for the listed
-    ``(t, h, k)`` positions ``where`` ``[n, 3]``: ``ordered._logits`` itself over the tokens that
+    ``(t, h, k)`` positions ``where`` ``[n, 3]``: ``ordered.scaled_logits`` itself over the tokens that
     hold them, ``piece`` tokens at a time (default all; ``_redo_piece``), each a ``[tokens, H, K]``
     accumulator whose K rows the heads share, then picked. Gathering an ``[n, D]`` operand per
     position instead took ``H`` copies of the rows: 2 GB and 2 s for the 233,664 positions of one
@@ -262,16 +262,16 @@ def _ordered_dots(qc: torch.Tensor, g: torch.Tensor, where: torch.Tensor, scale:
     for i0 in range(0, toks.numel(), step):
         tp = toks[i0:i0 + step]
         every = tp.numel() == qc.shape[0]  # every token (then tp is 0..c-1): no copy
-        full = _logits(qc, g, scale) if every else _logits(qc.index_select(0, tp), g.index_select(0, tp), scale)
+        full = scaled_logits(qc, g, scale) if every else scaled_logits(qc.index_select(0, tp), g.index_select(0, tp), scale)
         sel = ((inv >= i0) & (inv < i0 + step)).nonzero().reshape(-1)
         out[sel] = full[inv[sel] - i0, h[sel], k[sel]]
     return out
 
 
 def _redo_piece(c: int, H: int, K: int, D: int, itemsize: int) -> int:
-    """Tokens per piece of ``_ordered_dots`` in a chunk of ``c`` tokens: a piece of ``p`` tokens
+    """Tokens per piece of ``ordered_dots`` in a chunk of ``c`` tokens: a piece of ``p`` tokens
     holds ``p * (16 K D + 16 H K)`` bytes (its q and K rows copied and laid out ``[D, ...]`` by
-    ``_logits``, its accumulator and product), which fits the chunk's spare allowance in
+    ``scaled_logits``, its accumulator and product), which fits the chunk's spare allowance in
     ``peak_bytes_estimate_fast`` -- one logit-sized tensor and the table-dtype rows, ``c * (8 H K +
     itemsize * K * D)`` bytes, not live while the logits are redone. At least 1."""
     return max(1, (c * (8 * H * K + itemsize * K * D)) // (16 * K * D + 16 * H * K))
@@ -282,7 +282,7 @@ def _gather(table, gflat, c, want_abs=False):
     the flat ``[c*K]`` table rows ``gflat``, then converted: exact) and, for ``pv_abs``
     (``want_abs``) from a bfloat16 table, the gathered bfloat16 rows themselves (else None)."""
     gt = table.index_select(0, gflat).view(c, -1, table.shape[1])
-    keep = want_abs and gt.dtype == torch.bfloat16 and gt.shape[1] < _BF16_ABS_MAX_K
+    keep = want_abs and gt.dtype == torch.bfloat16 and gt.shape[1] < BF16_ABS_MAX_K
     return gt.to(torch.float64), (gt if keep else None)
 
 
@@ -334,12 +334,12 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
 
 def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
-    (``_row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
+    (``row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
     the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
     ``vmax`` ``[c, 1, 1]`` and ``both`` ``[2, c, H, 1]`` (``exact`` and ``fast`` are its views: one
     count for the host). ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
     logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta``
-    exceeds ``_DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
+    exceeds ``DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
     exact. ``x = fl(n_q max_k n_k)`` on rows not proven exact, else 0 (the bound's feature on the
     rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
     ``max |v|`` over the token's slots. ``lims``:
@@ -358,11 +358,11 @@ def _row_tests(stats, gflat, qrows, c, lims):
 
 def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero, want_abs=False):
     """A chunk with rows that need the ordered logits: ``_softmax_pv`` with those rows' logits
-    recomputed by ``_ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
+    recomputed by ``ordered_dots`` (bit-identical to the ordered oracle, so NaN/Inf logits match)
     and invalid slots masked to ``-inf`` whatever their logit. ``tests``: the chunk's
     ``_row_tests``. Returns the chunk's part for ``_finish_parts``, ``(N, m, L, x, vmax, Na)``
     (``x`` 0 on the rows that take the ordered logits, ``vmax`` over the finite values only,
-    ``vfin``: ``_vmax_finite`` of the table), and its rows with approximate logits ``[c, H, 1]``
+    ``vfin``: ``vmax_finite`` of the table), and its rows with approximate logits ``[c, H, 1]``
     (those that keep the fast logits and are not proven exact)."""
     c, K = gidx.shape
     gflat = gidx.reshape(-1)
@@ -373,7 +373,7 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     piece = _redo_piece(c, qc.shape[1], K, qc.shape[2], table.element_size())
-    s[w[:, 0], w[:, 1], w[:, 2]] = _ordered_dots(qc, g, w, scale, piece)
+    s[w[:, 0], w[:, 1], w[:, 2]] = ordered_dots(qc, g, w, scale, piece)
     s.masked_fill_(~valid.unsqueeze(1), -math.inf)
     N, m, L, Na = _softmax_tail(s, g, d_v, lonely, zero, want_abs=want_abs, gb=gb)
     return (N, m, L, x.masked_fill(~fast, 0.0), vmax, Na), fast & ~exact
@@ -438,11 +438,11 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
         if len(_COEF) >= _COLUMNS_MAX:
             _COEF.pop(next(iter(_COEF)))
         coef = bound_coefficients(K, D, scale, with_sink)
-        lim = torch.tensor([_DELTA_MAX / _delta_coefficient(D, scale), _BIG / _x_factor(D)], dtype=torch.float64)
+        lim = torch.tensor([DELTA_MAX / delta_coefficient(D, scale), BIG / x_factor(D)], dtype=torch.float64)
         low = lim.to(sdt)
         low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
         mask = torch.tensor([0.0, -math.inf, 1.0], dtype=torch.float64)
-        both = torch.cat([coef[:, _F_X], coef[:, _F_LNL], coef[:, _F_LSE], coef[:, _F_SINK], coef[:, -1],
+        both = torch.cat([coef[:, F_X], coef[:, F_LNL], coef[:, F_LSE], coef[:, F_SINK], coef[:, -1],
                           low.double(), mask]).to(dev)
         coefs = tuple(both[:20].view(5, 4, 1, 1, 1).unbind(0))  # cx, cl, ce, cs, cb
         la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
@@ -512,7 +512,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
     table, Nrows = _table(segments, q, nan_policy)
-    stats = _row_stats(table, d_v)
+    stats = row_stats(table, d_v)
     valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
     lonely = n_valid.view(T, 1, 1) == 0
     q0 = Nrows + 1
@@ -555,7 +555,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
     if sink is not None:
         vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
-    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), _BF16_LUT.get(dev))
+    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), BF16_LUT.get(dev))
     packed = None
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
@@ -575,7 +575,7 @@ def _owned(iss: _Issued) -> tuple:
 
 def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _Issued, host: list,
               owned=None, orig=None, want_abs: bool = False) -> FastOracleOut:
-    """Everything after the host sync: the deferred validation (``_check_common`` raises the
+    """Everything after the host sync: the deferred validation (``check_common`` raises the
     precise error), the chunks whose rows need the ordered logits (run again with them, steps 4-7
     redone), and the result. ``owned``: ``_owned(iss)`` after a graph replay (its static buffers are
     overwritten by the next replay), returned instead of them. ``orig``: the caller's ``(q,
@@ -599,16 +599,16 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
         bad = bad or any((v & nan_mag) > nan_exp for v in sink_vals)
     bad = bad or any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits))
     if bad:
-        _check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
+        check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "
-                             "_check_common accepts")  # pragma: no cover - a bug, not an input error
+                             "check_common accepts")  # pragma: no cover - a bug, not an input error
     res, n_valid = owned if owned is not None else (iss.res, iss.n_valid)
     # rows with approximate logits: per chunk those that keep the fast logits and are not proven exact
     n_ap = [(t1 - t0) * H - e for e, (t0, t1) in zip(n_exact, spans)]  # where every row keeps them
     redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
     if any(redo):
         coef, _, (zero, _, one) = iss.keep[0]
-        vfin = _vmax_finite(iss.table, d_v)
+        vfin = vmax_finite(iss.table, d_v)
         single = nc == 1
         parts = list(iss.parts)
         for i, (t0, t1) in enumerate(spans):
@@ -648,7 +648,7 @@ def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int,
     c = max(t1 - t0 for t0, t1 in spans)
     rows = n_rows + 1 + T * H
     inputs = sum(math.prod(shape) * dt.itemsize for shape, dt in (x for x in sig if x is not None))
-    stats = 24 * rows + min(_STAT_BYTES, rows * D * (_STAT_PER_ELEM_BF16 if itemsize == 2 else _STAT_PER_ELEM))
+    stats = 24 * rows + min(STAT_BYTES, rows * D * (STAT_PER_ELEM_BF16 if itemsize == 2 else STAT_PER_ELEM))
     return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize, want_abs) + rows * D * itemsize
             + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8)
 
@@ -670,7 +670,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
     (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64)."""
     fn = "fast_sparse_attention"
-    T, H, D, rules, sc, d_v = _check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
+    T, H, D, rules, sc, d_v = check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
     for arg, v in (("graph", graph), ("bucket", bucket)):
         if v is not None and not isinstance(v, bool):
@@ -680,7 +680,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
-        _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
+        check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
         e2 = torch.empty(0, H, dtype=torch.float64, device=dev)
         e3 = torch.empty(0, H, d_v, dtype=torch.float64, device=dev)
         return FastOracleOut(e3, e2, e2, e2, torch.empty(0, dtype=torch.int32, device=dev),
@@ -692,7 +692,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if bucket:  # the padded call's shapes (``fast_buckets``); its tensors are built only where needed
         T, shapes = fast_buckets.padded_shapes(T, segments)
         K = sum(k for _, k in shapes)
-    itemsize = _table_dtype(segments, q).itemsize
+    itemsize = table_dtype(segments, q).itemsize
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
         sig = fast_buckets.flat_signature(q, sink, segments, bucket)

@@ -16,8 +16,8 @@ Derivation (per token t, head h; ``u = 2**-53``, ``g_n = n u / (1 - n u)``, vali
    ``norm_factor(D)`` in bits, less a margin for evaluating the test in float32) with ``alpha =
    log2 n_q - lq``, ``beta = log2 n_k - lk`` (``n``: the computed norm, ``||x|| <= norm_factor(D)
    n``; norms and lsb exponents of q and of the table rows are computed once per call, float32
-   for a bfloat16 table, then gathered, ``_row_stats``: every use of a norm below only needs an
-   upper bound, and ``A <= _x_factor(D) x`` for the computed product ``x = fl(n_q max_k n_k)``).
+   for a bfloat16 table, then gathered, ``row_stats``: every use of a norm below only needs an
+   upper bound, and ``A <= x_factor(D) x`` for the computed product ``x = fl(n_q max_k n_k)``).
    Elsewhere both the
    GEMM and the ordered d-loop are within ``g_D A`` of the exact dot product, and the two scale
    multiplications add ``u`` each: ``e_k = scale A (2 g_D + 4u)``, bounded per row by
@@ -105,13 +105,13 @@ _EPS_E = 2.0**-48  # exp relative accuracy allowance (det_exp, torch.exp: a few 
 _EPS_L = 2.0**-48  # log accuracy allowance (relative to |ln x| + 1; det_log, torch.log/logaddexp)
 _ETA = 2.0**-1022  # subnormal rounding of one exp value
 _SAFE = 1.0 + 2.0**-20
-_BIG = 2.0**1000
-_DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
-_BF16_ABS_MAX_K = 2**20  # bf16_abs_factor's domain: pv_abs' bfloat16 GEMM below this many slots, float64 beyond
-_EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``_row_stats``)
+BIG = 2.0**1000
+DELTA_MAX = 2.0**-30  # larger logit-difference bounds: those rows take the ordered logits
+BF16_ABS_MAX_K = 2**20  # bf16_abs_factor's domain: pv_abs' bfloat16 GEMM below this many slots, float64 beyond
+_EXACT_MARGIN = 2.0**-10  # >= the float32/float64 evaluation error of alpha + beta (``row_stats``)
 # rows of the bound coefficient matrix (``bound_coefficients``) and columns of the feature matrix
 _B_LSE, _B_LWS, _B_MAX, _B_OUT = range(4)
-_F_X, _F_LNL, _F_LSE, _F_SINK = range(4)
+F_X, F_LNL, F_LSE, F_SINK = range(4)
 
 
 def _gamma(n: int) -> float:
@@ -119,8 +119,8 @@ def _gamma(n: int) -> float:
 
 
 def norm_factor(D: int) -> float:
-    """``c_D`` with ``||x||_2 <= c_D n`` for the norm ``n`` that ``_row_stats`` computes of a row of
-    ``D`` values (module docstring, step 1; ``_row_stats``): ``1 / ((1 - u32)**3 sqrt(1 - g32_D))``
+    """``c_D`` with ``||x||_2 <= c_D n`` for the norm ``n`` that ``row_stats`` computes of a row of
+    ``D`` values (module docstring, step 1; ``row_stats``): ``1 / ((1 - u32)**3 sqrt(1 - g32_D))``
     (a float32 sum of exact squares in any order, its rounding to float32 if accumulated wider,
     the square root, the underflow floor's addition), which also covers the float64 table's ``1 +
     2**-30``. ``D <= 2**20``."""
@@ -128,7 +128,7 @@ def norm_factor(D: int) -> float:
     return 1.0 / ((1.0 - _U32) ** 3 * math.sqrt(1.0 - g32)) * (1.0 + 2.0**-40)
 
 
-def _x_factor(D: int) -> float:
+def x_factor(D: int) -> float:
     """Upper bound of ``A / x``: ``x = fl(n_q n_k)`` (float32 or float64, relative ``u32`` at most)
     and each norm within ``c_D``: ``c_D**2 / (1 - u32)``."""
     return norm_factor(D) ** 2 / (1.0 - _U32) * (1.0 + 2.0**-40)
@@ -146,13 +146,13 @@ def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.T
     """float64 ``[4, 5]``: per output row (``lse``, ``lse_with_sink``, ``max_logits``, ``out``
     divided by ``V_j``) the coefficients of the features ``(x, ln L, |lse|, |sink|, 1)`` whose
     combination upper-bounds the module docstring's steps 1-7 (section "Evaluation"), ``_SAFE``,
-    ``1 + 3 g_K`` (``out``) and, on ``x``, ``_x_factor(D)`` (``x`` is the computed product of the
-    computed norms; ``A`` is at most ``_x_factor(D)`` times it) included. ``K``: total slots,
+    ``1 + 3 g_K`` (``out``) and, on ``x``, ``x_factor(D)`` (``x`` is the computed product of the
+    computed norms; ``A`` is at most ``x_factor(D)`` times it) included. ``K``: total slots,
     ``D``: head dim."""
     u, gK = _U, _gamma(K)
     ck = scale * (2.0 * _gamma(D) + 4.0 * u)  # e_s = ck x
     cd = 2.0 * ck * (1 + 2 * u) + 4.0 * u * scale * (1.0 + 2.0**-40) + 4.0 * u * ck  # delta = cd x
-    dmax = _DELTA_MAX * (1.0 + 2.0**-40)
+    dmax = DELTA_MAX * (1.0 + 2.0**-40)
     r1 = (1.0 + dmax) * (1 + _EPS_E) / (1 - _EPS_E)  # r <= r1 delta + r0 (e^d - 1 <= d (1 + dmax))
     r0 = 4.0 * _EPS_E / (1 - _EPS_E)
     w = 1.0 / (1.0 - (r1 * dmax + r0))  # 1/(1 - r)
@@ -177,19 +177,19 @@ def bound_coefficients(K: int, D: int, scale: float, with_sink: bool) -> torch.T
     e_max = [ck, 0.0, 0.0, 0.0, 0.0]
     coef = torch.tensor([e_lse, e_lws, e_max, e_out], dtype=torch.float64) * _SAFE
     coef[_B_OUT] *= 1 + 3 * gK
-    coef[:, _F_X] *= _x_factor(D)  # x is the computed product of the computed norms, not A
+    coef[:, F_X] *= x_factor(D)  # x is the computed product of the computed norms, not A
     return coef
 
 
-def _delta_coefficient(D: int, scale: float) -> float:
-    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``_x_factor`` included)."""
+def delta_coefficient(D: int, scale: float) -> float:
+    """``cd`` with ``delta <= cd x`` for the computed ``x`` (``x_factor`` included)."""
     ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
-    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * _x_factor(D)
+    return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * x_factor(D)
 
 
 def bf16_abs_factor(K: int) -> float:
     """The factor that makes ``pv_abs``' bfloat16 GEMM an upper bound of its exact value (``K`` slots,
-    ``K < _BF16_ABS_MAX_K = 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
+    ``K < BF16_ABS_MAX_K = 2**20``): each ``p_k`` (in ``[0, 1]``) rounded to bfloat16 (RNE, ``>= p_k (1 - 2**-8)``),
     ``|v|`` exact (bfloat16 rows), the products of non-negative terms summed in float32 in any
     order, even with truncating tensor-core alignment (``>= (1 - K 2**-22)`` of the exact sum), the
     result rounded to bfloat16 (``>= (1 - 2**-8)``): ``1 / ((1 - 2**-8)**2 (1 - K 2**-22))``, times

@@ -11,12 +11,12 @@ __all__: list[str] = []
 
 _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
 _NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
-_STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
-_STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
-_STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
+STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
+STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
+STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
 
 
-_BF16_LUT: dict = {}
+BF16_LUT: dict = {}
 
 
 def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
@@ -47,30 +47,30 @@ def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
 def _bf16_lut(dev: torch.device) -> torch.Tensor:
     """int16 ``[2**16]``: ``-lsb`` of each bfloat16 bit pattern (as uint16; ``_lsb_exp_bf16_bits``,
     ``-_NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
-    lut = _BF16_LUT.get(dev)
+    lut = BF16_LUT.get(dev)
     if lut is None:
         pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-        lut = _BF16_LUT[dev] = (-_lsb_exp_bf16_bits(pat)).to(torch.int16).to(dev)
+        lut = BF16_LUT[dev] = (-_lsb_exp_bf16_bits(pat)).to(torch.int16).to(dev)
     return lut
 
 
-def _vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+def vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     """``[N]`` ``max |x_j|`` over the finite values of the first ``d_v`` dims of each table row
-    (``_chunk_ordered``'s ``V_j``), in pieces of ``_STAT_BYTES`` of temporaries."""
-    step = max(1, _STAT_BYTES // (max(1, d_v) * rows.element_size()))
+    (``_chunk_ordered``'s ``V_j``), in pieces of ``STAT_BYTES`` of temporaries."""
+    step = max(1, STAT_BYTES // (max(1, d_v) * rows.element_size()))
     pieces = [torch.linalg.vector_norm(rows[r0:r0 + step, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0),
                                        ord=math.inf, dim=1) for r0 in range(0, rows.shape[0], step)]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
-def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     """``[3, N]`` per row of a 2-D table (read as it is: the caller scrubs NaN where the policy
     says so), float32 for a bfloat16 table, else float64: a norm ``n`` with ``||x||_2 <= c_D n``
     (``norm_factor``), ``log2(n) - lsb`` (``lsb``: the least-significant-bit exponent, min over the
     dims; a zero row gives a very negative value) and ``max_j |x_j|`` over the first ``d_v`` dims
     (NaN/Inf on a row with a non-finite value, whose norm is non-finite too: every
     token that reads the row takes the ordered path, ``_chunk_ordered``, which takes ``max |v|``
-    over the finite values of its gathered rows). Pieces of ``_STAT_BYTES`` of temporaries.
+    over the finite values of its gathered rows). Pieces of ``STAT_BYTES`` of temporaries.
 
     bfloat16 table (one float32 norm, one lookup): ``n = fl32(||x||_fl32 + 2**(ceil(log2 sqrt D)
     - 75))``. A bfloat16 value squares exactly in float32 (16 significant bits) unless the square
@@ -88,7 +88,7 @@ def _row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     ulp, two roundings), inside ``exact_bits``' margin."""
     N, D = rows.shape
     bf16 = rows.dtype == torch.bfloat16
-    step = max(1, _STAT_BYTES // (max(1, D) * (_STAT_PER_ELEM_BF16 if bf16 else _STAT_PER_ELEM)))
+    step = max(1, STAT_BYTES // (max(1, D) * (STAT_PER_ELEM_BF16 if bf16 else STAT_PER_ELEM)))
     st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
     floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # bf16: a power of two, exact in float32
     for r0 in range(0, N, step):

@@ -240,7 +240,7 @@ def _check_dv_chunk(fn: str, d_v: object, D: int, chunk_tokens: object) -> int:
     return d_v
 
 
-def _check_common(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
+def check_common(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
                   chunk_tokens: object):
     T, H, D = _check_q(fn, q)
     segs = _prepare_segments(fn, segments, T, D, q.device)
@@ -250,12 +250,12 @@ def _check_common(fn: str, q: object, segments: object, scale: object, sink: obj
     return T, H, D, segs, sc, sk, d_v
 
 
-def _check_host(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
+def check_host(fn: str, q: object, segments: object, scale: object, sink: object, d_v: object,
                 chunk_tokens: object) -> tuple[int, int, int, list[IndexRule], float, int]:
-    """Every check of ``_check_common`` that reads no device value (types, dtypes, shapes, devices,
+    """Every check of ``check_common`` that reads no device value (types, dtypes, shapes, devices,
     rules, scale, sink shape, d_v, chunk_tokens), in the same order: ``(T, H, D, rules, scale,
     d_v)``. The value checks (lengths in [0, K], -1-only indices, a NaN sink) stay
-    ``_check_common``'s: a caller that defers them (``attention_fast``) calls ``_check_common`` to
+    ``check_common``'s: a caller that defers them (``attention_fast``) calls ``check_common`` to
     raise the precise error."""
     T, H, D = _check_q(fn, q)
     _check_segment_list(fn, segments)
@@ -336,7 +336,7 @@ def logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(a) | torch.isnan(b), torch.full_like(res, math.nan), res)
 
 
-def _seq_sum_last(x: torch.Tensor) -> torch.Tensor:
+def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     """Sum over the last axis in the fixed order k = 0, 1, ... (x: [c, H, K] float64; the
     accumulator has x's dtype, so float32 input gives an fp32 chain: ``oracles/derive.py``)."""
     xt = x.permute(2, 0, 1).contiguous()
@@ -346,7 +346,7 @@ def _seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _seq_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def seq_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``sum_k p[:, :, k, None] * v[:, k, None, :]`` in the fixed order k = 0, 1, ...
 
     p: [c, H, K] float64; v: [c, K, dv] float64 -> [c, H, dv] (both float32: each product is
@@ -383,7 +383,7 @@ def _gather(segs: list[_Seg], t0: int, t1: int, nan_policy: NanPolicy) -> tuple[
     return torch.cat(gs, dim=1), torch.cat(vs, dim=1)
 
 
-def _logits(qc: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tensor:
+def scaled_logits(qc: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tensor:
     """``scale * <q, K>`` with the dot product accumulated over d = 0..D-1 in order.
     qc [c, H, D], g [c, K, D] (float64) -> [c, H, K] (float32 operands: an fp32 chain,
     ``oracles/derive.py``)."""
@@ -410,7 +410,7 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
         lws = ninf if sink is None else sink.unsqueeze(0).expand(c, H).clone()
         extra = (zero,) if want_abs else ()
         return (zero, ninf, lws, ninf.clone(), n_valid) + extra
-    s = _logits(qc, g, scale)
+    s = scaled_logits(qc, g, scale)
     vmask = valid.unsqueeze(1)  # [c, 1, K]
     s = torch.where(vmask, s, torch.full_like(s, -math.inf))
     m = s.amax(dim=2) + 0.0  # [c, H]; +0.0 turns a -0 max into +0
@@ -421,8 +421,8 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
     v = g[:, :, :d_v]
     extra = ()
     if mode == AttentionMode.EXACT:
-        L = _seq_sum_last(p)
-        O = _seq_pv(p, v) / L.unsqueeze(2)
+        L = seq_sum_last(p)
+        O = seq_pv(p, v) / L.unsqueeze(2)
         lse = m + det_log(L)
         if sink is None:
             out = O
@@ -430,11 +430,11 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
             f = 1.0 / (1.0 + det_exp(sink.unsqueeze(0) - lse))
             out = O * f.unsqueeze(2)
         if want_abs:
-            extra = (_seq_pv(p, v.abs()) / L.unsqueeze(2),)
+            extra = (seq_pv(p, v.abs()) / L.unsqueeze(2),)
     else:  # BF16_P
         p32 = p.to(torch.float32)
-        L = _seq_sum_last(p32.to(torch.float64))
-        num = _seq_pv(p32.to(torch.bfloat16).to(torch.float64), v)
+        L = seq_sum_last(p32.to(torch.float64))
+        num = seq_pv(p32.to(torch.bfloat16).to(torch.float64), v)
         lse = m + det_log(L)
         den = L if sink is None else L + det_exp(sink.unsqueeze(0) - m)
         out = (num / den.unsqueeze(2)).to(torch.float32).to(torch.bfloat16).to(torch.float64)
@@ -447,8 +447,8 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
     return (out, lse, lws, m, n_valid) + extra
 
 
-def _run(fn, q, segments, scale, sink, d_v, mode, nan_policy, chunk_tokens, want_abs):
-    T, H, D, segs, sc, sk, d_v = _check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)
+def run_ordered(fn, q, segments, scale, sink, d_v, mode, nan_policy, chunk_tokens, want_abs):
+    T, H, D, segs, sc, sk, d_v = check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)
     mode = check_enum(fn, "mode", AttentionMode, mode)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
     K = sum(s.idx.shape[1] for s in segs)
@@ -490,7 +490,7 @@ def sparse_attention(q: torch.Tensor, segments: list[Segment], scale: float, sin
     chunk_tokens: tokens per chunk (None: auto, see ``peak_bytes_estimate``); results are
                   bit-identical for every chunk size.
     """
-    out, lse, lws, m, n = _run("sparse_attention", q, segments, scale, sink, d_v, mode, nan_policy,
+    out, lse, lws, m, n = run_ordered("sparse_attention", q, segments, scale, sink, d_v, mode, nan_policy,
                                chunk_tokens, want_abs=False)
     return OracleOut(out, lse, lws, m, n)
 
@@ -520,7 +520,7 @@ def bf16_p_error_bound(q: torch.Tensor, segments: list[Segment], scale: float,
     Rows with non-finite values: NaN (no bound).
     """
     fn = "bf16_p_error_bound"
-    out, lse, _, _, n, A = _run(fn, q, segments, scale, sink, d_v, AttentionMode.EXACT, nan_policy,
+    out, lse, _, _, n, A = run_ordered(fn, q, segments, scale, sink, d_v, AttentionMode.EXACT, nan_policy,
                                 chunk_tokens, want_abs=True)
     T, H, D = q.shape
     d_v = out.shape[2]

@@ -44,10 +44,11 @@ from ..constants import (
     production_page_stride,
 )
 from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
-from ..formats.fp8 import _validate_flavour, _validate_nonfinite, fp8_max
+from ..formats.fp8 import validate_flavour, validate_nonfinite, fp8_max
 from .gather_plan import gather_plan
+from ..storage import clone_storage
 from ..policies import Fp8Decode, Fp8Flavour, Fp8Subnormals, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
-from ..formats.quant import _quantize_tiles, _validate_rule, dequantize_tiles, validate_subnormals
+from ..formats.quant import quantize_tiles_trusted, validate_rule, dequantize_tiles, validate_subnormals
 
 __all__ = [
     "empty_cache",
@@ -133,7 +134,7 @@ def cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, 
     return nb, block_size, p
 
 
-def _flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
+def flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
     """1-D uint8 view of the ``nb * p`` page bytes backing ``cache`` (writes go to ``cache``)."""
     return torch.as_strided(cache, (nb * p,), (1,), cache.storage_offset())
 
@@ -158,26 +159,18 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int) -> tu
     s = slots.to(torch.int64)
     if bool((s < 0).any()):
         fail(fn, "slots", "must be >= 0 (filter the -1 sentinels first)")
-    return _addresses(s, block_size, page_stride)
+    return slot_addresses_trusted(s, block_size, page_stride)
 
 
-def _addresses(s: torch.Tensor, bs: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+def slot_addresses_trusted(s: torch.Tensor, bs: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``slot_addresses`` of int64 slots already known to be >= 0 (no check, no device sync)."""
     page, e = s // bs, s % bs
     return page * p + e * DATA_ROW_BYTES, page * p + bs * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
 
 
-def _byte_index(addr: torch.Tensor, width: int) -> torch.Tensor:
+def byte_index(addr: torch.Tensor, width: int) -> torch.Tensor:
     """``[S, width]`` int64 byte addresses ``addr[s] + j``, built on ``addr``'s device."""
     return addr.unsqueeze(1) + torch.arange(width, dtype=torch.int64, device=addr.device)
-
-
-def _clone_cache(cache: torch.Tensor) -> torch.Tensor:
-    """Copy of ``cache`` with the same sizes, strides and storage offset (page tails kept)."""
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
-    return out
 
 
 # --------------------------------------------------------------------------- records
@@ -209,9 +202,9 @@ def encode_records(
     fn = "encode_records"
     check_tensor(fn, "k", k)
     _check_k(fn, k)
-    rule = _validate_rule(fn, rule)
-    flavour = _validate_flavour(fn, flavour)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    rule = validate_rule(fn, rule)
+    flavour = validate_flavour(fn, flavour)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     subnormals = validate_subnormals(fn, subnormals)
     fmax = fp8_max(flavour)
     if clamp is not None:
@@ -226,7 +219,7 @@ def encode_records(
 def _encode_records(k: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
                     m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """``encode_records`` of validated bf16 ``k [N, 512]`` (wide tensor operations, no sync)."""
-    codes, sbytes = _quantize_tiles(k[:, :NOPE_DIM], rule, flavour, nonfinite, m, subnormals)
+    codes, sbytes = quantize_tiles_trusted(k[:, :NOPE_DIM], rule, flavour, nonfinite, m, subnormals)
     n = k.shape[0]
     data = torch.empty((n, DATA_ROW_BYTES), dtype=torch.uint8, device=k.device)
     data[:, :NOPE_DIM] = codes
@@ -278,7 +271,7 @@ def decode_records(
         fail(fn, "data", f"must have shape [N, {DATA_ROW_BYTES}]", f"shape {tuple(data.shape)}")
     if tuple(scales.shape) != (data.shape[0], SCALE_ROW_BYTES):
         fail(fn, "scales", f"must have shape [{data.shape[0]}, {SCALE_ROW_BYTES}]", f"shape {tuple(scales.shape)}")
-    flavour = _validate_flavour(fn, flavour)
+    flavour = validate_flavour(fn, flavour)
     nope = dequantize_tiles(data[:, :NOPE_DIM], scales[:, :N_TILES], flavour, consumer, read)
     rope = _le_bytes_to_bf16(data[:, NOPE_DIM:])
     return torch.cat((nope.to(torch.bfloat16), rope), dim=1)
@@ -330,9 +323,9 @@ def insert(
     if slot_skip is SlotSkip.NEGATIVE_WRAPS:
         fail(fn, "slot_skip", "NEGATIVE_WRAPS is a rule of the plain uniform-FP8 pool (caches.plain); a 584-byte "
              "page writer skips negative slots (MINUS1_ONLY or ALL_NEGATIVE)", slot_skip.value)
-    rule = _validate_rule(fn, rule)
-    flavour = _validate_flavour(fn, flavour)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    rule = validate_rule(fn, rule)
+    flavour = validate_flavour(fn, flavour)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     if slots.shape[0] > k.shape[0]:
         fail(fn, "slot_mapping", f"must not be longer than k (N = {k.shape[0]})", f"length {slots.shape[0]}")
     dev = cache.device
@@ -363,7 +356,7 @@ def insert(
         tokens = torch.nonzero(slots >= 0).flatten()
         slots, rows = slots[tokens], rows[tokens.to(k.device)]
     data, scales = encode_records(rows, rule, flavour, nonfinite, clamp, subnormals)
-    out = cache if inplace else _clone_cache(cache)
+    out = cache if inplace else clone_storage(cache)
     # Row scatter through two non-overlapping views of the page bytes: [nb, bs, 576] data rows at
     # page*P + e*576 and [nb, bs, 8] scale rows at page*P + bs*576 + e*8 (datapath 1.3).
     off = out.storage_offset()
@@ -387,9 +380,9 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> t
 
 def _read(cache: torch.Tensor, s: torch.Tensor, nb: int, bs: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``read_records`` of int64 slots on ``cache``'s device already known to be in range."""
-    flat = _flat_bytes(cache, nb, p)
-    d_addr, s_addr = _addresses(s, bs, p)
-    return flat[_byte_index(d_addr, DATA_ROW_BYTES)], flat[_byte_index(s_addr, SCALE_ROW_BYTES)]
+    flat = flat_bytes(cache, nb, p)
+    d_addr, s_addr = slot_addresses_trusted(s, bs, p)
+    return flat[byte_index(d_addr, DATA_ROW_BYTES)], flat[byte_index(s_addr, SCALE_ROW_BYTES)]
 
 
 def dequantize_slots(

@@ -13,7 +13,7 @@ Two layouts, both ``[num_blocks, bs, 512]`` token-strided, global slot ``s`` at 
 
 Arithmetic: ``fl32(1 / kv_scale)`` and ``fl32(x * inv)`` are emulated as float64 results rounded
 once to fp32 (the float64 product of two fp32 values is exact; the float64 quotient rounded to
-fp32 is the correctly rounded fp32 quotient, see ``quant._fl32_div``), then the FP8 RNE encoder:
+fp32 is the correctly rounded fp32 quotient, see ``quant.fl32_div``), then the FP8 RNE encoder:
 the same two roundings as the kernel, bit for bit. Caches may be ``uint8`` or
 ``torch.float8_e4m3fn`` (FP8 rows) and ``bfloat16`` (bf16 rows); inserts return a new tensor with
 the input's sizes and strides, bytes outside written rows unchanged.
@@ -25,8 +25,9 @@ import torch
 
 from ..constants import E4M3_MAX, HEAD_DIM
 from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
-from ..formats.fp8 import _validate_nonfinite, decode_e4m3fn, encode_e4m3fn
+from ..formats.fp8 import validate_nonfinite, decode_e4m3fn, encode_e4m3fn
 from ..policies import NonFinite, SlotSkip
+from ..storage import clone_storage
 
 __all__ = [
     "empty_plain_cache",
@@ -67,13 +68,6 @@ def _geometry(fn: str, cache: torch.Tensor, dtypes: tuple) -> tuple[int, int]:
         fail(fn, "cache", f"must be [num_blocks, block_size, {HEAD_DIM}] with unit element stride",
              f"shape {tuple(cache.shape)} strides {cache.stride()}")
     return cache.shape[0], cache.shape[1]
-
-
-def _clone(cache: torch.Tensor) -> torch.Tensor:
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=cache.dtype, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
-    return out
 
 
 def _written(fn: str, slot_mapping: torch.Tensor, n_rows: int, capacity: int,
@@ -125,7 +119,7 @@ def insert_bf16_rows(cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.T
     nb, bs = _geometry(fn, cache, (torch.bfloat16,))
     _check_rows(fn, "k", k)
     tokens, slots = _written(fn, slot_mapping, k.shape[0], nb * bs, slot_skip)
-    out = _clone(cache)
+    out = clone_storage(cache)
     dev = cache.device
     out[(slots // bs).to(dev), (slots % bs).to(dev)] = k[tokens.to(k.device)].to(torch.bfloat16).to(dev)
     return out
@@ -169,7 +163,7 @@ def encode_fp8_rows(x: torch.Tensor, kv_scale: float = 1.0, round_to_bf16_first:
     fn = "encode_fp8_rows"
     _check_rows(fn, "x", x)
     s = _check_kv_scale(fn, kv_scale)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     if not isinstance(round_to_bf16_first, bool):
         fail(fn, "round_to_bf16_first", "must be a bool", type(round_to_bf16_first).__name__)
     q = x.to(torch.bfloat16) if round_to_bf16_first else x
@@ -207,7 +201,7 @@ def insert_fp8_rows(cache: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Te
     _check_rows(fn, "x", x)
     tokens, slots = _written(fn, slot_mapping, x.shape[0], nb * bs, slot_skip)
     codes = encode_fp8_rows(x[tokens.to(x.device)], kv_scale, round_to_bf16_first, nonfinite)
-    out = _clone(cache)
+    out = clone_storage(cache)
     raw = out.view(torch.uint8) if out.dtype != torch.uint8 else out
     dev = cache.device
     raw[(slots // bs).to(dev), (slots % bs).to(dev)] = codes.to(dev)

@@ -48,9 +48,10 @@ from ..constants import (
     V41_NVFP4_RECORD_BYTES,
 )
 from ..errors import INDEX_DTYPES, check_dtype, check_enum, check_int, check_rank, check_tensor, fail
-from ..formats.fp4 import _encode_e2m1, _nvfp4_scale_bytes, decode_e2m1, div_rn_f32, pack_e2m1, unpack_e2m1
-from ..formats.fp8 import _validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
+from ..formats.fp4 import encode_e2m1_trusted, nvfp4_scale_bytes_trusted, decode_e2m1, div_rn_f32, pack_e2m1, unpack_e2m1
+from ..formats.fp8 import validate_nonfinite, decode_e4m3fn, decode_fp8, decode_ue8m0
 from .gather_plan import gather_plan
+from ..storage import clone_storage
 from ..policies import (
     E2m1Zero,
     Fp8Flavour,
@@ -63,7 +64,7 @@ from ..policies import (
     V41Layout,
     V41Record,
 )
-from ..formats.quant import _quantize_rows_f64, _validate_rule
+from ..formats.quant import quantize_rows_f64, validate_rule
 
 __all__ = [
     "V41Producer",
@@ -110,7 +111,7 @@ PRODUCERS = {
 }
 
 
-def _record(fn: str, record: object) -> V41Record:
+def as_record(fn: str, record: object) -> V41Record:
     return check_enum(fn, "record", V41Record, record)
 
 
@@ -120,7 +121,7 @@ def _layout(fn: str, layout: object) -> V41Layout:
 
 def record_bytes(record: V41Record | str) -> int:
     """Bytes per token: 528 (MXFP8) or 288 (NVFP4)."""
-    d, s = _PARTS[_record("record_bytes", record)]
+    d, s = _PARTS[as_record("record_bytes", record)]
     return d + s
 
 
@@ -132,7 +133,7 @@ def empty_cache(num_blocks: int, block_size: int, record: V41Record | str, page_
     """A 2-D ``uint8`` cache ``[num_blocks, page_stride]`` filled with ``fill``; the page stride
     defaults to ``block_size * R`` (no page tail)."""
     fn = "empty_cache"
-    rb = record_bytes(_record(fn, record))
+    rb = record_bytes(as_record(fn, record))
     check_int(fn, "num_blocks", num_blocks, minimum=1)
     check_int(fn, "block_size", block_size, minimum=1)
     page_stride = block_size * rb if page_stride is None else page_stride
@@ -185,7 +186,7 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int, recor
                    layout: V41Layout | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Byte addresses (int64) of the data bytes and of the scale bytes of global ``slots`` (>= 0)."""
     fn = "slot_addresses"
-    record, layout = _record(fn, record), _layout(fn, layout)
+    record, layout = as_record(fn, record), _layout(fn, layout)
     check_dtype(fn, "slots", slots, INDEX_DTYPES)
     check_int(fn, "block_size", block_size, minimum=1)
     check_int(fn, "page_stride", page_stride, minimum=block_size * sum(_PARTS[record]))
@@ -227,10 +228,10 @@ def encode_records(
     """
     fn = "encode_records"
     _check_k(fn, k)
-    record = _record(fn, record)
+    record = as_record(fn, record)
     if record is V41Record.MXFP8:
-        rule = _validate_rule(fn, mxfp8_rule)
-        nf = _validate_nonfinite(fn, nonfinite)
+        rule = validate_rule(fn, mxfp8_rule)
+        nf = validate_nonfinite(fn, nonfinite)
         if nf not in _MXFP8_NONFINITE:
             fail(fn, "nonfinite", f"must be one of {[x.value for x in _MXFP8_NONFINITE]} for the MXFP8 record", nf)
         if nf is NonFinite.FINITE:
@@ -257,7 +258,7 @@ def _encode_mxfp8(k: torch.Tensor, rule: ScaleRule, nf: NonFinite) -> tuple[torc
     n, g = k.shape[0], HEAD_DIM // V41_MXFP8_GROUP
     groups = k.to(torch.float32).reshape(n, g, V41_MXFP8_GROUP)
     tiles = torch.cat((groups, torch.zeros_like(groups)), dim=-1).reshape(n, 2 * HEAD_DIM)
-    codes, sbytes = _quantize_rows_f64(tiles, rule, Fp8Flavour.E4M3FN, nf, E4M3_MAX)
+    codes, sbytes = quantize_rows_f64(tiles, rule, Fp8Flavour.E4M3FN, nf, E4M3_MAX)
     return codes.reshape(n, g, 2 * V41_MXFP8_GROUP)[..., :V41_MXFP8_GROUP].reshape(n, HEAD_DIM), sbytes
 
 
@@ -266,9 +267,9 @@ def _encode_nvfp4(k: torch.Tensor, rule: Nvfp4ScaleRule) -> tuple[torch.Tensor, 
     groups = k.to(torch.float32).reshape(n, g, V41_NVFP4_GROUP)
     bad = ~torch.isfinite(groups).all(dim=-1)  # POISON groups (only reachable under POISON)
     clean = torch.where(bad.unsqueeze(-1), 0.0, groups)
-    sbytes = _nvfp4_scale_bytes(clean.abs().amax(dim=-1), rule)
+    sbytes = nvfp4_scale_bytes_trusted(clean.abs().amax(dim=-1), rule)
     y = div_rn_f32(clean, decode_e4m3fn(sbytes).unsqueeze(-1))
-    codes = _encode_e2m1(y)
+    codes = encode_e2m1_trusted(y)
     codes = torch.where(bad.unsqueeze(-1), torch.zeros_like(codes), codes)
     sbytes = torch.where(bad, torch.full_like(sbytes, NVFP4_POISON_SCALE_BYTE), sbytes)
     return pack_e2m1(codes.reshape(n, HEAD_DIM)), sbytes
@@ -285,9 +286,9 @@ def _encode_nvfp4_triton(fn: str, k: torch.Tensor, rule: Nvfp4ScaleRule) -> tupl
         fail(fn, "k", "must not hold a 16-group of NaN only under nonfinite=triton (vLLM's clamp of a NaN "
              "amax is unspecified)", f"{int(nan.all(dim=-1).sum())} all-NaN groups")
     amax = torch.where(nan, 0.0, groups.abs()).amax(dim=-1)
-    sbytes = _nvfp4_scale_bytes(amax, rule)
+    sbytes = nvfp4_scale_bytes_trusted(amax, rule)
     y = div_rn_f32(groups, decode_e4m3fn(sbytes).unsqueeze(-1))
-    codes = _encode_e2m1(torch.where(torch.isnan(y), E2M1_MAX, y))  # +-Inf saturate inside
+    codes = encode_e2m1_trusted(torch.where(torch.isnan(y), E2M1_MAX, y))  # +-Inf saturate inside
     return pack_e2m1(codes.reshape(n, HEAD_DIM)), sbytes
 
 
@@ -303,7 +304,7 @@ def decode_records(
     (H4); NVFP4 scales are E4M3FN values (0x7F/0xFF NaN, so a poisoned group reads NaN); the
     NVFP4 code 0x8 reads -0.0 or +0.0 per ``e2m1_zero`` (:class:`~.policies.E2m1Zero`)."""
     fn = "decode_records"
-    record = _record(fn, record)
+    record = as_record(fn, record)
     e2m1_zero = check_enum(fn, "e2m1_zero", E2m1Zero, e2m1_zero)
     d, sc = _PARTS[record]
     check_dtype(fn, "data", data, (torch.uint8,))
@@ -368,7 +369,7 @@ def insert(
     InputError (FlashInfer 0.7.2 lets the lowest token win a repeated slot; not modelled).
     """
     fn = "insert"
-    record, layout = _record(fn, record), _layout(fn, layout)
+    record, layout = as_record(fn, record), _layout(fn, layout)
     nb, bs, p = cache_geometry(fn, cache, block_size, record)
     _check_k(fn, k)
     slots = _check_slots(fn, "slot_mapping", slot_mapping)
@@ -385,9 +386,7 @@ def insert(
     if live.unique().numel() != live.numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][keep.to(k.device)], record, mxfp8_rule, nonfinite, nvfp4_rule)
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
+    out = clone_storage(cache)
     dv, sv = _views(out, nb, bs, p, record, layout)
     # k and slot_mapping may live on another device than the cache (the compressor's reference
     # quantises on the CPU): the bytes go where the cache is
@@ -401,7 +400,7 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int, reco
                  layout: V41Layout | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Raw ``(data [S, D], scales [S, S_bytes])`` of global ``slots`` read in ``layout``."""
     fn = "read_records"
-    record, layout = _record(fn, record), _layout(fn, layout)
+    record, layout = as_record(fn, record), _layout(fn, layout)
     nb, bs, p = cache_geometry(fn, cache, block_size, record)
     s = _check_slots(fn, "slots", slots)
     if bool(((s < 0) | (s >= nb * bs)).any()):
@@ -421,7 +420,7 @@ def dequantize_slots(cache: torch.Tensor, slots: torch.Tensor, block_size: int, 
 def dequantize_all(cache: torch.Tensor, block_size: int, record: V41Record | str, layout: V41Layout | str,
                    consumer: Ue8m0Consumer | str = Ue8m0Consumer.EXACT) -> torch.Tensor:
     """bf16 ``[num_blocks * bs, 512]``: row ``s`` = dequantised slot ``s`` (stale bytes included)."""
-    nb, bs, _ = cache_geometry("dequantize_all", cache, block_size, _record("dequantize_all", record))
+    nb, bs, _ = cache_geometry("dequantize_all", cache, block_size, as_record("dequantize_all", record))
     return dequantize_slots(cache, torch.arange(nb * bs, device=cache.device), block_size, record, layout, consumer)
 
 
@@ -440,7 +439,7 @@ def gather(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tenso
     -> ``Ue8m0Consumer.TRITON``); NVFP4 scales are E4M3 bytes (0x7F/0xFF read NaN) and code 0x8
     reads per ``e2m1_zero`` (the Triton kernel: ``E2m1Zero.POSITIVE``)."""
     fn = "gather"
-    record, layout = _record(fn, record), _layout(fn, layout)
+    record, layout = as_record(fn, record), _layout(fn, layout)
     nb, bs, _ = cache_geometry(fn, cache, block_size, record)
     plan = gather_plan(fn, block_table, seq_lens, bs, nb, gather_lens, offset)
     out = torch.zeros((plan.requests, plan.width, HEAD_DIM), dtype=torch.bfloat16, device=cache.device)
@@ -457,7 +456,7 @@ def defined_byte_mask(cache: torch.Tensor, written_slots: torch.Tensor, block_si
     """bool ``[num_blocks, page_stride]``: True on every byte of the records of ``written_slots``
     (negative entries ignored); V4.1 records have no pad byte, so all R bytes are defined."""
     fn = "defined_byte_mask"
-    record, layout = _record(fn, record), _layout(fn, layout)
+    record, layout = as_record(fn, record), _layout(fn, layout)
     nb, bs, p = cache_geometry(fn, cache, block_size, record)
     s = _check_slots(fn, "written_slots", written_slots)
     s = s[s >= 0]

@@ -63,12 +63,12 @@ from ..pipeline.rope import YarnConfig, cos_sin_cache
 __all__ = ["decode_case", "prefill_case"]
 
 CASE_SCALE = 512**-0.55  # FlashMLA decode test scale (attention 4.2): not the production default
-_LAYERS = {"swa": 1, "c4a": C4_RATIO, "c128a": C128_RATIO}
+LAYER_RATIOS = {"swa": 1, "c4a": C4_RATIO, "c128a": C128_RATIO}
 
 
 def _step(layer: str, num_heads: int, seq_lens: list[int], query_lens: list[int], topk: int, swa_bs: int,
           comp_bs: int | None, seed: int, form: str):
-    ratio = _LAYERS[layer]
+    ratio = LAYER_RATIOS[layer]
     spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=swa_bs,
                      comp_block_size=comp_bs, scale=CASE_SCALE)
     layout = BatchLayout(tuple(seq_lens), tuple(query_lens))

@@ -60,10 +60,10 @@ from ..errors import check_int, fail
 from ..indices.prefill import combine_topk_swa_indices
 from ..indices.slots import compute_global_topk_indices_and_lens
 from ..indices.window import build_c128a_topk_metadata, compute_swa_indices_and_lens
-from ..pipeline.layer import _COMPRESS_ROPE_THETA, _MAIN_ROPE_THETA, _YARN, LayerSpec
+from ..pipeline.layer import COMPRESS_ROPE_THETA, MAIN_ROPE_THETA, YARN_CONFIG, LayerSpec
 from ..pipeline.rope import cos_sin_cache
 from ..policies import IndexRule
-from .attention import _LAYERS, CASE_SCALE
+from .attention import LAYER_RATIOS, CASE_SCALE
 
 __all__ = ["device_decode_case", "device_prefill_case", "decode_stages", "prefill_stages", "STAGES",
            "PREFILL_STAGES"]
@@ -155,8 +155,8 @@ def _cos_sin(rows: int, compressed: bool, device: str) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=8)
 def _cos_sin_table(rows: int, compressed: bool, device: str) -> torch.Tensor:
-    t = cos_sin_cache(rows, theta=_COMPRESS_ROPE_THETA, yarn=_YARN) if compressed else \
-        cos_sin_cache(rows, theta=_MAIN_ROPE_THETA)
+    t = cos_sin_cache(rows, theta=COMPRESS_ROPE_THETA, yarn=YARN_CONFIG) if compressed else \
+        cos_sin_cache(rows, theta=MAIN_ROPE_THETA)
     return t.to(device)
 
 
@@ -205,8 +205,8 @@ def decode_stages(layer: str, num_heads: int, seq_lens: list[int], topk: int = 5
     tables, the local top-k, the written rows, caches, indices and lengths, q, sinks, the RoPE
     table. Arguments as ``device_decode_case``."""
     fn = "device_decode_case"
-    if layer not in _LAYERS:
-        fail(fn, "layer", f"must be one of {sorted(_LAYERS)}", layer)
+    if layer not in LAYER_RATIOS:
+        fail(fn, "layer", f"must be one of {sorted(LAYER_RATIOS)}", layer)
     check_int(fn, "num_heads", num_heads, minimum=1)
     if not seq_lens:
         fail(fn, "seq_lens", "must list at least one request")
@@ -220,7 +220,7 @@ def decode_stages(layer: str, num_heads: int, seq_lens: list[int], topk: int = 5
         if not 0 <= t < R:
             fail(fn, "invalid_tokens", f"must be token numbers in [0, {R})", t)
     dev = torch.device(device)
-    ratio = _LAYERS[layer]
+    ratio = LAYER_RATIOS[layer]
     spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=swa_bs,
                      comp_block_size=comp_bs, scale=CASE_SCALE)
     seq = torch.tensor(seq_lens, dtype=torch.int64).to(dev)  # R small integers: the draw itself
@@ -299,7 +299,7 @@ def device_decode_case(name: str, layer: str, num_heads: int, seq_lens: list[int
     ``2**q_scale_log2``, exact) and ``device``. The same bytes on every device."""
     st = decode_stages(layer, num_heads, seq_lens, topk, swa_bs, comp_bs, seed, invalid_tokens, stale_past_len,
                        rope_table, q_scale_log2, device)
-    ratio = _LAYERS[layer]
+    ratio = LAYER_RATIOS[layer]
     cbs = (comp_bs if comp_bs is not None else 256 // ratio) if ratio > 1 else None
     inputs = {"q": st["q"], "scale": CASE_SCALE, "sink": st["sink"],
               "positions": torch.tensor(seq_lens, dtype=torch.int64).to(st["q"].device) - 1,
@@ -327,8 +327,8 @@ def prefill_stages(layer: str, num_heads: int, seq_lens: list[int], query_lens: 
     """Every stage of ``device_prefill_case`` (``PREFILL_STAGES``; ``local_topk`` None on SWA-only
     layers). Arguments as ``device_prefill_case``."""
     fn = "device_prefill_case"
-    if layer not in _LAYERS:
-        fail(fn, "layer", f"must be one of {sorted(_LAYERS)}", layer)
+    if layer not in LAYER_RATIOS:
+        fail(fn, "layer", f"must be one of {sorted(LAYER_RATIOS)}", layer)
     check_int(fn, "num_heads", num_heads, minimum=1)
     if not seq_lens or len(query_lens) != len(seq_lens):
         fail(fn, "query_lens", "must give one query length per request (at least one request)")
@@ -344,7 +344,7 @@ def prefill_stages(layer: str, num_heads: int, seq_lens: list[int], query_lens: 
         if not 0 <= t < T:
             fail(fn, "empty_tokens", f"must be token numbers in [0, {T})", t)
     dev = torch.device(device)
-    ratio = _LAYERS[layer]
+    ratio = LAYER_RATIOS[layer]
     spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=64, scale=CASE_SCALE)
     R, W = len(seq_lens), spec.window
     seq = torch.tensor(seq_lens, dtype=torch.int64).to(dev)

@@ -60,7 +60,7 @@ POISON = 0xFF  # unwritten cache bytes: every such slot decodes to NaN
 ROW_STD = 0.3  # K/V rows ~ N(0, 0.3) per element before the magnitude scaling (layer simulation's kv)
 HOLE_RATE = 1 / 16  # fraction of in-prefix entries turned into -1 holes
 ROPE_THETA = 10000.0
-# the sweep dimensions (params["dimension"]); tests/mutants.py names its mutants' dimension by these
+# the sweep dimensions (params["dimension"]); tests/mutants/ names its mutants' dimension by these
 DIMENSIONS = ("odd_page_size", "long_topk", "empty_main", "kv_magnitude", "q_magnitude", "batch", "lengths",
               "sink_off")
 

@@ -159,16 +159,16 @@ def make_rows(g: torch.Generator, kinds: list[str], gain: torch.Tensor | None = 
     return bf
 
 
-def _kinds(spec: dict[str, int]) -> list[str]:
+def slot_kinds(spec: dict[str, int]) -> list[str]:
     return [k for k, n in spec.items() for _ in range(n)]
 
 
-def _shuffle(g: torch.Generator, x: list) -> list:
+def shuffled(g: torch.Generator, x: list) -> list:
     perm = torch.randperm(len(x), generator=g).tolist()
     return [x[i] for i in perm]
 
 
-def _slots_with_padding(g: torch.Generator, capacity: int, n: int, n_pad: int) -> torch.Tensor:
+def slots_with_padding(g: torch.Generator, capacity: int, n: int, n_pad: int) -> torch.Tensor:
     """``n`` distinct slots from a permutation of ``[0, capacity)`` with ``n_pad`` -1 entries mixed in."""
     slots = torch.randperm(capacity, generator=g)[:n].tolist()
     for _ in range(n_pad):
@@ -176,7 +176,7 @@ def _slots_with_padding(g: torch.Generator, capacity: int, n: int, n_pad: int) -
     return torch.tensor(slots, dtype=torch.int64)
 
 
-def _garbage(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+def garbage_bytes(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.randint(0, 256, shape, generator=g, dtype=torch.int64).to(torch.uint8)
 
 
@@ -184,18 +184,18 @@ def _write_case(stage: str, name: str, seed: int, bs: int, stride: int, nb: int,
                 rows: dict[str, int], n_pad: int, slots: list[int] | None = None,
                 note: str = "") -> Case:
     g = torch.Generator().manual_seed(seed)
-    kinds = _shuffle(g, _kinds(rows))
+    kinds = shuffled(g, slot_kinds(rows))
     k = make_rows(g, kinds)
     n = k.shape[0]
     if slots is None:
-        slot_mapping = _slots_with_padding(g, nb * bs, n, n_pad)
+        slot_mapping = slots_with_padding(g, nb * bs, n, n_pad)
     else:
         slot_mapping = torch.tensor(slots, dtype=torch.int64)
     # rows of k line up with slot_mapping entries (the -1 entries get rows too, never written)
     n_map = slot_mapping.shape[0]
     if n_map > n:
         k = torch.cat([k, make_rows(g, ["realistic"] * (n_map - n))])
-    cache = _garbage(g, (nb, stride))
+    cache = garbage_bytes(g, (nb, stride))
     params = {
         "seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb,
         "n_tokens": int(slot_mapping.shape[0]), "n_written": int((slot_mapping >= 0).sum()),
@@ -246,19 +246,19 @@ def compressed_write_cases() -> list[Case]:
 def _plain_case(name: str, seed: int, layout: str, bs: int, nb: int, rows: dict[str, int], n_pad: int,
                 scale_up: float = 1.0) -> Case:
     g = torch.Generator().manual_seed(seed)
-    kinds = _shuffle(g, _kinds(rows))
+    kinds = shuffled(g, slot_kinds(rows))
     k = make_rows(g, kinds)
     if scale_up != 1.0:  # push some rows past +-448 to exercise the writer's saturation
         k = torch.cat([k, (k[: max(1, k.shape[0] // 4)].to(torch.float32) * scale_up).to(torch.bfloat16)])
     n = k.shape[0]
-    slot_mapping = _slots_with_padding(g, nb * bs, n, n_pad)
+    slot_mapping = slots_with_padding(g, nb * bs, n, n_pad)
     if slot_mapping.shape[0] > n:
         k = torch.cat([k, make_rows(g, ["realistic"] * (slot_mapping.shape[0] - n))])
     if layout == "bf16":
-        cache = _garbage(g, (nb, bs, HEAD_DIM * 2)).view(torch.bfloat16)
+        cache = garbage_bytes(g, (nb, bs, HEAD_DIM * 2)).view(torch.bfloat16)
         cache = torch.where(torch.isfinite(cache), cache, torch.zeros_like(cache))  # stale but finite
     else:
-        cache = _garbage(g, (nb, bs, HEAD_DIM))
+        cache = garbage_bytes(g, (nb, bs, HEAD_DIM))
     params = {"seed": seed, "layout": layout, "block_size": bs, "num_blocks": nb, "kv_scale": 1.0,
               "n_tokens": int(slot_mapping.shape[0]), "rows": rows, "saturating_rows": scale_up != 1.0}
     inputs = {"k": k, "slot_mapping": slot_mapping, "block_size": bs, "num_blocks": nb,
@@ -308,7 +308,7 @@ def gather_rows(g: torch.Generator, slots: list[int], rows_mix: dict[str, float]
     for kind, frac in rows_mix.items():
         kinds += [kind] * int(round(frac * n))
     kinds = (kinds + ["realistic"] * n)[:n]
-    k = make_rows(g, _shuffle(g, kinds))
+    k = make_rows(g, shuffled(g, kinds))
     order = torch.randperm(n, generator=g)
     return k, torch.tensor(slots, dtype=torch.int64)[order]
 
@@ -319,7 +319,7 @@ def _gather_case(name: str, seed: int, bs: int, stride: int, seq_lens: list[int]
     table, slots, nb = gather_tables(g, bs, seq_lens, gather_lens, extra_pages)
     n = len(slots)
     k, slot_t = gather_rows(g, slots, rows_mix)
-    cache = insert(_garbage(g, (nb, stride)), k, slot_t, bs, ScaleRule.AMAX_CLAMP)
+    cache = insert(garbage_bytes(g, (nb, stride)), k, slot_t, bs, ScaleRule.AMAX_CLAMP)
     params = {"seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb,
               "seq_lens": seq_lens, "gather_lens": gather_lens, "rows": rows_mix,
               "written_by": "cache_model1.insert(rule=amax_clamp)", "n_written": n}

@@ -374,7 +374,7 @@ def compressed_slots_cases() -> list[Case]:
 # --------------------------------------------------------------------------- combine_prefill
 
 
-def _combine_c4_inputs() -> dict:
+def combine_c4_inputs() -> dict:
     # chunk of 2 prefill requests; query_start_loc has base 5 (2 decode + 3 earlier tokens)
     # request 0: seq 20, query 3 -> positions 17, 18, 19; prefix 17 -> gather 3 + min(17, 127) = 20
     # request 1: seq 140, query 4 -> positions 136..139; prefix 136 -> gather 4 + 127 = 131
@@ -398,7 +398,7 @@ def _combine_c4_inputs() -> dict:
     )
 
 
-def _sglang_combine_inputs(common: dict, extra_rows: int = 0) -> dict:
+def sglang_combine_inputs(common: dict, extra_rows: int = 0) -> dict:
     """A common-form combine case in SGLang's arguments: the same workspace (``compressed_base =
     M*r``, ``swa_base = M*r + N``), absolute ``query_pos``, ``extra_rows`` trailing rows owned by
     no request (SGLang writes them -1 with length 0)."""
@@ -428,11 +428,11 @@ def combine_prefill_cases() -> list[Case]:
     edge = ["nonzero-query-base", "interior-minus1", "window-starts-at-0"]
     return [
         _case("c4-common-base5-interior-minus1", "combine_prefill", "combine_topk_swa_indices",
-              _combine_c4_inputs(), edge + ["divergence-minus1-to-M*r-1"], form="common"),
+              combine_c4_inputs(), edge + ["divergence-minus1-to-M*r-1"], form="common"),
         _case("c4-rocm-base5-interior-minus1", "combine_prefill", "combine_topk_swa_indices_rocm",
-              _combine_c4_inputs(), edge, form="rocm"),
+              combine_c4_inputs(), edge, form="rocm"),
         _case("c4-sglang-base5-interior-minus1-pad-row", "combine_prefill", "combine_topk_swa_indices_sglang",
-              _sglang_combine_inputs(_combine_c4_inputs(), extra_rows=1), edge + ["padding-token"], form="sglang"),
+              sglang_combine_inputs(combine_c4_inputs(), extra_rows=1), edge + ["padding-token"], form="sglang"),
         _case("c4-bounded-replay-out-of-pool", "combine_prefill", "combine_topk_swa_indices", dict(
             # one request, seq 200, query 2 (positions 198, 199), replay from 138: gather 62 < W, so
             # the window max(p - 127, 0) = 71, 72 starts before gather_start = 138; N = 200 // 4 = 50,

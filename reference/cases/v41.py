@@ -28,7 +28,7 @@ import torch
 
 from ..caches.v41 import PRODUCERS, insert, record_bytes
 from ..cases import Case, register_cases
-from .cache import _garbage, _kinds, _shuffle, _slots_with_padding, gather_rows, gather_tables, make_rows
+from .cache import garbage_bytes, slot_kinds, shuffled, slots_with_padding, gather_rows, gather_tables, make_rows
 from ..constants import E2M1_MAX, HEAD_DIM, V41_NVFP4_GROUP
 from ..formats.fp4 import E2M1_MAGNITUDES
 from ..formats.fp8 import decode_e4m3fn
@@ -60,20 +60,20 @@ def _v41_case(name: str, seed: int, record: V41Record, bs: int, nb: int, rows: d
               tail: int = 0) -> Case:
     g = torch.Generator().manual_seed(seed)
     n_ties = rows.get("e2m1_ties", 0)
-    kinds = _shuffle(g, _kinds({k: v for k, v in rows.items() if k != "e2m1_ties"}))
+    kinds = shuffled(g, slot_kinds({k: v for k, v in rows.items() if k != "e2m1_ties"}))
     parts = [make_rows(g, kinds)] if kinds else []
     if n_ties:
         parts.append(e2m1_tie_rows(g, n_ties))
     k = torch.cat(parts)
     k = k[torch.randperm(k.shape[0], generator=g)]
     stride = bs * record_bytes(record) + tail
-    slot_mapping = _slots_with_padding(g, nb * bs, k.shape[0], n_pad)
+    slot_mapping = slots_with_padding(g, nb * bs, k.shape[0], n_pad)
     if slot_mapping.shape[0] > k.shape[0]:
         k = torch.cat([k, make_rows(g, ["realistic"] * (slot_mapping.shape[0] - k.shape[0]))])
     params = {"seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb, "record": record.value,
               "n_tokens": int(slot_mapping.shape[0]), "n_written": int((slot_mapping >= 0).sum()), "rows": rows}
     inputs = {"k": k, "slot_mapping": slot_mapping, "block_size": bs, "num_blocks": nb, "page_stride": stride,
-              "record": record.value, "cache": _garbage(g, (nb, stride))}
+              "record": record.value, "cache": garbage_bytes(g, (nb, stride))}
     return Case(name, "v41_write", inputs, params)
 
 
@@ -97,7 +97,7 @@ def _v41_gather_case(name: str, seed: int, record: V41Record, bs: int, seq_lens:
     k, slot_t = gather_rows(g, slots, rows_mix)
     vllm = PRODUCERS["vllm_0.33.0"]
     stride = bs * record_bytes(record) + tail
-    cache = insert(_garbage(g, (nb, stride)), k, slot_t, bs, record, vllm.layout, vllm.mxfp8_rule,
+    cache = insert(garbage_bytes(g, (nb, stride)), k, slot_t, bs, record, vllm.layout, vllm.mxfp8_rule,
                    vllm.mxfp8_nonfinite if record is V41Record.MXFP8 else vllm.nvfp4_nonfinite, vllm.nvfp4_rule)
     params = {"seed": seed, "block_size": bs, "page_stride": stride, "num_blocks": nb, "record": record.value,
               "seq_lens": seq_lens, "gather_lens": gather_lens, "offset": offset, "rows": rows_mix,

@@ -31,7 +31,7 @@ from ..caches.v41 import record_bytes
 from ..constants import HEAD_DIM, RECORD_BYTES
 from ..pipeline.rope import cos_sin_cache
 from . import Case, register_cases
-from .cache import _garbage
+from .cache import garbage_bytes
 
 __all__ = ["v41_compress_case"]
 
@@ -69,12 +69,12 @@ def v41_compress_case(name: str, seed: int, record: str, ratio: int, chunks: lis
         state_slots = cache_slots.clone()
     if record in ("plain_bf16", "plain_fp8"):
         cache = (torch.randn(nb, bs, HEAD_DIM, generator=g).to(torch.bfloat16) if record == "plain_bf16"
-                 else _garbage(g, (nb, bs, HEAD_DIM)))
+                 else garbage_bytes(g, (nb, bs, HEAD_DIM)))
         stride = None
     else:
         rb = RECORD_BYTES if record == "model1_584" else record_bytes(record)
         stride = bs * rb + tail
-        cache = _garbage(g, (nb, stride))
+        cache = garbage_bytes(g, (nb, stride))
     norm_weight = (1.0 + 0.25 * torch.randn(HEAD_DIM, generator=g)).to(torch.bfloat16)
     state = torch.randn(len(chunks) + 1, capacity, 2 * HEAD_DIM, generator=g) if ratio == 2 else None
     inputs = {

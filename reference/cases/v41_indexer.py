@@ -17,7 +17,7 @@ from ..caches.indexer_v41 import indexer_row_bytes
 from ..constants import INDEXER_HEAD_DIM
 from ..pipeline.rope import cos_sin_cache
 from . import Case, register_cases
-from .cache import _garbage
+from .cache import garbage_bytes
 from .v41_attention import exact_norm_rows
 
 __all__ = ["v41_indexer_case"]
@@ -45,7 +45,7 @@ def v41_indexer_case(name: str, seed: int, record: str, ratio: int, p0: int, t: 
     rb = indexer_row_bytes(record)
     inputs = {"k_pre": exact_norm_rows(g, T, INDEXER_HEAD_DIM), "positions": pos,
               "cos_sin": cos_sin_cache(p0 + t), "weight": _weight(g, weight), "eps": 0.0, "slots": slots,
-              "compress_ratio": ratio, "record": record, "cache": _garbage(g, (nb, bs, rb)), "block_size": bs}
+              "compress_ratio": ratio, "record": record, "cache": garbage_bytes(g, (nb, bs, rb)), "block_size": bs}
     params = {"seed": seed, "record": record, "compress_ratio": ratio, "first_position": p0, "tokens": T,
               "n_pad": n_pad, "block_size": bs, "num_blocks": nb, "weight": weight}
     return Case(name, "v41_indexer_k_store", inputs, params)

@@ -16,9 +16,9 @@ import torch
 
 from ..constants import E2M1_MAX, NVFP4_SCALE_MAX, NVFP4_SCALE_MIN
 from ..errors import check_dtype, check_enum, check_tensor, fail
-from .fp8 import _encode_fp8_trusted, decode_e4m3fn
+from .fp8 import encode_fp8_trusted, decode_e4m3fn
 from ..policies import Fp8Flavour, NonFinite, Nvfp4ScaleRule
-from .quant import _fl32_div
+from .quant import fl32_div
 
 __all__ = [
     "E2M1_MAGNITUDES",
@@ -61,10 +61,10 @@ def encode_e2m1(y: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(y).all()):
         fail(fn, "y", "must be finite (the V4.1 writers handle NaN/Inf per Nvfp4NonFinite before encoding)",
              f"{int((~torch.isfinite(y)).sum())} non-finite elements")
-    return _encode_e2m1(y)
+    return encode_e2m1_trusted(y)
 
 
-def _encode_e2m1(y: torch.Tensor) -> torch.Tensor:
+def encode_e2m1_trusted(y: torch.Tensor) -> torch.Tensor:
     """``encode_e2m1`` of finite ``y`` (no check). Every grid point and midpoint is a short dyadic,
     so the comparisons in float64 are exact."""
     v = y.to(torch.float64)
@@ -100,7 +100,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 def div_rn_f32(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """Correctly rounded fp32 quotient ``fl32(x / s)`` of fp32 tensors (``div_rn`` / ``__fdiv_rn``):
     the float64 quotient rounded to fp32 (double rounding is innocuous for division, q = 53 >= 2*24 + 2;
-    see ``quant._fl32_div``)."""
+    see ``quant.fl32_div``)."""
     return (x.to(torch.float64) / s.to(torch.float64)).to(torch.float32)
 
 
@@ -116,21 +116,21 @@ def nvfp4_scale_bytes(amax: torch.Tensor, rule: Nvfp4ScaleRule | str) -> torch.T
     rule = check_enum(fn, "rule", Nvfp4ScaleRule, rule)
     if not bool((torch.isfinite(amax) & (amax >= 0)).all()):
         fail(fn, "amax", "must be finite and >= 0")
-    return _nvfp4_scale_bytes(amax, rule)
+    return nvfp4_scale_bytes_trusted(amax, rule)
 
 
 _INV6_F32 = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32)  # fl32(1/6) = 0x3E2AAAAB
 
 
-def _nvfp4_scale_bytes(amax: torch.Tensor, rule: Nvfp4ScaleRule) -> torch.Tensor:
+def nvfp4_scale_bytes_trusted(amax: torch.Tensor, rule: Nvfp4ScaleRule) -> torch.Tensor:
     """``nvfp4_scale_bytes`` without validation. The float64 product of two fp32 is exact, so its
     one rounding to fp32 is the correctly rounded fp32 product."""
     if rule is Nvfp4ScaleRule.RECIP_MUL:
         r = (amax.to(torch.float64) * _INV6_F32.to(torch.float64).to(amax.device)).to(torch.float32)
     else:
-        r = _fl32_div(amax, E2M1_MAX)
+        r = fl32_div(amax, E2M1_MAX)
     r = r.clamp(NVFP4_SCALE_MIN, NVFP4_SCALE_MAX).to(torch.float64)
-    return _encode_fp8_trusted(r, Fp8Flavour.E4M3FN, NonFinite.FINITE, None)
+    return encode_fp8_trusted(r, Fp8Flavour.E4M3FN, NonFinite.FINITE, None)
 
 
 def decode_nvfp4_scales(scale_bytes: torch.Tensor) -> torch.Tensor:

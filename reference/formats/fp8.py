@@ -118,10 +118,10 @@ def pow2_f64(n: torch.Tensor) -> torch.Tensor:
     n = n.to(torch.int64)
     if n.numel() and bool(((n < -1022) | (n > 1023)).any()):
         fail("pow2_f64", "n", "must lie in [-1022, 1023] (normal float64 powers of two)")
-    return _pow2(n)
+    return pow2(n)
 
 
-def _pow2(n: torch.Tensor) -> torch.Tensor:
+def pow2(n: torch.Tensor) -> torch.Tensor:
     """``pow2_f64`` without the range check (no device sync): callers guarantee ``n`` in [-1022, 1023]."""
     return ((n.to(torch.int64) + 1023) << 52).view(torch.float64)
 
@@ -149,7 +149,7 @@ def _encode_magnitude(a: torch.Tensor, emin: int) -> torch.Tensor:
     floor_e = torch.where(a > 0, _floor_log2_f64(torch.where(a > 0, a, torch.ones_like(a))),
                           torch.full_like(a, emin, dtype=torch.int64))
     e = torch.clamp(floor_e, min=emin)
-    m = torch.round(a * _pow2(3 - e))  # RNE (half to even); exact product; 3 - e in [-1020, 13]
+    m = torch.round(a * pow2(3 - e))  # RNE (half to even); exact product; 3 - e in [-1020, 13]
     return (e - emin) * 8 + m.to(torch.int64)
 
 
@@ -158,7 +158,7 @@ def _sign_bit(v: torch.Tensor) -> torch.Tensor:
     return v.view(torch.int64) < 0
 
 
-def _validate_nonfinite(fn: str, nonfinite: object) -> NonFinite:
+def validate_nonfinite(fn: str, nonfinite: object) -> NonFinite:
     return check_enum(fn, "nonfinite", NonFinite, nonfinite)
 
 
@@ -212,7 +212,7 @@ def _encoder_input(fn: str, x, nonfinite, clamp, fmt_max: float):
     is given. Returns ``(v, nonfinite, torch_mode)``.
     """
     check_tensor(fn, "x", x)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     clamp = _validate_clamp(fn, clamp, fmt_max)
     v = _to_f64(fn, x, nonfinite)
     torch_mode = nonfinite in (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
@@ -277,7 +277,7 @@ _TABLES: dict[Fp8Flavour, torch.Tensor] = {
 
 def fp8_table(flavour: Fp8Flavour | str) -> torch.Tensor:
     """The 256 decoded values (float32, CPU) of ``flavour``, indexed by code."""
-    return _TABLES[_validate_flavour("fp8_table", flavour)].clone()
+    return _TABLES[validate_flavour("fp8_table", flavour)].clone()
 
 
 def _decode(fn: str, codes: torch.Tensor, flavour: Fp8Flavour) -> torch.Tensor:
@@ -331,13 +331,13 @@ def decode_e4m3fnuz(codes: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- dispatch
 
 
-def _validate_flavour(fn: str, flavour: object) -> Fp8Flavour:
+def validate_flavour(fn: str, flavour: object) -> Fp8Flavour:
     return check_enum(fn, "flavour", Fp8Flavour, flavour)
 
 
 def fp8_max(flavour: Fp8Flavour | str) -> float:
     """Largest finite value of ``flavour``: 448.0 (E4M3FN) or 240.0 (E4M3FNUZ)."""
-    f = _validate_flavour("fp8_max", flavour)
+    f = validate_flavour("fp8_max", flavour)
     return E4M3_MAX if f is Fp8Flavour.E4M3FN else E4M3FNUZ_MAX
 
 
@@ -345,13 +345,13 @@ def encode_fp8(x: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3FN,
                nonfinite: NonFinite | str = NonFinite.FINITE,
                clamp: float | None = None) -> torch.Tensor:
     """Encode ``x`` as ``flavour`` codes (uint8): ``encode_e4m3fn`` or ``encode_e4m3fnuz``."""
-    f = _validate_flavour("encode_fp8", flavour)
+    f = validate_flavour("encode_fp8", flavour)
     if f is Fp8Flavour.E4M3FN:
         return encode_e4m3fn(x, nonfinite=nonfinite, clamp=clamp)
     return encode_e4m3fnuz(x, clamp=clamp, nonfinite=nonfinite)
 
 
-def _encode_fp8_trusted(v: torch.Tensor, flavour: Fp8Flavour, nonfinite: NonFinite, clamp: float | None) -> torch.Tensor:
+def encode_fp8_trusted(v: torch.Tensor, flavour: Fp8Flavour, nonfinite: NonFinite, clamp: float | None) -> torch.Tensor:
     """``encode_fp8`` for internal callers whose float64 ``v`` is already known to satisfy the
     ``nonfinite`` contract (finite under FINITE) and whose ``clamp`` is valid: the same codes, no
     validation and therefore no device synchronisation."""
@@ -374,7 +374,7 @@ def decode_fp8(codes: torch.Tensor, flavour: Fp8Flavour | str = Fp8Flavour.E4M3F
     """Float32 values of ``flavour`` codes (uint8, any shape) as a reader with policy ``read``
     decodes them: exact (EXACT), or exponent-0 codes read as normals (EXP0_AS_NORMAL,
     ``reference.policies.Fp8Decode``)."""
-    f = _validate_flavour("decode_fp8", flavour)
+    f = validate_flavour("decode_fp8", flavour)
     if check_enum("decode_fp8", "read", Fp8Decode, read) is Fp8Decode.EXACT:
         return _decode("decode_fp8", codes, f)
     check_dtype("decode_fp8", "codes", codes, (torch.uint8,))
@@ -453,10 +453,10 @@ def exact_ceil_log2(r: torch.Tensor) -> torch.Tensor:
     bad = ~(torch.isfinite(r) & (r > 0))
     if bool(bad.any()):
         fail(fn, "r", "must be positive and finite", f"{int(bad.sum())} offending elements")
-    return _ceil_log2(r)
+    return ceil_log2(r)
 
 
-def _ceil_log2(r: torch.Tensor) -> torch.Tensor:
+def ceil_log2(r: torch.Tensor) -> torch.Tensor:
     """``exact_ceil_log2`` without the check (no device sync): callers guarantee positive finite fp32 ``r``."""
     bits = r.contiguous().view(torch.int32).to(torch.int64)
     efield = (bits >> 23) & 0xFF

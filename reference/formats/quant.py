@@ -20,11 +20,11 @@ import torch
 from ..constants import E4M3_BIAS, E4M3FNUZ_BIAS, OUT_EPS, OUT_GROUP, SCALE_FLOOR_F32, TILE, E4M3_MAX, UE8M0_BIAS, UE8M0_NAN
 from ..errors import check_dtype, check_enum, check_int, check_tensor, fail
 from .fp8 import (
-    _ceil_log2,
-    _encode_fp8_trusted,
-    _pow2,
-    _validate_flavour,
-    _validate_nonfinite,
+    ceil_log2,
+    encode_fp8_trusted,
+    pow2,
+    validate_flavour,
+    validate_nonfinite,
     decode_fp8,
     decode_ue8m0,
     encode_fp8,
@@ -44,16 +44,16 @@ __all__ = [
     "check_bf16_values",
 ]
 
-_TORCH_POLICIES = (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
+TORCH_POLICIES = (NonFinite.TORCH, NonFinite.TORCH_SATURATING)
 # Elements per internal chunk of quantize_tiles (results unchanged by chunking): on the CPU a
 # bounded working set keeps the float64 temporaries in cache; on an accelerator one wide pass is
 # fastest (the chunk only bounds the temporaries: about 40 bytes per element at once).
-_CHUNK_ELEMENTS_CPU = 1 << 18  # the float64 path (_quantize_rows_f64)
+_CHUNK_ELEMENTS_CPU = 1 << 18  # the float64 path (quantize_rows_f64)
 _CHUNK_ELEMENTS_CPU_BF16 = 1 << 21  # the bf16 fast path: its per-chunk overhead on the CPU dominates below this
 _CHUNK_ELEMENTS_DEVICE = 1 << 25
 
 
-def _fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
+def fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
     """Correctly rounded fp32 quotient ``fl32(a / m)`` of fp32 ``a`` by an fp32 constant ``m``.
 
     Computed as the float64 quotient (itself correctly rounded) rounded once more to fp32. The
@@ -71,7 +71,7 @@ def _fl32_div(a: torch.Tensor, m: float) -> torch.Tensor:
     return (a.to(torch.float64) / m).to(torch.float32)
 
 
-def _validate_rule(fn: str, rule: object) -> ScaleRule:
+def validate_rule(fn: str, rule: object) -> ScaleRule:
     return check_enum(fn, "rule", ScaleRule, rule)
 
 
@@ -88,7 +88,7 @@ def tile_exponent(amax: torch.Tensor, rule: ScaleRule | str, fp8_max_value: floa
     """
     fn = "tile_exponent"
     check_dtype(fn, "amax", amax, (torch.float32,))
-    rule = _validate_rule(fn, rule)
+    rule = validate_rule(fn, rule)
     if isinstance(fp8_max_value, bool) or not isinstance(fp8_max_value, (int, float)) or not (
         0.0 < float(fp8_max_value) <= E4M3_MAX
     ):
@@ -104,10 +104,10 @@ def _tile_exponent(amax: torch.Tensor, rule: ScaleRule, m: float) -> torch.Tenso
     """``tile_exponent`` without validation (no device sync); ``amax`` finite, >= 0, fp32."""
     floor = torch.tensor(SCALE_FLOOR_F32, dtype=torch.float32, device=amax.device)
     if rule is ScaleRule.AMAX_CLAMP:
-        r = _fl32_div(torch.maximum(amax, floor), m)
+        r = fl32_div(torch.maximum(amax, floor), m)
     else:
-        r = torch.maximum(_fl32_div(amax, m), floor)
-    return _ceil_log2(r)  # r >= 1e-4 / 448 > 0 and finite: the check of exact_ceil_log2 cannot fire
+        r = torch.maximum(fl32_div(amax, m), floor)
+    return ceil_log2(r)  # r >= 1e-4 / 448 > 0 and finite: the check of exact_ceil_log2 cannot fire
 
 
 def check_bf16_values(fn: str, arg: str, x: torch.Tensor) -> None:
@@ -166,9 +166,9 @@ def quantize_tiles(
     """
     fn = "quantize_tiles"
     check_tensor(fn, "x", x)
-    rule = _validate_rule(fn, rule)
-    flavour = _validate_flavour(fn, flavour)
-    nonfinite = _validate_nonfinite(fn, nonfinite)
+    rule = validate_rule(fn, rule)
+    flavour = validate_flavour(fn, flavour)
+    nonfinite = validate_nonfinite(fn, nonfinite)
     subnormals = validate_subnormals(fn, subnormals)
     check_bf16_values(fn, "x", x)
     if x.dim() == 0 or x.shape[-1] == 0 or x.shape[-1] % TILE != 0:
@@ -182,7 +182,7 @@ def quantize_tiles(
     if nonfinite is NonFinite.FINITE and not bool(torch.isfinite(x).all()):  # the one device sync
         fail(fn, "x", "must be finite under nonfinite=FINITE (pick a producer NonFinite policy to "
              "model NaN/Inf)", f"{int((~torch.isfinite(x)).sum())} non-finite elements")
-    return _quantize_tiles(x, rule, flavour, nonfinite, m, subnormals)
+    return quantize_tiles_trusted(x, rule, flavour, nonfinite, m, subnormals)
 
 
 def validate_subnormals(fn: str, subnormals: object) -> Fp8Subnormals:
@@ -242,7 +242,7 @@ def _flush_subnormals(codes: torch.Tensor, y: torch.Tensor, flavour: Fp8Flavour)
     return torch.where(tiny, zero, codes)
 
 
-def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+def quantize_tiles_trusted(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
                     m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_tiles`` of validated input (finite under FINITE, bf16 values, ``D % 64 == 0``,
     ``m`` the clamp / scale divisor): a fixed sequence of wide tensor operations over all tiles,
@@ -259,7 +259,7 @@ def _quantize_tiles(x: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfi
     codes = torch.empty(rows.shape, dtype=torch.uint8, device=x.device)
     sbytes = torch.empty((rows.shape[0], d // TILE), dtype=torch.uint8, device=x.device)
     for i in range(0, rows.shape[0], step):  # loop over bounded chunks, not over tokens or tiles
-        codes[i : i + step], sbytes[i : i + step] = _quantize_rows(rows[i : i + step], rule, flavour, nonfinite, m,
+        codes[i : i + step], sbytes[i : i + step] = quantize_rows(rows[i : i + step], rule, flavour, nonfinite, m,
                                                                    subnormals)
     return codes.reshape(x.shape), sbytes.reshape(*x.shape[:-1], d // TILE)
 
@@ -270,10 +270,10 @@ _FAST_MIN_M = 8.0
 _CODE_TABLES: dict[tuple, torch.Tensor] = {}
 
 
-def _code_table(flavour: Fp8Flavour, nonfinite: NonFinite, m: float, device: torch.device) -> torch.Tensor:
+def code_table(flavour: Fp8Flavour, nonfinite: NonFinite, m: float, device: torch.device) -> torch.Tensor:
     """The FP8 code (uint8 ``[65536]``) of every scaled bf16 value, indexed by its 16 bits.
 
-    Entry ``b`` is what ``_quantize_rows_f64`` gives an element whose exact scaled value is the
+    Entry ``b`` is what ``quantize_rows_f64`` gives an element whose exact scaled value is the
     bf16 with bits ``b``: every NaN pattern is first taken as the canonical positive NaN (the GPU
     arithmetic NaN), then the float64 encoder with the producer clamp (``m``, none under TORCH
     policies). Built once per (flavour, policy, m, device) from the float64 encoder itself.
@@ -283,17 +283,17 @@ def _code_table(flavour: Fp8Flavour, nonfinite: NonFinite, m: float, device: tor
     if table is None:
         vals = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(torch.float64)
         vals = torch.where(torch.isnan(vals), float("nan"), vals)
-        codes = _encode_fp8_trusted(vals, flavour, nonfinite, None if nonfinite in _TORCH_POLICIES else m)
+        codes = encode_fp8_trusted(vals, flavour, nonfinite, None if nonfinite in TORCH_POLICIES else m)
         table = _CODE_TABLES[key] = codes.to(device)
     return table
 
 
-def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+def quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
                    m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes ``[R, D]`` and scale bytes ``[R, D // 64]`` of validated rows ``[R, D]``.
 
     bf16 fast path (``m >= 8``, every production writer), equal bit for bit to
-    ``_quantize_rows_f64``:
+    ``quantize_rows_f64``:
     - ``amax`` is the max of bf16 magnitudes, computed in bf16 (exact: ``max`` does not round).
     - ``r = fl32(a / m)`` as in ``_tile_exponent``; ``r >= 1e-4 / 448 > 2**-126`` is a normal fp32,
       so ``ceil(log2 r) + 127 = (bits(r) + 0x7FFFFF) >> 23`` (the CuTe bit trick, exact for
@@ -303,11 +303,11 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
       that the bf16 rounding keeps the sign and ``|y| <= 2**-126``, far under half the smallest
       FP8 subnormal (2**-10), so the code (+-0) is the same as from the exact value.
       Not-ok tiles: ``x * 0`` (Inf tile) and ``x * NaN`` (torch NaN tile), as in the float64 path.
-    - the code of ``y`` is a table lookup on its 16 bits (``_code_table``); every NaN bit pattern
+    - the code of ``y`` is a table lookup on its 16 bits (``code_table``); every NaN bit pattern
       maps to the canonical positive NaN's code, which is the float64 path's canonicalisation.
     """
     if m < _FAST_MIN_M:
-        return _quantize_rows_f64(rows, rule, flavour, nonfinite, m, subnormals)
+        return quantize_rows_f64(rows, rule, flavour, nonfinite, m, subnormals)
     n, d = rows.shape
     tiles = rows.to(torch.bfloat16).reshape(n, d // TILE, TILE)
     absx = tiles.abs()
@@ -332,19 +332,19 @@ def _quantize_rows(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, non
         scale = torch.where(ok, scale, torch.where(torch.isnan(amax), float("nan"),
                                                    _inf_tile_multiplier(nonfinite)).to(torch.bfloat16))
     y = tiles * scale.unsqueeze(-1)
-    codes = _code_table(flavour, nonfinite, m, rows.device)[y.view(torch.int16).to(torch.int32)]
+    codes = code_table(flavour, nonfinite, m, rows.device)[y.view(torch.int16).to(torch.int32)]
     if subnormals is Fp8Subnormals.FLUSH:
         codes = _flush_subnormals(codes, y, flavour)
     return codes.reshape(n, d), sbytes
 
 
-def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
+def quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour, nonfinite: NonFinite,
                        m: float, subnormals: Fp8Subnormals = Fp8Subnormals.KEEP) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_quantize_rows`` in float64 for any ``m`` (small ``m`` included): the general path."""
+    """``quantize_rows`` in float64 for any ``m`` (small ``m`` included): the general path."""
     n, d = rows.shape
     tiles = rows.to(torch.float32).reshape(n, d // TILE, TILE)
     absx = tiles.abs()
-    if nonfinite in _TORCH_POLICIES:
+    if nonfinite in TORCH_POLICIES:
         amax = absx.amax(dim=-1)  # NaN-propagating like torch.amax
     elif nonfinite is NonFinite.VLLM_CPU:
         amax = maxps_tree_amax(absx)
@@ -358,14 +358,14 @@ def _quantize_rows_f64(rows: torch.Tensor, rule: ScaleRule, flavour: Fp8Flavour,
     t64 = tiles.to(torch.float64)
     # exact power-of-two scaling in float64; e in [-22, 120] (amax floored at 1e-4, bf16 < 2**128).
     # Not-ok tiles: x * exp2f(-inf) (CUDA) == x / inf (Triton, torch) == x * 0.0.
-    scale = torch.where(ok, _pow2(-e), _inf_tile_multiplier(nonfinite)).unsqueeze(-1)
+    scale = torch.where(ok, pow2(-e), _inf_tile_multiplier(nonfinite)).unsqueeze(-1)
     y = t64 * scale
-    if nonfinite in _TORCH_POLICIES or nonfinite is NonFinite.VLLM_CPU:
+    if nonfinite in TORCH_POLICIES or nonfinite is NonFinite.VLLM_CPU:
         y = torch.where(torch.isnan(amax).unsqueeze(-1), float("nan"), y)
     # NaN produced by the scaling arithmetic is the canonical positive NaN on the GPU (the sign of
     # a NaN element of x is not propagated; float64 CPU arithmetic would keep it): canonicalise.
     y = torch.where(torch.isnan(y), float("nan"), y)
-    codes = _encode_fp8_trusted(y, flavour, nonfinite, None if nonfinite in _TORCH_POLICIES else m)
+    codes = encode_fp8_trusted(y, flavour, nonfinite, None if nonfinite in TORCH_POLICIES else m)
     if subnormals is Fp8Subnormals.FLUSH:
         codes = _flush_subnormals(codes, y, flavour)
     return codes.reshape(n, d), sbytes
@@ -390,7 +390,7 @@ def dequantize_tiles(
     fn = "dequantize_tiles"
     check_dtype(fn, "codes", codes, (torch.uint8,))
     check_dtype(fn, "scale_bytes", scale_bytes, (torch.uint8,))
-    flavour = _validate_flavour(fn, flavour)
+    flavour = validate_flavour(fn, flavour)
     if codes.dim() == 0 or codes.shape[-1] % TILE != 0 or codes.shape[-1] == 0:
         fail(fn, "codes", f"must have a last dimension that is a positive multiple of {TILE}",
              f"shape {tuple(codes.shape)}")

@@ -83,9 +83,9 @@ __all__ = [
     "flashmla_decode_inputs",
 ]
 
-_COMPRESS_ROPE_THETA = 160000.0  # attention 3.2 / datapath 5: compressed layers
-_MAIN_ROPE_THETA = 10000.0  # SWA-only layers
-_YARN = YarnConfig(16.0, 65536)
+COMPRESS_ROPE_THETA = 160000.0  # attention 3.2 / datapath 5: compressed layers
+MAIN_ROPE_THETA = 10000.0  # SWA-only layers
+YARN_CONFIG = YarnConfig(16.0, 65536)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -197,12 +197,12 @@ def make_weights(spec: LayerSpec, max_pos: int, seed: int = 0, sink_infs: bool =
         sink[1] = math.inf
         sink[2] = -math.inf
     if spec.compressed:
-        cs = cos_sin_cache(max_pos, theta=_COMPRESS_ROPE_THETA, yarn=_YARN)
+        cs = cos_sin_cache(max_pos, theta=COMPRESS_ROPE_THETA, yarn=YARN_CONFIG)
         coff, _ = compressor_geometry(spec.ratio)
         w = (0.5 + 0.5 * torch.rand(HEAD_DIM, generator=g)).to(torch.bfloat16)
         ape = torch.randn(spec.ratio, coff * HEAD_DIM, generator=g) * 0.1
         return LayerWeights(sink, cs, w, ape)
-    return LayerWeights(sink, cos_sin_cache(max_pos, theta=_MAIN_ROPE_THETA))
+    return LayerWeights(sink, cos_sin_cache(max_pos, theta=MAIN_ROPE_THETA))
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ def init_layer_state(spec: LayerSpec, capacity: list[int] | tuple[int, ...], see
 
 
 # --------------------------------------------------------------------------- writers
-def _kv_rows_roped(spec: LayerSpec, weights: LayerWeights, kv: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def kv_rows_roped(spec: LayerSpec, weights: LayerWeights, kv: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return apply_rope(kv, pos, weights.cos_sin, arithmetic=spec.kv_rope).to(torch.bfloat16)
 
 
@@ -279,7 +279,7 @@ def write_tokens(spec: LayerSpec, weights: LayerWeights, state: LayerState, layo
     pos = layout.positions()
     req = layout.token_to_req()
     swa_slots = local_to_global_slots(pos, req, state.swa_block_table, spec.swa_block_size)
-    rows = _kv_rows_roped(spec, weights, kv, pos)
+    rows = kv_rows_roped(spec, weights, kv, pos)
     swa = insert(state.swa_cache, rows, swa_slots, spec.swa_block_size, spec.swa_rule, inplace=donate)
     info: dict = {"swa_slots": swa_slots, "comp_positions": [], "comp_slots": [], "boundaries": []}
     if not spec.compressed:
@@ -358,16 +358,16 @@ def synthetic_history(spec: LayerSpec, weights: LayerWeights, state: LayerState,
         if L == 0:
             continue
         p = torch.arange(max(0, L - spec.window), L)
-        kv = _realistic_rows(p.numel(), g)
+        kv = realistic_rows(p.numel(), g)
         swa_slots.append(local_to_global_slots(p, torch.full_like(p, r), state.swa_block_table, spec.swa_block_size))
-        swa_rows.append(_kv_rows_roped(spec, weights, kv, p))
+        swa_rows.append(kv_rows_roped(spec, weights, kv, p))
         if not spec.compressed:
             continue
         n = L // spec.ratio
         if n:
             j = torch.arange(n)
             comp_slots.append(local_to_global_slots(j, torch.full_like(j, r), state.comp_block_table, spec.comp_bs))
-            comp_rows.append(_realistic_rows(n, g))
+            comp_rows.append(realistic_rows(n, g))
         coff, W = compressor_geometry(spec.ratio)
         sp = torch.arange(max(0, L - W), L)
         rr, vv = (rows_l[r], valid_l[r]) if donate else (rows_l[r].clone(), valid_l[r].clone())
@@ -383,7 +383,7 @@ def synthetic_history(spec: LayerSpec, weights: LayerWeights, state: LayerState,
     return replace(state, swa_cache=swa, comp_cache=comp, state_rows=tuple(rows_l), state_valid=tuple(valid_l))
 
 
-def _realistic_rows(n: int, g: torch.Generator) -> torch.Tensor:
+def realistic_rows(n: int, g: torch.Generator) -> torch.Tensor:
     """bf16 ``[n, 512]``: RMS-normalised Gaussians times U[0.5, 1] (datapath 5.2)."""
     x = torch.randn(n, HEAD_DIM, generator=g, dtype=torch.float64)
     x = x / x.pow(2).mean(dim=1, keepdim=True).sqrt()
@@ -576,7 +576,7 @@ def flashmla_decode_inputs(config: str, seq_lens: list[int], seed: int = 0, scal
     st = synthetic_history(spec, weights, st, [s - 1 for s in seq_lens], seed)
     g = torch.Generator().manual_seed(seed + 1)
     T = len(seq_lens)
-    kv = _realistic_rows(T, g)
+    kv = realistic_rows(T, g)
     coff, _ = compressor_geometry(ratio)
     kv_score = torch.randn(T, 2 * coff * HEAD_DIM, generator=g)
     q = torch.randn(T, spec.num_heads, HEAD_DIM, generator=g).clamp(-1, 1).to(torch.bfloat16)

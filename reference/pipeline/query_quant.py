@@ -51,7 +51,7 @@ from ..constants import (
     V41_MXFP8_GROUP,
 )
 from ..errors import check_dtype, check_rank, check_tensor, fail
-from ..formats.fp8 import _encode_fp8_trusted, pow2_f64
+from ..formats.fp8 import encode_fp8_trusted, pow2_f64
 from ..policies import Fp8Flavour, NonFinite
 
 __all__ = [
@@ -122,7 +122,7 @@ def quantize_query_groups(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     groups = y.to(torch.float32).reshape(t, q // V41_MXFP8_GROUP, V41_MXFP8_GROUP)
     sf = _ue8m0_ceil_bytes(groups.abs().amax(dim=-1))
     scaled = groups.to(torch.float64) * inverse_scales(sf).unsqueeze(-1)  # exact: bf16 times a power of two
-    codes = _encode_fp8_trusted(scaled, Fp8Flavour.E4M3FN, NonFinite.FINITE, None)  # clamp to 448, RNE
+    codes = encode_fp8_trusted(scaled, Fp8Flavour.E4M3FN, NonFinite.FINITE, None)  # clamp to 448, RNE
     return codes.reshape(t, q), sf
 
 

@@ -67,6 +67,7 @@ __all__ = [
     "YarnConfig",
     "CosSinFlavour",
     "cos_sin_cache",
+    "identity_cos_sin",
     "apply_rope",
     "rope_pairs",
     "fma_f32",
@@ -255,6 +256,18 @@ def cos_sin_cache(max_pos: int, rope_dim: int = ROPE_DIM, theta: float = 10000.0
 
 
 # --------------------------------------------------------------------------- apply
+def identity_cos_sin(rows: int = 1, device: str | torch.device = "cpu") -> torch.Tensor:
+    """fp32 ``[rows, 64]`` cos/sin table with ``cos = 1`` (columns 0..31) and ``sin = +0``
+    (columns 32..63), the layout of ``cos_sin_cache``: the table the writers are fed when a stage
+    wants their quantisation without a rotation. It is not an exact identity on every input:
+    ``apply_rope`` through it may turn ``-0.0`` into ``+0.0`` (``e*1 - o*0``), and a non-finite
+    RoPE lane poisons its pair partner (``inf * 0 = nan``)."""
+    check_int("identity_cos_sin", "rows", rows, minimum=1)
+    t = torch.zeros((rows, ROPE_DIM), dtype=torch.float32, device=device)
+    t[:, :HALF_ROPE] = 1.0
+    return t
+
+
 def _as_arith(fn: str, arithmetic: object) -> RopeArithmetic:
     return check_enum(fn, "arithmetic", RopeArithmetic, arithmetic)
 

@@ -75,8 +75,8 @@ def test_the_default_device_is_the_gpu_for_a_gpu_entry_and_the_cpu_otherwise(mon
 
     gpu_entry, cpu_entry = registry.get("flashmla.sparse_decode.sm90"), reference_entry("gather")
     monkeypatch.setattr(api.torch.cuda, "is_available", lambda: True)
-    assert api._device("read_foreign", None, _writer("amax_clamp"), gpu_entry) == "cuda"
-    assert api._device("read_foreign", None, _writer("amax_clamp"), cpu_entry) is None
-    assert api._device("read_foreign", "cpu", gpu_entry) == "cpu"
+    assert api.resolve_device("read_foreign", None, _writer("amax_clamp"), gpu_entry) == "cuda"
+    assert api.resolve_device("read_foreign", None, _writer("amax_clamp"), cpu_entry) is None
+    assert api.resolve_device("read_foreign", "cpu", gpu_entry) == "cpu"
     monkeypatch.setattr(api.torch.cuda, "is_available", lambda: False)
-    assert api._device("read_foreign", None, gpu_entry) is None  # the entry's probe then skips it
+    assert api.resolve_device("read_foreign", None, gpu_entry) is None  # the entry's probe then skips it

@@ -18,7 +18,7 @@ from dsv4_numerics.api.testing import failure_message
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.runner import pool
 
-from tests.api import _faulty_kernels as fk
+from tests.api import faulty_kernels as fk
 
 pytestmark = pytest.mark.dsv4_unreported  # deliberately faulty kernels: not rows of the suite's own matrix
 CASES = dn.cases(fk.STAGE)
@@ -48,7 +48,7 @@ def test_a_fault_a_hang_and_a_raise_are_errors_of_their_cases_and_the_rest_is_ju
     assert (segv.verdict, segv.rule) == ("error", "crash")
     assert "SIGSEGV" in segv.message
     # the child's faulthandler names the kernel's line
-    assert "_faulty_kernels.py" in segv.details["stderr"] and "in faulty" in segv.details["stderr"]
+    assert "faulty_kernels.py" in segv.details["stderr"] and "in faulty" in segv.details["stderr"]
     assert (hang.verdict, hang.rule) == ("error", "timeout") and "timed out after 3 s" in hang.message
     # an exception is the same `call` error as in-process, with the child's traceback
     here = dn.judge(fk.faulty, fk.STAGE, cases=[CASES[3]])[0]
@@ -78,8 +78,8 @@ def test_entries_paths_and_explain_run_isolated():
     assert [(r.entry, r.verdict, r.rule) for r in res] == [("faulty.entry", "pass", "exact"),
                                                          ("faulty.entry", "error", "crash")]
     # a dotted path with a class attribute, as a string
-    res = dn.judge("tests.api._faulty_kernels:Kernels.good", fk.STAGE, cases=CASES[:1], isolate=True)
-    assert [(r.entry, r.verdict) for r in res] == [("user.tests.api._faulty_kernels.Kernels.good", "pass")]
+    res = dn.judge("tests.api.faulty_kernels:Kernels.good", fk.STAGE, cases=CASES[:1], isolate=True)
+    assert [(r.entry, r.verdict) for r in res] == [("user.tests.api.faulty_kernels.Kernels.good", "pass")]
     # explain calls the kernel once per case in the child; a crashed case errors every policy set
     ex = dn.explain(fk.faulty, fk.STAGE, cases=CASES[:2], isolate=True)
     assert not ex.matched
@@ -113,8 +113,8 @@ def test_what_the_child_cannot_import_is_an_input_error_before_any_child_starts(
         with pytest.raises(InputError) as e:
             dn.judge(fn, fk.STAGE, cases=CASES[:1], isolate=True)
         assert "judge: argument 'fn'" in str(e.value) and why in str(e.value) and "module:qualname" in str(e.value)
-    with pytest.raises(InputError, match=r"argument 'fn' 'tests.api._faulty_kernels:nope' names no importable"):
-        dn.judge("tests.api._faulty_kernels:nope", fk.STAGE, isolate=True)
+    with pytest.raises(InputError, match=r"argument 'fn' 'tests.api.faulty_kernels:nope' names no importable"):
+        dn.judge("tests.api.faulty_kernels:nope", fk.STAGE, isolate=True)
     with pytest.raises(InputError, match="argument 'isolate' must be True, False or None"):
         dn.assert_matches_reference(fk.faulty, fk.STAGE, isolate="yes")
     for bad in (0, -1, float("inf"), "3", True):

@@ -19,7 +19,7 @@ from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.attention.fast import (BOUND_OUTPUTS, FAST_BUDGET_BYTES, fast_sparse_attention,
                                                     peak_bytes_estimate_fast)
 from dsv4_numerics.reference.attention.fast_bound import bf16_abs_factor, exact_bits, norm_factor
-from dsv4_numerics.reference.attention.fast_rows import _row_stats, _vmax_finite
+from dsv4_numerics.reference.attention.fast_rows import row_stats, vmax_finite
 from dsv4_numerics.runner.case_files import case_names, load_cases, stage_cases_file
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.cases.attention import decode_case, prefill_case
@@ -69,7 +69,7 @@ def assert_within_bound(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGAT
 _SEGS: dict = {}
 
 
-def _segments(case, stage):
+def case_segments(case, stage):
     key = (stage, case.name, id(case))
     if key not in _SEGS:
         pol = stg.get(stage).policies({})
@@ -94,7 +94,7 @@ N_DEFAULT = sum(len(case_names(s, "default")) for s in ("decode", "prefill"))
 
 
 @functools.lru_cache(maxsize=None)
-def _all_cases():
+def all_cases():
     """The default decode and prefill cases, loaded from the shared case files (``default_cases``
     saved: building them again took ~1 s in each worker that ran one of these tests), then the
     held-out ones."""
@@ -105,9 +105,9 @@ def _all_cases():
 
 @pytest.mark.parametrize("i", range(N_DEFAULT + len(HELD_OUT)))
 def test_default_and_held_out_cases_within_bound(i):
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
-    segs = _segments(case, stage)
+    segs = case_segments(case, stage)
     f, seen = assert_within_bound(inp["q"], segs, inp["scale"], inp.get("sink"))
     # the bound is far below every tolerance it is used against (bf16 ~4e-3 relative, LSE ~1e-5)
     vmax = max(float(s.rows[:, :512].double().nan_to_num(0, 0, 0).abs().max()) for s in segs)
@@ -121,7 +121,7 @@ def test_default_and_held_out_cases_within_bound(i):
 def test_exact_logits_give_identical_max_logits_bits():
     case = default_cases("decode")[0]
     inp = case.inputs
-    segs = _segments(case, "decode")
+    segs = case_segments(case, "decode")
     f = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
     o = sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
     exact_rows = f.bound["max_logits"] == 0
@@ -143,7 +143,7 @@ def test_unstructured_float64_rows_use_the_gamma_bound():
 def test_chunking_and_validation():
     case = default_cases("prefill")[0]
     inp = case.inputs
-    segs = _segments(case, "prefill")
+    segs = case_segments(case, "prefill")
     a = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"), chunk_tokens=1)
     b = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
     for name in BOUND_OUTPUTS:  # a token's result does not depend on its chunk (same GEMM shapes per token)
@@ -164,9 +164,9 @@ def test_chunking_and_validation():
 
 @pytest.mark.parametrize("d_v", [64, 96])
 def test_row_stats_bf16_and_float64_paths(d_v):
-    """``_row_stats`` (``[3, N]``) of a bfloat16 table (float32 norm, lsb from a bits lookup) and of its float64
+    """``row_stats`` (``[3, N]``) of a bfloat16 table (float32 norm, lsb from a bits lookup) and of its float64
     copy (float64 norm, lsb from the float64 bits): identical lsb exponents and ``max |v|`` over
-    the first ``d_v`` dims (on finite rows; ``_vmax_finite`` skips NaN/Inf); norms that, times
+    the first ``d_v`` dims (on finite rows; ``vmax_finite`` skips NaN/Inf); norms that, times
     ``norm_factor(D)``, are upper bounds of the exact norm (checked in rational arithmetic) and
     close to it. Values span subnormals (whose float32 squares underflow: the floor), zeros,
     +-inf, NaN and +-max (whose float32 squares overflow: ``n = inf``, the caller goes ordered)."""
@@ -184,7 +184,7 @@ def test_row_stats_bf16_and_float64_paths(d_v):
     x[63:80] = torch.randn(17, D, generator=g).to(torch.bfloat16)  # ordinary magnitudes
     x[80] = torch.finfo(torch.bfloat16).max
     x[81:90] = (torch.randn(9, D, generator=g) * 2.0**-70).to(torch.bfloat16)  # squares below 2**-126
-    s16, s64 = _row_stats(x, d_v).T, _row_stats(x.double(), d_v).T  # [N, 3] views of [3, N]
+    s16, s64 = row_stats(x, d_v).T, row_stats(x.double(), d_v).T  # [N, 3] views of [3, N]
     assert s16.dtype == torch.float32 and s64.dtype == torch.float64
     n16, n64 = s16[:, 0].double(), s64[:, 0]
     x64 = x.double()
@@ -209,7 +209,7 @@ def test_row_stats_bf16_and_float64_paths(d_v):
     assert torch.equal(s16[:, 2].double()[finite], s64[:, 2][finite])
     assert torch.equal(s16[:, 2].double()[finite], x64[finite, :d_v].abs().amax(dim=1))
     assert not bool(torch.isfinite(s16[60:63, 2]).any())  # NaN/Inf in the first d_v dims: vmax is not finite
-    assert torch.equal(_vmax_finite(x, d_v).double(), x64[:, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().amax(dim=1))
+    assert torch.equal(vmax_finite(x, d_v).double(), x64[:, :d_v].nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).abs().amax(dim=1))
     assert bool((s16[40:60, 1] < -2**13).all()) and bool((s64[40:60, 1] < -2**19).all())  # zero rows: no lsb
 
 
@@ -295,13 +295,13 @@ def test_fast_within_bound_under_hypothesis(prob):
 def assert_pv_abs_matches_ordered(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None,
                                   d_v=None):
     """``want_abs=True`` leaves every output and bound as they were, and its ``pv_abs`` is the
-    ordered oracle's softmax-weighted ``|V|`` (``ordered._run(want_abs=True)``'s ``A``, times the sink
+    ordered oracle's softmax-weighted ``|V|`` (``ordered.run_ordered(want_abs=True)``'s ``A``, times the sink
     factor): from a bfloat16 table an upper bound of it within ``bf16_abs_factor(K)`` (and the
     tiny ``out`` bound), from other tables within the ``out`` bound (the bound's steps 5-6 hold for
     ``|V|`` as for ``V``: same weights, same ``max |v|``); plus 2**-50 relative for this test's own
     sink factor."""
-    from dsv4_numerics.reference.attention.fast import _table_dtype
-    from dsv4_numerics.reference.attention.ordered import AttentionMode, _run
+    from dsv4_numerics.reference.attention.fast import table_dtype
+    from dsv4_numerics.reference.attention.ordered import AttentionMode, run_ordered
 
     kw = dict(nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
     a = fast_sparse_attention(q, segs, scale, sink, want_abs=True, **kw)
@@ -310,7 +310,7 @@ def assert_pv_abs_matches_ordered(q, segs, scale, sink=None, nan_policy=NanPolic
     for name in BOUND_OUTPUTS:
         assert torch.equal(getattr(a, name).nan_to_num(7.0), getattr(b, name).nan_to_num(7.0)), name
         assert torch.equal(a.bound[name], b.bound[name]), name
-    _, lse, _, _, n, A = _run("t", q, segs, scale, sink, d_v, AttentionMode.EXACT, nan_policy, None, True)
+    _, lse, _, _, n, A = run_ordered("t", q, segs, scale, sink, d_v, AttentionMode.EXACT, nan_policy, None, True)
     f = torch.ones_like(lse) if sink is None else 1.0 / (1.0 + torch.exp(sink.to(torch.float64) - lse))
     want = torch.where((n == 0).view(-1, 1, 1), torch.zeros_like(A), A * f.unsqueeze(2))
     fin = torch.isfinite(want) & torch.isfinite(a.pv_abs)
@@ -318,7 +318,7 @@ def assert_pv_abs_matches_ordered(q, segs, scale, sink=None, nan_policy=NanPolic
     slack = (a.bound["out"] + 2.0**-50 * want.abs())[fin]
     got, want = a.pv_abs[fin], want[fin]
     uf = 0.0  # the bfloat16 GEMM's underflow: K 2**-126 (1 + max |v|) at most
-    if _table_dtype(segs, q) == torch.bfloat16:  # one bfloat16 GEMM: an upper bound within its factor
+    if table_dtype(segs, q) == torch.bfloat16:  # one bfloat16 GEMM: an upper bound within its factor
         K = sum(s.idx.shape[1] for s in segs)
         vmax = max([float(s.rows.double().abs().nan_to_num(0.0, 0.0, 0.0).max()) for s in segs if s.rows.numel()] + [0.0])
         uf = K * 2.0**-126 * (1 + vmax)
@@ -464,9 +464,9 @@ def test_oracle_mode_is_validated_and_auto_is_ordered_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the fast oracle's home device)")
 @pytest.mark.parametrize("i", range(N_DEFAULT + len(HELD_OUT)))
 def test_fast_on_gpu_within_bound_of_ordered_on_cpu(i):
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
-    segs = _segments(case, stage)
+    segs = case_segments(case, stage)
     o = sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"))
     dev = torch.device("cuda")
     sink = inp.get("sink")
@@ -594,11 +594,11 @@ def test_the_host_vector_keeps_lengths_counts_and_sink_checks_exact_under_every_
 
 @pytest.mark.parametrize("piece", [None, 1, 2, 5])
 def test_ordered_dots_are_the_fixed_order_dot_of_each_position_in_any_piece(piece):
-    """``fast._ordered_dots`` (the logits of rows that must take the ordered oracle's: NaN/Inf or
+    """``fast.ordered_dots`` (the logits of rows that must take the ordered oracle's: NaN/Inf or
     huge products) equals, bit for bit, the definition position by position -- ``acc = +0``, then
     ``acc = fl(acc + fl(q_d k_d))`` for d = 0..D-1, then ``fl(acc * scale)`` -- for positions in any
     order, any subset of tokens, NaN and +-Inf products included, whatever the token pieces."""
-    from dsv4_numerics.reference.attention.fast import _ordered_dots
+    from dsv4_numerics.reference.attention.fast import ordered_dots
 
     g = torch.Generator().manual_seed(17)
     c, H, K, D = 5, 3, 7, 16
@@ -614,6 +614,6 @@ def test_ordered_dots_are_the_fixed_order_dot_of_each_position_in_any_piece(piec
         for d in range(D):
             want = want + qc[t, h, d] * rows[t, k, d]
         want = want * 0.125
-        got = _ordered_dots(qc, rows, where, 0.125, piece)
+        got = ordered_dots(qc, rows, where, 0.125, piece)
         assert torch.equal(got.view(torch.int64), want.view(torch.int64))
-    assert bool(torch.isnan(_ordered_dots(qc, rows, every, 0.125, piece)).any())  # the cases are there
+    assert bool(torch.isnan(ordered_dots(qc, rows, every, 0.125, piece)).any())  # the cases are there

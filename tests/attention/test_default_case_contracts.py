@@ -108,9 +108,9 @@ def test_triton_compressor_adapter_on_default_cases_with_reference_fake(monkeypa
     """The Triton entry (its real adapter, a reference fake kernel) passes every default case
     through the matrix runner; a corrupted record or a stray byte fails the compressor tier."""
     from dsv4_numerics.kernels import registry
-    from tests.kernels.test_adapters_vllm import _fake_compressor
+    from tests.kernels.test_adapters_vllm import fake_compressor
 
-    _fake_compressor(monkeypatch)
+    fake_compressor(monkeypatch)
     import dataclasses
 
     entry = dataclasses.replace(registry.get("vllm_triton.compress_norm_rope_store"), probe=lambda: None)

@@ -18,8 +18,8 @@ from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.attention.fast_buckets import bucket, flat_signature, pad_call, padded_shapes, write_padded
 from dsv4_numerics.reference.policies import IndexRule
 
-from .test_attention_fast import N_DEFAULT, _all_cases, _segments, assert_matches_ordered, segments_on
-from .test_fast_graphs import _inputs
+from .test_attention_fast import N_DEFAULT, all_cases, case_segments, assert_matches_ordered, segments_on
+from .test_fast_graphs import graph_inputs
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 
@@ -37,9 +37,9 @@ def test_bucket_grid():
 
 @functools.lru_cache(maxsize=None)
 def _ordered(i):
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
-    return sparse_attention(inp["q"], _segments(case, stage), inp["scale"], inp.get("sink"))
+    return sparse_attention(inp["q"], case_segments(case, stage), inp["scale"], inp.get("sink"))
 
 
 # N_DEFAULT (test_attention_fast): the default decode and prefill cases; the held-out cases follow
@@ -52,9 +52,9 @@ def _bit_equal(a, b) -> bool:
 @pytest.mark.parametrize("i", [0, N_DEFAULT - 1])  # a decode and a prefill case
 def test_ordered_oracle_of_the_padded_call_is_bit_identical(i):
     # the claim the bucketed bound rests on (fast_buckets docstring)
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
-    segs = _segments(case, stage)
+    segs = case_segments(case, stage)
     qp, sp = pad_call(inp["q"], segs)
     assert qp.shape[0] == bucket(inp["q"].shape[0]) and [s.idx.shape[1] for s in sp] == [
         bucket(s.idx.shape[1]) for s in segs]
@@ -68,9 +68,9 @@ def test_ordered_oracle_of_the_padded_call_is_bit_identical(i):
 
 @pytest.mark.parametrize("i", range(N_DEFAULT))
 def test_bucketed_fast_result_within_its_bound_on_every_default_case(i):
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
-    segs = _segments(case, stage)
+    segs = case_segments(case, stage)
     o = _ordered(i)
     f = fast_sparse_attention(inp["q"], segs, inp["scale"], inp.get("sink"), bucket=True)
     assert_matches_ordered(f, o)  # shapes, non-finite values, n_valid and |fast - ordered| <= bound
@@ -81,10 +81,10 @@ def test_bucketed_fast_result_within_its_bound_on_every_default_case(i):
 
 
 def test_validation_errors_are_the_original_arguments():
-    q, segs, sink = _inputs(3, T=5, K=12, N=40)
+    q, segs, sink = graph_inputs(3, T=5, K=12, N=40)
     s = segs[0]
     assert padded_shapes(5, segs) == (6, [(48, 12)])
-    q, segs, sink = _inputs(3, T=5, K=10, N=40)  # K' = 12: a length of 11 or 12 is still an error
+    q, segs, sink = graph_inputs(3, T=5, K=10, N=40)  # K' = 12: a length of 11 or 12 is still an error
     s = segs[0]
     for bad_len in (11, 12):
         ln = s.length.clone()
@@ -116,7 +116,7 @@ def test_no_lengths_pads_to_the_issued_width():
     """Without lengths every column is in the prefix: the padded call's implied length is its own
     padded K, which the deferred check must accept (seen on the H200: the FlashMLA sweep fuzz and
     the graph test without lengths raised the internal 'deferred validation' assertion)."""
-    q, segs, sink = _inputs(17, T=6, H=4, N=30, K=10)
+    q, segs, sink = graph_inputs(17, T=6, H=4, N=30, K=10)
     s = segs[0]
     for rule in (IndexRule.MINUS1_ONLY, IndexRule.ANY_OUT_OF_RANGE_INVALID):
         none = [Segment(s.rows, s.idx.clamp(min=0), None, rule)]
@@ -179,8 +179,8 @@ def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
     fast_graphs.CACHE.clear()
     c0 = fast_graphs.CACHE.stats()
     dev = "cuda"
-    qa, sa, sink = _inputs(21, T=7, K=11, N=45, dev=dev)  # bucket (8, 12, 48)
-    qb, sb, _ = _inputs(22, T=8, K=12, N=48, dev=dev)  # a new shape, the same bucket
+    qa, sa, sink = graph_inputs(21, T=7, K=11, N=45, dev=dev)  # bucket (8, 12, 48)
+    qb, sb, _ = graph_inputs(22, T=8, K=12, N=48, dev=dev)  # a new shape, the same bucket
     for _ in range(2):  # the second call of the bucket captures
         f = fast_sparse_attention(qa, sa, 0.125, sink)
     c1 = fast_graphs.CACHE.stats()

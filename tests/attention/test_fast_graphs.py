@@ -17,12 +17,12 @@ from dsv4_numerics.reference.attention.fast import BOUND_OUTPUTS, fast_sparse_at
 from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import IndexRule
 
-from .test_attention_fast import HELD_OUT, N_DEFAULT, _all_cases, _segments, assert_matches_ordered, segments_on
+from .test_attention_fast import HELD_OUT, N_DEFAULT, all_cases, case_segments, assert_matches_ordered, segments_on
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
 
 
-def _inputs(seed: int, T=5, H=4, D=64, N=40, K=12, dev="cpu", nan_row=None):
+def graph_inputs(seed: int, T=5, H=4, D=64, N=40, K=12, dev="cpu", nan_row=None):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(T, H, D, generator=g).to(torch.bfloat16)
     rows = (torch.randn(N, D, generator=g) * 3).to(torch.bfloat16)
@@ -43,7 +43,7 @@ def _check(f, q, segs, scale, sink, **kw):
 
 
 def test_graph_argument_is_validated():
-    q, segs, sink = _inputs(1)
+    q, segs, sink = graph_inputs(1)
     with pytest.raises(InputError, match="graph"):
         fast_sparse_attention(q, segs, 0.125, sink, graph="yes")
 
@@ -66,10 +66,10 @@ def test_replay_within_bound_and_owned(i):
     """Capture on a case, replay it with another case's data of the same signature (a second
     seed), then check both results against the ordered oracle: the first result must not have
     changed when the second call replayed."""
-    stage, case = _all_cases()[i]
+    stage, case = all_cases()[i]
     inp = case.inputs
     dev = torch.device("cuda")
-    segs = segments_on(_segments(case, stage), dev)
+    segs = segments_on(case_segments(case, stage), dev)
     sink = inp.get("sink")
     sink = None if sink is None else sink.to(dev)
     q = inp["q"].to(dev)
@@ -83,12 +83,12 @@ def test_replay_within_bound_and_owned(i):
     for n in BOUND_OUTPUTS:
         assert torch.equal(getattr(f1, n).nan_to_num(), keep[n].nan_to_num()), n
     for f, qq in ((f1, q), (f2, q2)):
-        assert_matches_ordered(f, sparse_attention(qq.cpu(), _segments(case, stage), inp["scale"], inp.get("sink")))
+        assert_matches_ordered(f, sparse_attention(qq.cpu(), case_segments(case, stage), inp["scale"], inp.get("sink")))
 
 
 @cuda
 def test_default_captures_on_the_second_call_and_matches_eager():
-    q, segs, sink = _inputs(7, T=6, H=8, N=50, K=16, dev="cuda")
+    q, segs, sink = graph_inputs(7, T=6, H=8, N=50, K=16, dev="cuda")
     fast_graphs.CACHE.clear()
     c0 = fast_graphs.CACHE.stats()["captures"]
     e = fast_sparse_attention(q, segs, 0.125, sink, graph=False)
@@ -104,7 +104,7 @@ def test_default_captures_on_the_second_call_and_matches_eager():
 
 @cuda
 def test_replay_raises_the_deferred_validation_errors():
-    q, segs, sink = _inputs(11, dev="cuda")
+    q, segs, sink = graph_inputs(11, dev="cuda")
     fast_sparse_attention(q, segs, 0.125, sink, graph=True)
     s = segs[0]
     bad_len = [Segment(s.rows, s.idx, s.length.clone().fill_(99), s.rule)]
@@ -119,9 +119,9 @@ def test_replay_raises_the_deferred_validation_errors():
 
 @cuda
 def test_replay_recomputes_rows_that_need_ordered_logits():
-    q, segs, sink = _inputs(5, dev="cuda")
+    q, segs, sink = graph_inputs(5, dev="cuda")
     fast_sparse_attention(q, segs, 0.125, sink, graph=True)
-    q2, segs2, _ = _inputs(5, dev="cuda", nan_row=list(range(0, 40, 3)))  # NaN in valid rows
+    q2, segs2, _ = graph_inputs(5, dev="cuda", nan_row=list(range(0, 40, 3)))  # NaN in valid rows
     f = fast_sparse_attention(q2, segs2, 0.125, sink, graph=True)
     assert any(bool(torch.isnan(getattr(f, n)).any()) for n in ("out", "lse"))
     _check(f, q2, segs2, 0.125, sink)
@@ -131,7 +131,7 @@ def test_replay_recomputes_rows_that_need_ordered_logits():
 def test_a_graph_larger_than_the_cache_is_dropped_and_the_call_stays_correct(monkeypatch):
     small = fast_graphs.GraphCache(max_bytes=1)
     monkeypatch.setattr(fast_graphs, "CACHE", small)
-    q, segs, sink = _inputs(13, dev="cuda")
+    q, segs, sink = graph_inputs(13, dev="cuda")
     f = fast_sparse_attention(q, segs, 0.125, sink, graph=True)
     st = small.stats()
     assert st["entries"] == 0 and st["captures"] == 0 and any("more than" in v for v in st["failed"].values()), st
@@ -150,7 +150,7 @@ def test_every_call_shape_captures(variant, monkeypatch):
     (``pv_abs``: the eager call's, to float64 rounding)."""
     cache = fast_graphs.GraphCache()
     monkeypatch.setattr(fast_graphs, "CACHE", cache)
-    q, segs, sink = _inputs(17, T=6, H=4, N=30, K=10, dev="cuda")
+    q, segs, sink = graph_inputs(17, T=6, H=4, N=30, K=10, dev="cuda")
     s = segs[0]
     kw = {}
     if variant == "chunks":

@@ -24,7 +24,7 @@ from dsv4_numerics.reference.formats.fp8 import decode_e4m3fn, decode_fp8, decod
 from dsv4_numerics.reference.policies import Fp8Flavour, V41Record
 from dsv4_numerics.strategies.v41 import v41_decode_cases
 
-from tests.mutants import MutantEntry, _attn_out
+from tests.mutants import MutantEntry, attn_out
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,7 +80,7 @@ def _reader(layout: str) -> MutantEntry:
 
     def call(case):
         segs = v41_decode_segments(case, {}, layout=layout)
-        return _attn_out(sparse_attention(case.inputs["q"], segs, case.inputs["scale"], case.inputs["sink"]))
+        return attn_out(sparse_attention(case.inputs["q"], segs, case.inputs["scale"], case.inputs["sink"]))
 
     return MutantEntry(f"reader.{layout}", "v41_sparse_decode", "cross-producer check", call, {"v41_layout": layout})
 

@@ -139,10 +139,10 @@ def test_check_json_schema_and_table(tmp_path, toy, capsys):
 
 
 def test_import_and_list_via_cli(tmp_path, toy, capsys):
-    from .test_golden import _kernel_fixture
+    from .test_golden import kernel_fixture
 
     src, dst = tmp_path / "gpu", tmp_path / "repo"
-    _kernel_fixture(src)
+    kernel_fixture(src)
     assert main(["fixtures", "regen", "--root", str(dst), "-q"]) == 0
     assert main(["fixtures", "import", str(src), "--root", str(dst)]) == 0
     capsys.readouterr()

@@ -129,7 +129,7 @@ def test_load_fixture_round_trips_case_inputs(tmp_path):
     assert out["out"].tolist() == [1, 2, 3, 4, 5, 6]
 
 
-def _kernel_fixture(src, outputs_shift=0.0):
+def kernel_fixture(src, outputs_shift=0.0):
     cat = toy_catalog()
     case = cat.cases("toy_numeric")[0]
     outs = {"out": case.inputs["q"] * 2.0 + outputs_shift}
@@ -142,7 +142,7 @@ def _kernel_fixture(src, outputs_shift=0.0):
 
 def test_import_brings_recorded_fixtures_and_refuses_silent_replacement(tmp_path):
     src, dst = tmp_path / "gpu-out", tmp_path / "repo"
-    _kernel_fixture(src)
+    kernel_fixture(src)
     golden.regen(dst, toy_catalog())
     o = golden.import_fixtures(src, dst)
     assert o.wrote and o.count("new") == 1
@@ -152,7 +152,7 @@ def test_import_brings_recorded_fixtures_and_refuses_silent_replacement(tmp_path
     assert golden.import_fixtures(src, dst).count("unchanged") == 1
     # a different recording under the same name: refused, then accepted
     src2 = tmp_path / "gpu-out-2"
-    _kernel_fixture(src2, outputs_shift=0.5)
+    kernel_fixture(src2, outputs_shift=0.5)
     o = golden.import_fixtures(src2, dst)
     assert o.needs_accept and not o.wrote
     assert golden.import_fixtures(src2, dst, accept=True).wrote
@@ -164,7 +164,7 @@ def test_import_brings_recorded_fixtures_and_refuses_silent_replacement(tmp_path
 
 
 def test_kernel_fixture_is_judged_through_the_judge_with_recorded_scope(tmp_path):
-    _kernel_fixture(tmp_path)
+    kernel_fixture(tmp_path)
     seen = {}
 
     def judge(entry, case):

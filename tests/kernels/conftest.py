@@ -66,7 +66,7 @@ def _workdir(tag: str) -> str:
     return tempfile.mkdtemp(prefix=f"dsv4-{tag}-")
 
 
-def _device() -> str:
+def kernel_device() -> str:
     return os.environ.get("DSV4_KERNEL_DEVICE", "cuda:0")
 
 
@@ -149,7 +149,7 @@ def kernel_session():
 # what the matrix reports) with the ordered oracle's verdict alongside, from ONE kernel call per
 # case -- test_oracle_modes_gpu.py checks the two agree from the same cached results instead of
 # running every decode/prefill entry a second time.
-BOTH_MODES = "tests.kernels._both_modes:both"
+BOTH_MODES = "tests.kernels.both_modes:both"
 
 
 def both_modes(entry, device: str) -> bool:
@@ -197,7 +197,7 @@ def kernel_results(request):
             names = case_names(entry.stage)
             if group is not None:
                 names = case_groups(entry, names)[group]
-            device = "cpu" if _runs_on_cpu(entry) else _device()
+            device = "cpu" if _runs_on_cpu(entry) else kernel_device()
             kw = dict(device=device, cases_file=path, judge=BOTH_MODES if both_modes(entry, device) else None,
                       probe=True, workdir=_workdir(key.replace("#", "-")))
             _CACHE[key] = run_group(entry_name, names, kernel_session, **kw)
@@ -234,7 +234,7 @@ def run_cases_isolated(kernel_session):
         wd = _workdir(f"{entry_name}-batch{counter[0]}")
         path = os.path.join(wd, "cases.safetensors")
         save_cases(list(cases), path)
-        return run_isolated(entry_name, [c.name for c in cases], device=_device(), cases_file=path,
+        return run_isolated(entry_name, [c.name for c in cases], device=kernel_device(), cases_file=path,
                             mode=mode, case_timeout_s=case_timeout_s, workdir=wd, env=_child_env(),
                             session=kernel_session)
 

@@ -15,13 +15,16 @@ import pytest
 import torch
 
 from dsv4_numerics.kernels.vllm import rocm_triton as RT
+from dsv4_numerics.kernels import convert as CV
 from dsv4_numerics.kernels.vllm import cuda as VC
+from dsv4_numerics.kernels.vllm import writer_args as WA
 from dsv4_numerics.kernels.vllm import triton as VT
 from dsv4_numerics.kernels.registry import validate_entry
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import RopeArithmetic
-from dsv4_numerics.reference.pipeline.rope import apply_rope
+from dsv4_numerics.reference.pipeline.rope import apply_rope, identity_cos_sin
+from dsv4_numerics.reference.storage import clone_storage
 
 P64 = 37440  # round_up(64*584, 576) = 65*576 (datapath 1.2)
 
@@ -60,7 +63,7 @@ def test_probes_give_reasons_on_a_cpu_machine():
 
 
 def test_identity_table_is_cos_one_sin_plus_zero():
-    t = VC.identity_cos_sin_cache(3)
+    t = identity_cos_sin(3)
     assert t.dtype == torch.float32 and tuple(t.shape) == (3, 64)
     assert torch.equal(t[:, :32], torch.ones(3, 32))
     # sin = +0.0 exactly: every bit of the fp32 word is 0
@@ -77,7 +80,7 @@ def test_identity_rope_signed_zero_and_nonfinite_effects_documented_in_vllm_cuda
     #   pair (e, o) = (inf, 1): o' = fma(inf, +0, 1) = NaN                        (partner poisoned)
     x = torch.zeros(1, 512)
     x[0, 448:456] = torch.tensor([-0.0, -1.0, 2.0, -0.0, -0.0, 3.0, float("inf"), 1.0])
-    y = apply_rope(x, torch.zeros(1, dtype=torch.int64), VC.identity_cos_sin_cache(1), False,
+    y = apply_rope(x, torch.zeros(1, dtype=torch.int64), identity_cos_sin(1), False,
                    RopeArithmetic.FMA)
     bits = y[0, 448:456].view(torch.int32).tolist()
     assert bits[0] == 0x00000000  # +0
@@ -90,7 +93,7 @@ def test_identity_rope_signed_zero_and_nonfinite_effects_documented_in_vllm_cuda
     # finite rows without -0 in the RoPE dims pass through unchanged
     k = _rows(4)
     k[:, 448:] = torch.where(k[:, 448:] == 0, torch.ones_like(k[:, 448:]), k[:, 448:])
-    same = apply_rope(k, torch.zeros(4, dtype=torch.int64), VC.identity_cos_sin_cache(1), False,
+    same = apply_rope(k, torch.zeros(4, dtype=torch.int64), identity_cos_sin(1), False,
                       RopeArithmetic.FMA).to(torch.bfloat16)
     assert torch.equal(same.view(torch.int16), k.view(torch.int16))
 
@@ -100,19 +103,19 @@ def test_identity_rope_signed_zero_and_nonfinite_effects_documented_in_vllm_cuda
 
 def test_paged_views_address_the_page_split_bytes():
     cache = _cache(3, P64)
-    v3 = VC.paged_cache_3d(cache, 64)
+    v3 = CV.paged_cache_3d(cache, 64)
     assert tuple(v3.shape) == (3, 64, 584) and v3.stride() == (P64, 584, 1)
     # element [1, 2, 5] of the kernel view is byte 1*37440 + 2*584 + 5 = 38613 of the buffer
     assert int(v3[1, 2, 5]) == int(cache.flatten()[38613])
-    v2 = VC.paged_cache_2d(v3, 64)  # back from the kernel view to [nb, page_stride]
+    v2 = CV.paged_cache_2d(v3, 64)  # back from the kernel view to [nb, page_stride]
     assert tuple(v2.shape) == (3, P64) and v2.stride() == (P64, 1)
     assert v2.data_ptr() == cache.data_ptr()
 
 
 def test_clone_storage_keeps_layout_and_page_tails_but_not_the_storage():
     cache = _cache(2, P64)
-    view = VC.paged_cache_3d(cache, 64)
-    c = VC.clone_storage(view)
+    view = CV.paged_cache_3d(cache, 64)
+    c = clone_storage(view)
     assert c.stride() == view.stride() and c.shape == view.shape
     assert c.untyped_storage().data_ptr() != cache.untyped_storage().data_ptr()
     # the page tail bytes [64*584, 37440) of page 0 are outside the view but copied
@@ -129,14 +132,14 @@ def test_clone_storage_keeps_layout_and_page_tails_but_not_the_storage():
 ])
 def test_cache_geometry_errors_name_the_argument(bad, rule):
     with pytest.raises(InputError, match=rf"paged_cache_2d: argument 'cache'.*{re.escape(rule)}"):
-        VC.paged_cache_2d(bad, 64)
+        CV.paged_cache_2d(bad, 64)
 
 
 def test_storage_must_hold_whole_pages():
     buf = torch.zeros(64 * 584 + P64, dtype=torch.uint8)  # 1 page + the used part of a 2nd
     view = torch.as_strided(buf, (2, 64, 584), (P64, 584, 1))
     with pytest.raises(InputError, match="num_blocks\\*page_stride = 74880"):
-        VC.paged_cache_2d(view, 64)
+        CV.paged_cache_2d(view, 64)
 
 
 # --------------------------------------------------------------------------- CUDA writers
@@ -150,13 +153,13 @@ def _swa_inputs(slots, n=3):
 def test_swa_write_args_match_the_attention_py_call_site():
     inp = _swa_inputs([5, -1, 70])
     before = inp["cache"].clone()
-    a = VC.swa_write_args(inp)
+    a = WA.swa_write_args(inp)
     assert a["q_in"].dtype == torch.bfloat16 and tuple(a["q_in"].shape) == (3, 64, 512)
     assert not a["q_in"].any() and a["q_head_padded"] == 64 and a["cache_block_size"] == 64
     assert a["kv"].is_contiguous() and torch.equal(a["kv"].view(torch.int16), inp["k"].view(torch.int16))
     assert a["slot_mapping"].dtype == torch.int64 and a["slot_mapping"].tolist() == [5, -1, 70]
     assert a["position_ids"].dtype == torch.int64 and a["position_ids"].tolist() == [0, 0, 0]
-    assert torch.equal(a["cos_sin_cache"], VC.identity_cos_sin_cache(1))
+    assert torch.equal(a["cos_sin_cache"], identity_cos_sin(1))
     k2 = a["k_cache"]
     assert tuple(k2.shape) == (2, P64) and k2.stride() == (P64, 1)
     assert k2.data_ptr() != inp["cache"].data_ptr()
@@ -169,7 +172,7 @@ def test_writable_pages_repack_strides_the_kernels_cannot_take_and_copy_back():
     # page stride 2*584 + 7 = 1175: odd (a legal canonical stride, never a vLLM one)
     cache = _cache(3, 2 * 584 + 7)
     before = cache.clone()
-    pages, finish = VC.writable_pages(cache, 2, 16)
+    pages, finish = CV.writable_pages(cache, 2, 16)
     # round_up(1175, 16) = 1184; the used bytes [0, 1168) of every page copied over
     assert tuple(pages.shape) == (3, 1184) and pages.stride() == (1184, 1)
     assert torch.equal(pages[:, :1168], cache[:, :1168]) and not pages[:, 1168:].any()
@@ -182,16 +185,16 @@ def test_writable_pages_repack_strides_the_kernels_cannot_take_and_copy_back():
     assert torch.equal(out, want)
     # an aligned stride is written in place in a plain copy
     c2 = _cache(2, P64)
-    p2, f2 = VC.writable_pages(c2, 64, 16)
+    p2, f2 = CV.writable_pages(c2, 64, 16)
     assert p2.stride() == (P64, 1) and f2().data_ptr() == p2.data_ptr()
 
 
 def test_readable_pages_repack_only_odd_strides():
     even = _cache(2, 53 * 584)  # 30952 = 8 * 3869: fine for 2-byte alignment, no copy
-    v = VC.readable_pages(even, 53, VC.TRITON_PAGE_ALIGN)
+    v = CV.readable_pages(even, 53, CV.TRITON_PAGE_ALIGN)
     assert v.data_ptr() == even.data_ptr() and v.stride() == (30952, 584, 1)
     odd = _cache(2, 2 * 584 + 3)
-    v = VC.readable_pages(odd, 2, VC.TRITON_PAGE_ALIGN)
+    v = CV.readable_pages(odd, 2, CV.TRITON_PAGE_ALIGN)
     assert v.stride() == (1172, 584, 1) and torch.equal(v[1, 1], odd[1, 584:1168])
 
 
@@ -199,23 +202,23 @@ def test_swa_write_args_pass_positions_and_table_when_the_writer_ropes():
     inp = _swa_inputs([0, 1, 2])
     inp["positions"] = torch.tensor([4, 0, 9], dtype=torch.int32)
     inp["cos_sin_cache"] = torch.rand(10, 64)
-    a = VC.swa_write_args(inp)
+    a = WA.swa_write_args(inp)
     assert a["position_ids"].dtype == torch.int64 and a["position_ids"].tolist() == [4, 0, 9]
     assert a["cos_sin_cache"] is not None and tuple(a["cos_sin_cache"].shape) == (10, 64)
     inp["positions"] = torch.tensor([4, 0, 10])
     with pytest.raises(InputError, match="argument 'positions'"):
-        VC.swa_write_args(inp)
+        WA.swa_write_args(inp)
 
 
 def test_swa_write_args_reject_more_slots_than_rows():
     inp = _swa_inputs([0, 1, 2, 3])
     with pytest.raises(InputError, match="argument 'slot_mapping'.*len\\(slot_mapping\\) <= N"):
-        VC.swa_write_args(inp)
+        WA.swa_write_args(inp)
 
 
 def test_kv_rope_insert_args_cut_rows_to_the_slot_mapping():
     inp = _swa_inputs([3, 9], n=4)  # two DP-padding rows at the end
-    a = VC.kv_rope_insert_args(inp)
+    a = WA.kv_rope_insert_args(inp)
     assert tuple(a["kv"].shape) == (2, 512) and tuple(a["position_ids"].shape) == (2,)
     assert a["k_cache"].stride() == (P64, 584, 1) and tuple(a["k_cache"].shape) == (2, 64, 584)
     assert a["fp8_scale"] is None and a["kv_mxfp8"] is False
@@ -226,12 +229,12 @@ def test_plain_write_args_per_layout():
     bf = {"k": k, "slot_mapping": torch.tensor([1, 0]), "block_size": 16, "num_blocks": 2,
           "layout": "bf16", "kv_scale": 1.0, "cache": torch.zeros(2, 16, 512, dtype=torch.bfloat16)}
     with pytest.raises(UnsupportedCase, match="layout='bf16'"):
-        VC.plain_write_args(bf, "fp8")
-    a = VC.plain_write_args(bf, "bf16")
+        WA.plain_write_args(bf, "fp8")
+    a = WA.plain_write_args(bf, "bf16")
     assert a["k_cache"].dtype == torch.bfloat16 and a["k_cache"].data_ptr() != bf["cache"].data_ptr()
     assert "q_fp8" not in a and tuple(a["q"].shape) == (2, 64, 512)
     f8 = dict(bf, layout="fp8", kv_scale=2.0, cache=torch.full((2, 16, 512), 0x11, dtype=torch.uint8))
-    a = VC.plain_write_args(f8, "fp8")
+    a = WA.plain_write_args(f8, "fp8")
     assert a["k_cache"].dtype == torch.float8_e4m3fn and a["_out"].dtype == torch.uint8
     assert a["k_cache"].data_ptr() == a["_out"].data_ptr()
     assert a["fp8_scale"].dtype == torch.float32 and a["fp8_scale"].tolist() == [2.0]
@@ -600,7 +603,7 @@ def test_adapters_plumb_every_default_case_into_reference_fakes(entry_name, monk
     assert ran > 0, f"{entry_name} ran no default case"
 
 
-def _fake_compressor(monkeypatch):
+def fake_compressor(monkeypatch):
     """compress_norm_rope_store_triton with the production signature, computed by the reference
     from the paged state it is handed (window rows through the block table)."""
     import sys
@@ -639,7 +642,7 @@ def test_compressor_adapter_plumbing_with_a_reference_fake(monkeypatch):
     from dsv4_numerics.kernels import registry
     from tests.kernels.test_fuzz_writers import C4_PROD, CompressorSpec, assert_compressor_within_tier, compressor_expected
 
-    _fake_compressor(monkeypatch)
+    fake_compressor(monkeypatch)
     entry = registry.get("vllm_triton.compress_norm_rope_store")
     for spec in (C4_PROD, CompressorSpec(4, (13,), (6,), 3, 3, 9, padding=(5,))):
         want, slots, bound = compressor_expected(spec)

@@ -22,7 +22,7 @@ from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 from dsv4_numerics.reference.errors import InputError
 
-FAKE = "tests.kernels._fake_entries:FAKE"
+FAKE = "tests.kernels.fake_entries:FAKE"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -138,7 +138,7 @@ def test_maybe_start_hands_its_address_to_the_workers(monkeypatch):
         assert len(broker.pool.sessions) == 3
     finally:
         broker.close()
-        wb._CONN.clear()  # this test's connection, not left to the next
+        wb.CONNECTIONS.clear()  # this test's connection, not left to the next
 
 
 @pytest.mark.slow

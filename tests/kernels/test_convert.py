@@ -92,7 +92,7 @@ def test_flashinfer_combined_table_and_lengths():
     swa = torch.tensor([[3, 4, -1], [7, -1, -1]], dtype=torch.int32)
     ext = torch.tensor([[10, 11, 12, -1, -1], [20, -1, -1, -1, -1]], dtype=torch.int32)
     d = _decode_inputs(swa, torch.tensor([2, 1], dtype=torch.int32), ext, torch.tensor([3, 1], dtype=torch.int32))
-    table, lens = FI._combined_table(d)
+    table, lens = FI.combined_table(d)
     # 128 SWA columns (3 given, 125 of -1), then the 5 compressed columns padded to 8 (multiple of 4)
     assert table.shape == (2, 136) and table.dtype == torch.int32
     assert table[0, :4].tolist() == [3, 4, -1, -1] and table[0, 128:].tolist() == [10, 11, 12, -1, -1, -1, -1, -1]
@@ -100,7 +100,7 @@ def test_flashinfer_combined_table_and_lengths():
     # lengths include the 128 SWA columns: 128 + 3, 128 + 1
     assert lens.tolist() == [131, 129]
     # SWA-only: exactly 128 columns, length 128 (no compressed column is active)
-    t2, l2 = FI._combined_table(_decode_inputs(swa, torch.tensor([2, 1], dtype=torch.int32)))
+    t2, l2 = FI.combined_table(_decode_inputs(swa, torch.tensor([2, 1], dtype=torch.int32)))
     assert t2.shape == (2, 128) and l2.tolist() == [128, 128]
 
 
@@ -110,9 +110,9 @@ def test_flashinfer_swa_window_from_seq_lens():
     pos = torch.tensor([4, 500, 127])
     # one token per request: window = clamp(seq_len, 0, 128), so seq_len = swa_len, or position + 1
     # when the window is full (position 500 -> 501; position 127 -> 128)
-    assert FI._swa_seq_lens(_decode_inputs(swa, lens, positions=pos), "k").tolist() == [5, 501, 128]
-    assert FI._swa_seq_lens(_decode_inputs(swa, lens), "k").tolist() == [5, 128, 128]
+    assert FI.swa_seq_lens(_decode_inputs(swa, lens, positions=pos), "k").tolist() == [5, 501, 128]
+    assert FI.swa_seq_lens(_decode_inputs(swa, lens), "k").tolist() == [5, 128, 128]
     with pytest.raises(UnsupportedCase, match="empty SWA window"):
-        FI._swa_seq_lens(_decode_inputs(swa, torch.tensor([0, 1, 1], dtype=torch.int32)), "k")
+        FI.swa_seq_lens(_decode_inputs(swa, torch.tensor([0, 1, 1], dtype=torch.int32)), "k")
     with pytest.raises(UnsupportedCase, match="exactly 128 SWA columns"):
-        FI._swa_seq_lens(_decode_inputs(torch.zeros(1, 129, dtype=torch.int32), None), "k")
+        FI.swa_seq_lens(_decode_inputs(torch.zeros(1, 129, dtype=torch.int32), None), "k")

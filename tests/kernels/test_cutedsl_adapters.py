@@ -51,8 +51,8 @@ def test_compressor_adapter_aligns_every_argument(monkeypatch):
         seen.update(kw)
 
     monkeypatch.setattr(vllm_triton, "compressor_args", fake_args)
-    monkeypatch.setattr(cutedsl, "_module", lambda name: SimpleNamespace(_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL=kernel))
-    cutedsl._compressor_call(SimpleNamespace(inputs={}))
+    monkeypatch.setattr(cutedsl, "cute_module", lambda name: SimpleNamespace(_SPARSE_ATTN_COMPRESSOR_CUTEDSL_KERNEL=kernel))
+    cutedsl.compressor_call(SimpleNamespace(inputs={}))
     for name, nbytes in cutedsl.COMPRESSOR_ALIGN.items():
         assert seen[name].data_ptr() % nbytes == 0, name
     assert seen["k_cache_metadata"].slot_mapping.data_ptr() % 64 == 0

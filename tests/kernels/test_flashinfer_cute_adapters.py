@@ -1,6 +1,6 @@
 """FlashInfer (SM100 / SM120) and CuTe-DSL adapters on CPU, against stand-ins that enforce the
 real argument contracts and answer in the kernels' own conventions
-(tests/kernels/_fake_flashinfer.py). These kernels cannot run on the project's H200; these tests
+(tests/kernels/fake_flashinfer.py). These kernels cannot run on the project's H200; these tests
 pin the conversions the adapters make: the mixed table, the SWA window carried by ``seq_lens``,
 head padding to FlashInfer's set, the SM120 base-2 sink-merged LSE back to natural units, and the
 CuTe gather's 32-byte page repack. Expected values: the reference on the canonical inputs."""
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-import tests.kernels._fake_flashinfer as FAKE
+import tests.kernels.fake_flashinfer as FAKE
 from dsv4_numerics.kernels.vllm import cutedsl
 from dsv4_numerics.kernels.flashinfer import mla as flashinfer
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
@@ -34,8 +34,8 @@ def _by_name(stage, name):
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch):
     FAKE.CALLS.clear()
-    monkeypatch.setattr(flashinfer, "_mla", lambda: FAKE.MLA)
-    monkeypatch.setattr(cutedsl, "_module", lambda name: FAKE.CUTE_GATHER_MODULE)
+    monkeypatch.setattr(flashinfer, "mla_module", lambda: FAKE.MLA)
+    monkeypatch.setattr(cutedsl, "cute_module", lambda name: FAKE.CUTE_GATHER_MODULE)
 
 
 def _oracle(case, consumer):
@@ -97,7 +97,7 @@ def test_rope_quant_needs_positions_table_and_128_heads():
 
 def test_cute_gather_repacks_odd_strides_and_matches_the_reference():
     case = _by_name("gather", "bs53-s30952-odd-partial")  # page stride 53*584 = 30952, not % 32
-    got = cutedsl._gather_call(case)
+    got = cutedsl.gather_call(case)
     i = case.inputs
     ref, valid = gather(i["cache"], i["block_table"], i["seq_lens"], i["block_size"], i["gather_lens"],
                         consumer=Ue8m0Consumer.CUTE)

@@ -1,5 +1,5 @@
 """The FlashMLA adapters' plumbing on CPU, against a stand-in interface that enforces the real
-argument checks and answers in FlashMLA's own conventions (tests/kernels/_fake_flashmla.py).
+argument checks and answers in FlashMLA's own conventions (tests/kernels/fake_flashmla.py).
 
 The expected values come from the reference oracle run directly on the *canonical* inputs
 (unpadded heads and tables, canonical ``-inf`` LSE), so these tests pin: head padding and
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-import tests.kernels._fake_flashmla as FAKE
+import tests.kernels.fake_flashmla as FAKE
 from dsv4_numerics.kernels.flashmla import sparse as flashmla
 from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
 from dsv4_numerics.reference.caches.model1 import dequantize_all
@@ -26,7 +26,7 @@ from dsv4_numerics.reference.policies import IndexRule, Ue8m0Consumer
 @pytest.fixture(autouse=True)
 def fake_interface(monkeypatch):
     FAKE.CALLS.clear()
-    monkeypatch.setattr(flashmla, "_interface", lambda: FAKE)
+    monkeypatch.setattr(flashmla, "flashmla_interface", lambda: FAKE)
 
 
 def _oracle_decode(case):

@@ -18,7 +18,7 @@ from dsv4_numerics.runner import pool as wp
 from dsv4_numerics.runner.case_files import load_outputs, save_cases
 from dsv4_numerics.reference.cases import Case
 
-FAKE = "tests.kernels._fake_entries:FAKE"
+FAKE = "tests.kernels.fake_entries:FAKE"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -50,7 +50,7 @@ def test_a_forked_child_has_its_own_environment_threads_and_directory(tmp_path, 
     base = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     a = _proc(tmp_path, "a", dict(base, DSV4_FAKE_MARK="7", CUDA_VISIBLE_DEVICES="5"))
     b = _proc(tmp_path, "b", dict(base, DSV4_FAKE_MARK="8"))
-    servers = {s.proc.pid for s in fork_server._SERVERS.values()}
+    servers = {s.proc.pid for s in fork_server.SERVERS.values()}
     assert len(servers) == 1
     (server,) = servers
     assert a[1] == server and b[1] == server  # forked by the server, not started by this process
@@ -61,7 +61,7 @@ def test_a_forked_child_has_its_own_environment_threads_and_directory(tmp_path, 
     # and its children have the threads a plain child of that environment has
     c = _proc(tmp_path, "c", dict(base, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
     assert c[3] == 9 and c[1] not in (server, os.getpid())
-    assert len(fork_server._SERVERS) == 2
+    assert len(fork_server.SERVERS) == 2
     monkeypatch.setenv(fork_server.ENV_SWITCH, "0")
     plain = _proc(tmp_path, "plain", dict(base, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", DSV4_FAKE_MARK="9"))
     assert plain[1] == os.getpid() and plain[2:] == c[2:]
@@ -71,13 +71,13 @@ def test_switched_off_the_child_is_started_by_this_process(tmp_path, monkeypatch
     monkeypatch.setenv(fork_server.ENV_SWITCH, "0")
     pid, ppid, _, mark, _ = _proc(tmp_path, "off", dict(os.environ, DSV4_FAKE_MARK="4"))
     assert ppid == os.getpid() and mark == 4
-    assert not fork_server._SERVERS
+    assert not fork_server.SERVERS
 
 
 def test_a_dead_server_is_replaced_and_its_children_still_end(tmp_path):
     env = dict(os.environ, DSV4_FAKE_MARK="1")
     first = _proc(tmp_path, "1", env)
-    (srv,) = fork_server._SERVERS.values()
+    (srv,) = fork_server.SERVERS.values()
     os.killpg(srv.proc.pid, signal.SIGKILL)
     srv.proc.wait()
     second = _proc(tmp_path, "2", env)
@@ -85,7 +85,7 @@ def test_a_dead_server_is_replaced_and_its_children_still_end(tmp_path):
     # a child whose server died: its end is still seen (gone from the process table)
     sess = wp.WorkerSession(env, workdir=str(tmp_path / "orphan"))
     sess.warm()
-    (live,) = [s for s in fork_server._SERVERS.values() if s.alive()]
+    (live,) = [s for s in fork_server.SERVERS.values() if s.alive()]
     child = sess._proc
     assert isinstance(child, fork_server.ForkedChild) and child.poll() is None
     os.killpg(live.proc.pid, signal.SIGKILL)
@@ -115,7 +115,7 @@ sess.warm()
 deadline = time.monotonic() + 60
 while sess.pid is None and time.monotonic() < deadline:
     time.sleep(0.05)
-(srv,) = fork_server._SERVERS.values()
+(srv,) = fork_server.SERVERS.values()
 held.append(srv)
 print(sess.pid, srv.proc.pid, flush=True)
 """  # ends without closing anything: the exit handlers end the session, then the server

@@ -11,7 +11,7 @@ policies, the pad byte undefined as in the matrix).
   slots and kv dtypes). Skipped with the probe's reason where
   they are not staged or no GPU is present; ``HYPOTHESIS_PROFILE=gpu-nightly`` draws more.
 * CPU: the same strategies through the same adapters with the production function replaced by a
-  re-derivation from the source (the stores and RoPE: ``tests/kernels/_fake_sglang_jit.py``; the
+  re-derivation from the source (the stores and RoPE: ``tests/kernels/fake_sglang_jit.py``; the
   gathers and the norm + RoPE + store: ``test_sglang.py``'s transcriptions), so the drawn geometries are proven to reach the kernels
   the way the adapters hand them over, and a transcription with the scale read one binade off
   must fail on a drawn case.
@@ -26,7 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tests.kernels._fake_sglang_jit as FAKE
+import tests.kernels.fake_sglang_jit as FAKE
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.sglang import triton as S
 from dsv4_numerics.kernels.sglang import jit as sglang_jit
@@ -34,7 +34,7 @@ from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.strategies.cache import gather_cases, kv_norm_rope_store_cases, rope_cases, swa_write_cases
 from dsv4_numerics.strategies.v41 import v41_write_cases
 
-from .test_sglang import _sglang_norm_rope_store, _sglang_requant_gather, _sglang_v4_dequant
+from .test_sglang import sglang_norm_rope_store, sglang_requant_gather, sglang_v4_dequant
 from .conftest import entry_or_skip
 
 STORE_PAGES = (16, 64)  # power-of-two pages only (the store's compile-time page size), two compiles
@@ -42,7 +42,7 @@ V41_PAGES = (2, 64)
 V41_STORES = ("sglang.store_jit.v41_footer", "sglang.store_jit.v41_interleaved")
 ROPES = {"sglang.rope_jit": False, "sglang.rope_jit.inverse": True}  # entry -> its direction
 GATHERS = ("sglang.dequantize_k_cache_paged_dsv4", "sglang.gather_dequant_requant_fp8")
-TRANSCRIPTIONS = {GATHERS[0]: _sglang_v4_dequant, GATHERS[1]: _sglang_requant_gather}
+TRANSCRIPTIONS = {GATHERS[0]: sglang_v4_dequant, GATHERS[1]: sglang_requant_gather}
 
 
 def _judged(entry, case, device: str) -> None:
@@ -98,7 +98,7 @@ def _runnable(name: str):
 @given(case=swa_write_cases(block_sizes=STORE_PAGES))
 def test_store_adapter_on_drawn_cases_against_the_sources_arithmetic(case):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sglang_jit, "_module", lambda name: FAKE)
+        mp.setattr(sglang_jit, "jit_module", lambda name: FAKE)
         _judged(_runnable("sglang.store_jit"), case, "cpu")
 
 
@@ -107,7 +107,7 @@ def test_store_adapter_on_drawn_cases_against_the_sources_arithmetic(case):
 @given(case=v41_write_cases(block_sizes=V41_PAGES))
 def test_v41_store_adapters_on_drawn_cases_against_the_sources_arithmetic(name, case):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sglang_jit, "_module", lambda name: FAKE)
+        mp.setattr(sglang_jit, "jit_module", lambda name: FAKE)
         _judged(_runnable(name), case, "cpu")
 
 
@@ -117,7 +117,7 @@ def test_v41_store_adapters_on_drawn_cases_against_the_sources_arithmetic(name, 
 def test_rope_adapters_on_drawn_cases_against_the_sources_arithmetic(name, data):
     case = data.draw(rope_cases(inverse=ROPES[name]))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sglang_jit, "_module", lambda name: FAKE)
+        mp.setattr(sglang_jit, "jit_module", lambda name: FAKE)
         _judged(_runnable(name), case, "cpu")
 
 
@@ -126,7 +126,7 @@ def test_kv_norm_rope_store_adapter_on_drawn_cases_against_its_transcription(cas
     # the torch transcription multiplies and adds separately (torch does not contract): the entry
     # is judged under rope_arith=separate here, under its declared fma on the GPU
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(S, "_fn", lambda module, attr: _sglang_norm_rope_store)
+        mp.setattr(S, "triton_fn", lambda module, attr: sglang_norm_rope_store)
         entry = _runnable("sglang.kv_norm_rope_store")
         _judged(dataclasses.replace(entry, policies=dict(entry.policies, rope_arith="separate")), case, "cpu")
 
@@ -135,13 +135,13 @@ def test_kv_norm_rope_store_adapter_on_drawn_cases_against_its_transcription(cas
 @given(case=gather_cases())
 def test_gather_adapters_on_drawn_cases_against_their_transcriptions(name, case):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(S, "_fn", lambda module, attr: TRANSCRIPTIONS[name])
+        mp.setattr(S, "triton_fn", lambda module, attr: TRANSCRIPTIONS[name])
         _judged(_runnable(name), case, "cpu")
 
 
 def _scale_one_binade_off(quant_k_cache, page_table_1_flattened, page_size, out=None, layout="v4"):
     """A planted bug: the V4 gather with every NoPE value doubled (exp2(s - 126))."""
-    got = _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out, layout)
+    got = sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out, layout)
     got[..., :448] = (got[..., :448].to(torch.float32) * 2).to(torch.bfloat16)
     return got
 
@@ -150,7 +150,7 @@ def _scale_one_binade_off(quant_k_cache, page_table_1_flattened, page_size, out=
 @given(case=gather_cases())
 def test_a_wrong_gather_fails_on_drawn_cases(case):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(S, "_fn", lambda module, attr: _scale_one_binade_off)
+        mp.setattr(S, "triton_fn", lambda module, attr: _scale_one_binade_off)
         (r,) = run_entry(_runnable(GATHERS[0]), [case], device="cpu")
     # a doubled NoPE value differs unless it is 0 (or saturates); every drawn case has a written row
     assert r.verdict == "fail", r.line()

@@ -35,7 +35,7 @@ def test_select_refuses_integer_indices_on_mixed_gpus_unless_pci_order():
 
 def test_gpu_info_uses_the_nvml_facts_on_a_cuda_build(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(gpu_facts, "visible_gpus", lambda: [B200, H200])
+    monkeypatch.setattr(gpu_facts, "visible_gpu_facts", lambda: [B200, H200])
     for name in ("get_device_name", "get_device_capability", "get_device_properties"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name: pytest.fail(f"torch.cuda.{_n} asked"))
     probe.gpu_info.cache_clear()
@@ -44,7 +44,7 @@ def test_gpu_info_uses_the_nvml_facts_on_a_cuda_build(monkeypatch):
         assert (info.present, info.vendor, info.name, info.capability, info.arch) == (
             True, "cuda", "NVIDIA B200", (10, 0), "sm100")
         assert probe.arch_reason(["sm90"]) is not None and probe.arch_reason(["sm100"]) is None
-        monkeypatch.setattr(gpu_facts, "visible_gpus", lambda: [])
+        monkeypatch.setattr(gpu_facts, "visible_gpu_facts", lambda: [])
         probe.gpu_info.cache_clear()
         none = probe.gpu_info()
         assert not none.present and "CUDA_VISIBLE_DEVICES" in none.why
@@ -52,10 +52,10 @@ def test_gpu_info_uses_the_nvml_facts_on_a_cuda_build(monkeypatch):
         probe.gpu_info.cache_clear()
 
 
-@pytest.mark.skipif(gpu_facts.visible_gpus() is None or torch.version.cuda is None,
+@pytest.mark.skipif(gpu_facts.visible_gpu_facts() is None or torch.version.cuda is None,
                     reason="needs an NVIDIA GPU with NVML and a CUDA build of torch")
 def test_nvml_facts_are_what_torch_reports():
-    facts = gpu_facts.visible_gpus()
+    facts = gpu_facts.visible_gpu_facts()
     assert len(facts) == torch.cuda.device_count()
     for i, f in enumerate(facts):
         assert (f.name, f.capability) == (torch.cuda.get_device_name(i), torch.cuda.get_device_capability(i))
@@ -72,9 +72,9 @@ def test_no_nvml_or_a_failing_one_means_ask_torch_and_is_not_remembered(monkeypa
     shim = types.SimpleNamespace(**{k: getattr(ctypes, k) for k in dir(ctypes) if not k.startswith("__")})
     shim.CDLL = broken
     monkeypatch.setattr(gpu_facts, "ctypes", shim)
-    monkeypatch.setattr(gpu_facts, "_FOUND", {})
-    assert gpu_facts._nvml_devices() is None and gpu_facts.visible_gpus() is None
-    assert gpu_facts._FOUND == {}
-    monkeypatch.setattr(gpu_facts, "_nvml_devices", lambda: [H200, H200B])
+    monkeypatch.setattr(gpu_facts, "FOUND_CACHE", {})
+    assert gpu_facts.nvml_devices() is None and gpu_facts.visible_gpu_facts() is None
+    assert gpu_facts.FOUND_CACHE == {}
+    monkeypatch.setattr(gpu_facts, "nvml_devices", lambda: [H200, H200B])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert gpu_facts.visible_gpus() == [H200B] and len(gpu_facts._FOUND) == 1
+    assert gpu_facts.visible_gpu_facts() == [H200B] and len(gpu_facts.FOUND_CACHE) == 1

@@ -19,11 +19,12 @@ import torch
 from dsv4_numerics.runner import case_files as cf
 from dsv4_numerics.runner import pool as wp
 from dsv4_numerics.runner.host_cpus import usable_cpus
-from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many, visible_gpus
+from dsv4_numerics.runner.pool import IsolatedPool, default_jobs, run_isolated, run_isolated_many
+from dsv4_numerics.runner.host_gpus import visible_gpu_ids
 from dsv4_numerics.reference.cases import Case, default_cases, stages_with_cases
 from dsv4_numerics.reference.errors import InputError
 
-FAKE = "tests.kernels._fake_entries:FAKE"
+FAKE = "tests.kernels.fake_entries:FAKE"
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +32,7 @@ def _children_without_a_device_context(monkeypatch):
     """These fakes run on the CPU: their children skip the CUDA context a GPU host would give each
     of the ~40 children these tests start (worker_child.CHILD_DEVICE_ENV)."""
     monkeypatch.setenv(wp.CHILD_DEVICE_ENV, "cpu")
-JUDGE = "tests.kernels._fake_entries:fake_judge"
+JUDGE = "tests.kernels.fake_entries:fake_judge"
 
 
 def _cases(tmp_path, actions):
@@ -338,7 +339,7 @@ def test_serve_protocol_runs_jobs_in_one_process_and_rejects_a_bad_line(tmp_path
     logs = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
     lines = "".join(json.dumps({"entry": FAKE, "out": str(p), "device": "cpu", "cases": path,
                                 "mode": "judge", "judge": JUDGE}) + "\n" for p in logs)
-    env = wp._child_env(None)
+    env = wp.child_environment(None)
     done = subprocess.run([sys.executable, "-m", "dsv4_numerics.runner.child", "--serve"], input=lines,
                           text=True, capture_output=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -412,7 +413,7 @@ def test_default_jobs_and_gpu_visibility(monkeypatch):
     assert default_jobs(1, 0, cpus=16) == 1 and default_jobs(8, 20, cpus=16) == 8
     assert default_jobs(1, 20, cpus=2) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 6")
-    assert visible_gpus() == ["2", "6"]
+    assert visible_gpu_ids(torch_fallback=True) == ["2", "6"]
     assert IsolatedPool("cuda")._spread == ["2", "6"]
     assert IsolatedPool("cuda:1")._spread == []  # an explicit device: every child on it
     with pytest.raises(InputError, match="jobs must be >= 1"):
@@ -478,10 +479,10 @@ def test_stage_cases_file_is_built_once_and_rebuilt_when_unreadable(tmp_path, mo
     monkeypatch.setattr(cf, "build_cases_file", lambda s, p, size="default": built.append(s) or real(s, p, size))
     p1 = cf.stage_cases_file("topk_global")
     assert built == ["topk_global"] and p1.startswith(str(tmp_path / "cache"))
-    cf._CASES_FILES.clear()  # a new process: found on disk, not rebuilt
+    cf.CASES_FILES.clear()  # a new process: found on disk, not rebuilt
     assert cf.stage_cases_file("topk_global") == p1 and built == ["topk_global"]
     open(p1, "wb").write(b"truncated")
-    cf._CASES_FILES.clear()
+    cf.CASES_FILES.clear()
     assert cf.stage_cases_file("topk_global") == p1 and built == ["topk_global"] * 2
     assert [c.name for c in cf.load_cases(p1)] == [c.name for c in default_cases("topk_global")]
     with pytest.raises(KeyError, match="no default cases registered"):
@@ -498,7 +499,7 @@ def test_case_names_come_from_the_sidecar_and_a_changed_file_is_loaded_again(tmp
     monkeypatch.setenv("DSV4_CASES_CACHE", str(tmp_path / "cache"))
     want = [c.name for c in default_cases("topk_global")]
     p = Path(cf.stage_cases_file("topk_global"))
-    side = cf._names_path(p)
+    side = cf.names_path(p)
     assert side.is_file() and json.loads(side.read_text()) == {"names": want, "bytes": p.stat().st_size}
     loads = []
     real_load = cf.load_cases
@@ -506,7 +507,7 @@ def test_case_names_come_from_the_sidecar_and_a_changed_file_is_loaded_again(tmp
     assert cf.case_names("topk_global") == want and not loads  # no tensors loaded
     side.write_text(json.dumps({"names": ["stale"], "bytes": p.stat().st_size + 1}))
     assert cf.case_names("topk_global") == want and loads == [str(p)]  # the file itself, not the stale names
-    cf._CASES_FILES.clear()  # a new process: the file loads, so it is kept and gets a fresh sidecar
+    cf.CASES_FILES.clear()  # a new process: the file loads, so it is kept and gets a fresh sidecar
     assert cf.stage_cases_file("topk_global") == str(p)
     assert json.loads(side.read_text())["names"] == want
 
@@ -523,14 +524,14 @@ def test_the_case_key_covers_every_reference_module_subpackages_included(tmp_pat
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(f.read_bytes())
     monkeypatch.setattr(reference, "__file__", str(copy / "__init__.py"))
-    k0 = cf._cases_key("decode")
-    assert cf._cases_key("decode") == k0 and cf._cases_key("prefill") != k0
+    k0 = cf.cases_key("decode")
+    assert cf.cases_key("decode") == k0 and cf.cases_key("prefill") != k0
     builder = copy / "cases" / "attention.py"
     assert builder.is_file()
     builder.write_text(builder.read_text() + "\n# a change\n")
-    assert cf._cases_key("decode") == k0  # hashed once per process: the modules it imported
-    cf._SOURCES.pop(copy)  # the next process
-    assert cf._cases_key("decode") != k0
+    assert cf.cases_key("decode") == k0  # hashed once per process: the modules it imported
+    cf.SOURCES_MEMO.pop(copy)  # the next process
+    assert cf.cases_key("decode") != k0
 
 
 def test_a_warm_pool_starts_its_children_before_the_first_entry(tmp_path):
@@ -561,11 +562,11 @@ def test_a_probing_job_reports_an_unavailable_entry_and_runs_nothing(tmp_path):
 
     path, names = _entry(tmp_path, "p", ["ok", "ok"])
     with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:
-        miss = run_isolated("tests.kernels._fake_entries:MISSING", None, device="cpu", cases_file=path,
+        miss = run_isolated("tests.kernels.fake_entries:MISSING", None, device="cpu", cases_file=path,
                             judge=JUDGE, workdir=str(tmp_path / "m"), session=sess, probe=True)
         assert miss == {UNAVAILABLE: {"verdict": "unavailable", "message": "needs the fake package (not installed)"}}
         assert not _pids(tmp_path / "m")  # no case started
-        ok = run_isolated("tests.kernels._fake_entries:PRESENT", names, device="cpu", cases_file=path,
+        ok = run_isolated("tests.kernels.fake_entries:PRESENT", names, device="cpu", cases_file=path,
                           judge=JUDGE, workdir=str(tmp_path / "o"), session=sess, probe=True)
         assert set(ok) == set(names) and all(r["verdict"] == "pass" for r in ok.values())
         assert sess.starts == 1
@@ -593,7 +594,7 @@ def test_a_job_answered_before_the_parent_looks_is_not_taken_for_silence(tmp_pat
     with WorkerSession(dict(os.environ), workdir=str(tmp_path / "s")) as sess:
         for tag in ("a", "b"):  # the second job reaches a warm child: answered at once
             t0 = time.monotonic()
-            res = run_isolated("tests.kernels._fake_entries:MISSING", None, device="cpu", cases_file=path,
+            res = run_isolated("tests.kernels.fake_entries:MISSING", None, device="cpu", cases_file=path,
                                probe=True, case_timeout_s=20.0, workdir=str(tmp_path / tag), session=sess)
             assert list(res) == [UNAVAILABLE], res
             assert time.monotonic() - t0 < 15, "the answered job waited for its time limit"

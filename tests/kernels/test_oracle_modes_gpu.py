@@ -2,7 +2,7 @@
 each decode / prefill entry's default cases are judged in its isolated child with the
 fast oracle on the GPU (the default there) and with the ordered float64 oracle, on the same
 kernel outputs, and the (verdict, rule) pairs must match case by case. The matrix's own kernel
-run provides both (``conftest.kernel_results`` judges these stages with ``_both_modes.both`` on a
+run provides both (``conftest.kernel_results`` judges these stages with ``both_modes.both`` on a
 GPU; this test and the matrix's items of a case group share one xdist group, so one worker and one
 cached run). The CPU tests prove the same for the reference
 entries, the mutants and the replayed kernel fixtures (``tests/attention/test_attention_fast.py``);
@@ -17,7 +17,7 @@ from dsv4_numerics.kernels.probe import gpu_info
 from dsv4_numerics.runner.pool import UNAVAILABLE
 from dsv4_numerics.oracles.stages import FAST_ORACLE_STAGES
 
-from .conftest import _device, both_modes, case_groups, group_name
+from .conftest import kernel_device, both_modes, case_groups, group_name
 
 
 def _entries():
@@ -37,8 +37,8 @@ def _entries():
 @pytest.mark.parametrize("entry_name,group,names", _entries())
 def test_kernel_verdicts_identical_under_both_oracle_modes(entry_name, group, names, kernel_results):
     entry = registry.get(entry_name)
-    if not both_modes(entry, _device()) or not gpu_info().present:
-        pytest.skip(f"{entry_name} is not judged on a GPU here (device {_device()}; {gpu_info().describe()})")
+    if not both_modes(entry, kernel_device()) or not gpu_info().present:
+        pytest.skip(f"{entry_name} is not judged on a GPU here (device {kernel_device()}; {gpu_info().describe()})")
     res = kernel_results(entry_name, group)  # the matrix's run of this case group (its child probes first)
     if UNAVAILABLE in res:
         pytest.skip(f"{entry_name}: {res[UNAVAILABLE]['message']}")

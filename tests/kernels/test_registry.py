@@ -101,15 +101,15 @@ def test_markers_follow_archs():
 def test_assembly_raises_for_a_missing_or_broken_family(monkeypatch):
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("no_such_family_zz",))
     with pytest.raises(ModuleNotFoundError, match="no_such_family_zz"):
-        registry._assemble()
+        registry.assemble()
 
     def bad_import(name, *a, **k):  # the family module exists but one of *its* imports is missing
         raise ModuleNotFoundError("No module named 'some_dependency'", name="some_dependency")
 
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("_broken_fam",))
-    monkeypatch.setattr(registry, "_import", bad_import)
+    monkeypatch.setattr(registry, "import_family", bad_import)
     with pytest.raises(ModuleNotFoundError, match="some_dependency"):
-        registry._assemble()
+        registry.assemble()
 
 
 def test_assembly_rejects_duplicate_names(monkeypatch):
@@ -118,7 +118,7 @@ def test_assembly_rejects_duplicate_names(monkeypatch):
     monkeypatch.setitem(sys.modules, "dsv4_numerics.kernels._dup_fam", fam)
     monkeypatch.setattr(registry, "FAMILY_MODULES", ("_dup_fam",))
     with pytest.raises(RuntimeError, match="defined twice"):
-        registry._assemble()
+        registry.assemble()
 
 
 # ----------------------------------------------------------------------------- probes

@@ -29,7 +29,7 @@ from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.reference.caches import model1 as cm
 from dsv4_numerics.reference.caches import v41
 from dsv4_numerics.reference.cases import Case, default_cases
-from dsv4_numerics.reference.cases.index import _combine_c4_inputs, _sglang_combine_inputs
+from dsv4_numerics.reference.cases.index import combine_c4_inputs, sglang_combine_inputs
 from dsv4_numerics.reference.constants import production_page_stride
 from dsv4_numerics.reference.indices.prefill import combine_topk_swa_indices
 from dsv4_numerics.reference.indices.sglang import combine_topk_swa_indices_sglang
@@ -67,7 +67,7 @@ def test_family_registered_with_the_staging_command_as_reason(monkeypatch):
 
 @st.composite
 def sglang_combine_specs(draw) -> IndexSpec:
-    """A common-form combine batch in SGLang's arguments (``_sglang_combine_inputs``), top-k rows
+    """A common-form combine batch in SGLang's arguments (``sglang_combine_inputs``), top-k rows
     with ``-1`` holes anywhere, 0-2 trailing rows owned by no request."""
     b = draw(batches(max_seq=600, max_query=8))
     ratio = draw(st.sampled_from([4, 128]))
@@ -81,7 +81,7 @@ def sglang_combine_specs(draw) -> IndexSpec:
                   seq_lens=torch.tensor(b.seq_lens, dtype=torch.int32), gather_lens=torch.tensor(gl, dtype=torch.int32),
                   window_size=128, compress_ratio=ratio, topk=topk, M=n + max(gl), N=n)
     return IndexSpec.of("combine_topk_swa_indices_sglang",
-                        **_sglang_combine_inputs(common, extra_rows=draw(st.integers(0, 2))))
+                        **sglang_combine_inputs(common, extra_rows=draw(st.integers(0, 2))))
 
 
 @st.composite
@@ -155,7 +155,7 @@ def test_fuzz_paged_decode_indices(spec):
 # --------------------------------------------------------------------------- CPU: the adapters
 
 
-def _sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=None, layout="v4"):
+def sglang_v4_dequant(quant_k_cache, page_table_1_flattened, page_size, out=None, layout="v4"):
     """``dequantize_k_cache_paged_dsv4`` (``KVLayout.V4``) transcribed from
     ``S:kernels/ops/attention/dsv4/dequant_k_cache.py:240-310``: token ``loc`` at page
     ``loc // page_size``, entry ``loc % page_size``; data at ``page * BYTES_PER_PAGE + e * 576``,
@@ -181,7 +181,7 @@ def _v4_gathered_values(quant_k_cache, page_table_1_flattened, page_size):
     return (nope * scale[:, :, None]).reshape(-1, 448), data[:, 448:].contiguous().view(torch.bfloat16)
 
 
-def _sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
+def sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, extra_rows=0, out=None):
     """``gather_dequant_requant_fp8_paged_dsv4`` transcribed from ``dequant_k_cache.py:431-479``: the
     V4 gather's fp32 values (NoPE ``fp8 * exp2(s - 127)``, RoPE bf16) stored to an E4M3 tensor by the
     Triton store cast, RNE with saturation (clamp to +-448, then torch's RNE cast)."""
@@ -194,7 +194,7 @@ def _sglang_requant_gather(quant_k_cache, page_table_1_flattened, page_size, ext
 def test_requant_gather_adapter_against_sglang_transcription(monkeypatch):
     """The FP8 workspace read back as values: every default gather case passes under the declared
     ``gather_out = e4m3_requant`` and fails under the bf16 gather's output (the policy decides)."""
-    entry = _with_production(monkeypatch, "sglang.gather_dequant_requant_fp8", _sglang_requant_gather)
+    entry = _with_production(monkeypatch, "sglang.gather_dequant_requant_fp8", sglang_requant_gather)
     results = run_entry(entry, device="cpu")
     assert results and all(r.verdict == "pass" for r in results), [(r.case, r.verdict, r.message) for r in results]
     bf16 = dataclasses.replace(entry, policies=dict(entry.policies, gather_out="bf16"))
@@ -202,8 +202,8 @@ def test_requant_gather_adapter_against_sglang_transcription(monkeypatch):
 
 
 def _with_production(monkeypatch, name: str, fn):
-    """The registry entry ``name`` runnable here: probe bypassed, ``sglang._fn`` answering ``fn``."""
-    monkeypatch.setattr(S, "_fn", lambda module, attr: fn)
+    """The registry entry ``name`` runnable here: probe bypassed, ``sglang.triton_fn`` answering ``fn``."""
+    monkeypatch.setattr(S, "triton_fn", lambda module, attr: fn)
     return dataclasses.replace(registry.get(name), probe=lambda: None)
 
 
@@ -211,7 +211,7 @@ def test_gather_adapter_against_sglang_transcription(monkeypatch):
     """Slots from the block table, the page buffer as SGLang sees it, the scatter back into the
     canonical ``[R, offset + max g, 512]``: every default gather case passes under the declared
     ``ue8m0 = triton``."""
-    entry = _with_production(monkeypatch, "sglang.dequantize_k_cache_paged_dsv4", _sglang_v4_dequant)
+    entry = _with_production(monkeypatch, "sglang.dequantize_k_cache_paged_dsv4", sglang_v4_dequant)
     results = run_entry(entry, device="cpu")
     assert results and all(r.verdict == "pass" for r in results), [(r.case, r.verdict, r.message) for r in results]
 
@@ -235,14 +235,14 @@ def _with_special_scales(case: Case) -> Case:
 def test_gather_policy_is_what_passes_scale_bytes_0_and_255(monkeypatch):
     """With scale bytes 0 and 255 in a gathered row the transcription passes under the declared
     ``ue8m0 = triton`` and fails under the exact E8M0 reading: the policy decides, the judge can fail."""
-    entry = _with_production(monkeypatch, "sglang.dequantize_k_cache_paged_dsv4", _sglang_v4_dequant)
+    entry = _with_production(monkeypatch, "sglang.dequantize_k_cache_paged_dsv4", sglang_v4_dequant)
     cases = [_with_special_scales(c) for c in default_cases("gather")]
     assert all(r.verdict == "pass" for r in run_entry(entry, cases, device="cpu"))
     exact = dataclasses.replace(entry, policies=dict(entry.policies, ue8m0=Ue8m0Consumer.EXACT.value))
     assert all(r.verdict == "fail" for r in run_entry(exact, cases, device="cpu"))
 
 
-def _sglang_norm_rope_store(kv, weight, eps, freqs_cis, positions, loc, cache):
+def sglang_norm_rope_store(kv, weight, eps, freqs_cis, positions, loc, cache):
     """torch transcription of ``_kv_norm_rope_fp8_store`` from its source: fp32 norm, RoPE from
     ``view_as_real(freqs_cis)`` pairs with separate multiplies (torch does not contract), rounding
     to kv's dtype, a saturating E4M3 cast, ``cache[loc] = row`` (PyTorch's negative index)."""
@@ -263,7 +263,7 @@ def test_norm_rope_store_adapter_against_sglang_transcription(monkeypatch):
     slots left to the kernel: every default case passes under ``rope_arith = separate`` (what the
     torch transcription computes; the Triton kernel's contraction, ``fma``, is the GPU row's), and
     the negative-slot case fails when the entry declares that negative slots are skipped."""
-    entry = _with_production(monkeypatch, "sglang.kv_norm_rope_store", _sglang_norm_rope_store)
+    entry = _with_production(monkeypatch, "sglang.kv_norm_rope_store", sglang_norm_rope_store)
     sep = dataclasses.replace(entry, policies=dict(entry.policies, rope_arith="separate"))
     results = run_entry(sep, device="cpu")
     assert len(results) == 3 and all(r.verdict == "pass" for r in results), [(r.case, r.message) for r in results]
@@ -372,7 +372,7 @@ def test_decode_adapter_reads_lse_as_b_sq_h(monkeypatch):
         lse[0, 0, 0] = float("inf")
         return torch.zeros(b, s_q, hp, 512, dtype=torch.bfloat16), lse
 
-    monkeypatch.setattr(S, "_fn", lambda module, attr: attend)
+    monkeypatch.setattr(S, "triton_fn", lambda module, attr: attend)
     got = registry.get("sglang.triton_sparse_decode").call(case)
     t, h = case.inputs["q"].shape[:2]
     want = torch.arange(t)[:, None] * 1000.0 + torch.arange(h)[None, :]
@@ -403,10 +403,10 @@ def test_v4_page_layout_is_model1_with_vllms_padding():
     k = _rows(n, 1)
     cache = cm.insert(cm.empty_cache(3, bs), k, slots, bs, rule=ScaleRule.AMAX_CLAMP)
     vllm_rows, valid = cm.gather(cache, table[None], torch.tensor([n]), bs, consumer=Ue8m0Consumer.TRITON)
-    sglang_rows = _sglang_v4_dequant(cache, slots, bs)[:, 0]
+    sglang_rows = sglang_v4_dequant(cache, slots, bs)[:, 0]
     assert bool(valid.all()) and vllm_rows.shape == (1, n, 512)
     assert int((vllm_rows[0].view(torch.int16) != sglang_rows.view(torch.int16)).sum()) == 0
-    assert not torch.equal(sglang_rows, _sglang_v4_dequant(cache, torch.arange(n), bs)[:, 0])  # order matters
+    assert not torch.equal(sglang_rows, sglang_v4_dequant(cache, torch.arange(n), bs)[:, 0])  # order matters
 
 
 def test_scale_decode_differences_counted_and_explained():
@@ -420,7 +420,7 @@ def test_scale_decode_differences_counted_and_explained():
     for (slot, tile), byte in special.items():
         page, e = divmod(slot, bs)
         flat[page * cache.stride(0) + bs * 576 + e * 8 + tile] = byte
-    sg = _sglang_v4_dequant(cache, torch.arange(4), bs)[:, 0].to(torch.float64)
+    sg = sglang_v4_dequant(cache, torch.arange(4), bs)[:, 0].to(torch.float64)
     fm = cm.dequantize_slots(cache, torch.arange(4), bs, consumer=Ue8m0Consumer.FLASHMLA).to(torch.float64)
     differ = ~((sg == fm) | (sg.isnan() & fm.isnan()))
     tiles = {(int(s), int(d) // 64) for s, d in torch.nonzero(differ)}
@@ -454,13 +454,13 @@ def test_combine_sglang_vs_vllm_common_counted_and_explained():
     """The c4 default case through both combines: exactly the entries whose top-k value is
     negative inside ``topk_len`` of a request ``r > 0`` differ (``M*r - 1`` vs ``-1``); under
     ``invalid_topk = shifted_by_base`` the SGLang reference reproduces vLLM's rows exactly."""
-    common = _combine_c4_inputs()
+    common = combine_c4_inputs()
     vllm_idx, vllm_len = combine_topk_swa_indices(**common)
-    sg = _sglang_combine_inputs(common)
+    sg = sglang_combine_inputs(common)
     sg_idx, sg_len = combine_topk_swa_indices_sglang(**sg)
     assert torch.equal(vllm_len, sg_len)
     diff = torch.nonzero(vllm_idx != sg_idx).tolist()
-    assert diff == [[4, 1]]  # token 4 (request 1), column 1: the interior -1 of _combine_c4_inputs
+    assert diff == [[4, 1]]  # token 4 (request 1), column 1: the interior -1 of combine_c4_inputs
     assert int(common["topk_indices"][4, 1]) == -1
     assert int(vllm_idx[4, 1]) == common["M"] * 1 - 1 and int(sg_idx[4, 1]) == -1
     shifted, _ = combine_topk_swa_indices_sglang(**sg, invalid_topk=CombineInvalidTopk.SHIFTED_BY_BASE)
@@ -495,7 +495,7 @@ def test_swa_token_ids_by_hand():
 def test_bad_input_names_the_argument():
     from dsv4_numerics.reference.errors import InputError
 
-    sg = _sglang_combine_inputs(_combine_c4_inputs())
+    sg = sglang_combine_inputs(combine_c4_inputs())
     with pytest.raises(InputError, match="query_pos"):
         combine_topk_swa_indices_sglang(**dict(sg, query_pos=-sg["query_pos"] - 1))
     with pytest.raises(InputError, match="invalid_topk"):

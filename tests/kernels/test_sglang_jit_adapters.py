@@ -2,7 +2,7 @@
 
 The production ops need nvcc, ninja, tvm-ffi and an sm90+ GPU; here the adapters run against a
 stand-in that enforces the ops' host checks and re-derives the V4 store arithmetic from the CUDA
-source (``tests/kernels/_fake_sglang_jit.py``), judged by the matrix's own runner under each
+source (``tests/kernels/fake_sglang_jit.py``), judged by the matrix's own runner under each
 entry's declared policies. That pins the plumbing (page repacking to ``kv_page_bytes``, dropped
 negative slots, the SGLang layout names, RoPE lane views and directions) and the declarations
 (``nonfinite=sglang_jit``, ``scale_rule=scale_clamp`` for the V4.1 MXFP8 store, FMA forward /
@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-import tests.kernels._fake_sglang_jit as FAKE
+import tests.kernels.fake_sglang_jit as FAKE
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.sglang import jit as sglang_jit
@@ -28,7 +28,7 @@ from dsv4_numerics.reference.errors import UnsupportedCase
 @pytest.fixture
 def fake(monkeypatch):
     FAKE.CALLS.clear()
-    monkeypatch.setattr(sglang_jit, "_module", lambda name: FAKE)
+    monkeypatch.setattr(sglang_jit, "jit_module", lambda name: FAKE)
     return FAKE
 
 
@@ -122,7 +122,7 @@ def test_probes_name_the_missing_step(monkeypatch):
     monkeypatch.setattr(sglang_jit.shutil, "which", lambda name: None)
     assert "nvcc not found" in sglang_jit.nvcc_reason()
     assert "ninja not found" in sglang_jit.ninja_reason()
-    assert "--site-wheels" in sglang_jit._wheel_hint("tilelang", "tilelang")()
+    assert "--site-wheels" in sglang_jit.wheel_hint("tilelang", "tilelang")()
     monkeypatch.setenv("CUDA_HOME", "/no/such/cuda")
     assert "/no/such/cuda/bin/nvcc does not exist" in sglang_jit.nvcc_reason()
     if P.gpu_info().vendor != "cuda":  # on CPU the arch gate answers first, naming the GPU found

@@ -44,7 +44,7 @@ def wheel(tmp_path) -> Path:
 @pytest.fixture()
 def clean_activation(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(staged, "_active", {})
+    monkeypatch.setattr(staged, "ACTIVATED", {})
     P.reset_caches()
     yield
     P.reset_caches()

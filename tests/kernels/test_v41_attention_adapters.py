@@ -1,5 +1,5 @@
 """The V4.1 kernel adapters' plumbing on CPU (``kernels/flashmla/v41.py``): FlashMLA V4.1 decode
-against the stand-in interface (``_fake_flashmla``, which reads 528/288-byte records interleaved
+against the stand-in interface (``fake_flashmla``, which reads 528/288-byte records interleaved
 and accepts 288 B only as the extra cache), the path / byte-order refusals, the probe turning the
 library's refusal into an ``unavailable`` reason, and the prefill workspace offsets (a stand-in
 for vLLM's V4.1 gather)."""
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import tests.kernels._fake_flashmla as FAKE
+import tests.kernels.fake_flashmla as FAKE
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.kernels.flashmla import sparse as flashmla
 from dsv4_numerics.kernels.flashmla import v41 as V
@@ -27,7 +27,7 @@ from dsv4_numerics.reference.policies import V41Layout, V41Record
 @pytest.fixture(autouse=True)
 def fake_interface(monkeypatch):
     FAKE.CALLS.clear()
-    monkeypatch.setattr(flashmla, "_interface", lambda: FAKE)
+    monkeypatch.setattr(flashmla, "flashmla_interface", lambda: FAKE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,12 +74,12 @@ def test_probe_quotes_flashmla_refusal(monkeypatch):
     def refuse(fp4):
         raise RuntimeError("Unsupported kv cache format for sm90 (bytes per token 528)\nstack trace ...")
 
-    monkeypatch.setattr(V, "_tiny_decode", refuse)
-    V._path_reason.cache_clear()
+    monkeypatch.setattr(V, "tiny_decode", refuse)
+    V.path_reason.cache_clear()
     try:
-        reason = V._path_reason(True)
+        reason = V.path_reason(True)
     finally:
-        V._path_reason.cache_clear()
+        V.path_reason.cache_clear()
     assert reason.startswith("FlashMLA V4.1 MXFP8 528 B main + NVFP4 288 B extra (V41_FP4) not supported here")
     assert "RuntimeError: Unsupported kv cache format for sm90 (bytes per token 528)" in reason
     assert "stack trace" not in reason

@@ -140,10 +140,10 @@ def test_cpu_decode_reads_exponent_zero_codes_as_normals():
         scales = torch.zeros(1, 8, dtype=torch.uint8)
         scales[0, :N_TILES] = scale_byte
         nb, bs, p = cm.cache_geometry("test", cache, 1)
-        flat = cm._flat_bytes(cache, nb, p)
-        d_addr, s_addr = cm._addresses(torch.zeros(1, dtype=torch.int64), bs, p)
-        flat[cm._byte_index(d_addr, 576)] = data
-        flat[cm._byte_index(s_addr, 8)] = scales
+        flat = cm.flat_bytes(cache, nb, p)
+        d_addr, s_addr = cm.slot_addresses_trusted(torch.zeros(1, dtype=torch.int64), bs, p)
+        flat[cm.byte_index(d_addr, 576)] = data
+        flat[cm.byte_index(s_addr, 8)] = scales
         case = Case("codes", "decode", {"q": torch.zeros(1, 1, 512, dtype=torch.bfloat16), "scale": 0.04, "sink": None,
                                         "swa_cache": cache, "swa_block_size": 1,
                                         "swa_indices": torch.zeros(1, 1, dtype=torch.int32)}, {})

@@ -119,7 +119,7 @@ def test_fp8_indexer_is_unavailable_where_mx_scales_are_on(monkeypatch):
     dg = types.ModuleType("vllm.utils.deep_gemm")
     dg.mqa_logits_use_mx_scales = lambda: True
     monkeypatch.setitem(sys.modules, "vllm.utils.deep_gemm", dg)
-    reason = V._no_mx_scales()
+    reason = V.no_mx_scales()
     assert reason and "ue8m0_x4" in reason
     dg.mqa_logits_use_mx_scales = lambda: False
-    assert V._no_mx_scales() is None
+    assert V.no_mx_scales() is None

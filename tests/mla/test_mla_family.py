@@ -1,4 +1,4 @@
-"""MLA-family kernel entries (kernels/flashmla/mla_family.py) on CPU: declarations, probes, pure conversion
+"""MLA-family kernel entries (kernels/flashmla/mla_family.py, flashinfer/mla_dense.py, tokenspeed/mla.py) on CPU: declarations, probes, pure conversion
 helpers, and the whole judge chain (oracles.matrix + oracles.stages) on the MLA cases with a
 reference positive control and mutants that must be caught."""
 
@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dsv4_numerics.kernels import convert
+from dsv4_numerics.kernels.flashinfer import mla_dense
 from dsv4_numerics.kernels.flashmla import mla_family as mf
+from dsv4_numerics.kernels.tokenspeed import mla as tokenspeed_mla
 from dsv4_numerics.kernels import registry
 from dsv4_numerics.oracles import stages as st
 from dsv4_numerics.oracles.matrix import run_entry
@@ -20,6 +23,9 @@ from dsv4_numerics.reference.caches.v32 import v32_page_view
 from dsv4_numerics.reference.cases import default_cases
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 from dsv4_numerics.reference.policies import AttentionMode
+
+# the MLA family's entries: FlashMLA's, then FlashInfer's and TokenSpeed's (registry order)
+MLA_FAMILY = mf.ENTRIES + mla_dense.ENTRIES + tokenspeed_mla.ENTRIES
 
 MLA_ENTRIES = {
     "flashmla.v32_sparse_decode.sm90", "flashmla.v32_sparse_decode.sm100", "flashmla.dense_decode.sm90",
@@ -39,7 +45,7 @@ def cases():
 def test_entries_registered_and_valid():
     names = {e.name for e in registry.all_entries()}
     assert MLA_ENTRIES <= names
-    for e in mf.ENTRIES:
+    for e in MLA_FAMILY:
         assert registry.validate_entry(e) == []
         assert e.stage in ("v32_decode", "dense_mla_decode", "dense_mla_prefill")
 
@@ -47,7 +53,7 @@ def test_entries_registered_and_valid():
 def test_probes_name_every_missing_piece_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU reasons")
-    for e in mf.ENTRIES:
+    for e in MLA_FAMILY:
         ok, why = e.available()
         assert not ok
         want = "needs sm90" if e.archs == ("sm90",) else "needs sm100/sm103"
@@ -79,7 +85,7 @@ def test_flashmla_lse_to_canonical():
 
 def test_base2_lse_to_natural():
     # log2-sum-exp2 of logits*log2e = lse / ln 2: 1.0 (base 2) = ln 2 (natural)
-    out = mf.base2_lse_to_natural(torch.tensor([1.0, 0.0, -math.inf, 2.0]))
+    out = convert.base2_lse_to_natural(torch.tensor([1.0, 0.0, -math.inf, 2.0]))
     assert out[0].item() == pytest.approx(math.log(2.0), rel=1e-7)
     assert out[1].item() == 0.0 and out[2].item() == -math.inf
     assert out[3].item() == pytest.approx(2 * math.log(2.0), rel=1e-7)
@@ -87,11 +93,11 @@ def test_base2_lse_to_natural():
 
 def test_pad_block_table():
     bt = torch.tensor([[4, 2, 7], [1, 0, 3]], dtype=torch.int64)
-    out = mf.pad_block_table(bt, 4, fill=torch.tensor([[4], [1]]))
+    out = convert.pad_block_table(bt, 4, fill=torch.tensor([[4], [1]]))
     assert out.dtype == torch.int32 and out.is_contiguous()
     assert out.tolist() == [[4, 2, 7, 4], [1, 0, 3, 1]]
-    assert mf.pad_block_table(bt, 3).tolist() == bt.tolist()  # already a multiple
-    assert mf.pad_block_table(bt, 2, fill=9).tolist() == [[4, 2, 7, 9], [1, 0, 3, 9]]
+    assert convert.pad_block_table(bt, 3).tolist() == bt.tolist()  # already a multiple
+    assert convert.pad_block_table(bt, 2, fill=9).tolist() == [[4, 2, 7, 9], [1, 0, 3, 9]]
 
 
 def test_v32_kernel_cache_view(cases):

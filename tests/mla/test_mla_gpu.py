@@ -1,4 +1,4 @@
-"""MLA-family kernels on a GPU: every available entry of kernels/flashmla/mla_family.py on its stage's
+"""MLA-family kernels on a GPU: every available entry of kernels/flashmla/mla_family.py, flashinfer/mla_dense.py and tokenspeed/mla.py on its stage's
 default cases, judged by oracles.matrix with the shipped tolerances plus oracles/tolerances_mla.jsonl,
 and the V3.2 scale-decoding policy each FlashMLA build actually implements.
 
@@ -14,11 +14,16 @@ import json
 import pytest
 import torch
 
+from dsv4_numerics.kernels.flashinfer import mla_dense
 from dsv4_numerics.kernels.flashmla import mla_family as mf
+from dsv4_numerics.kernels.tokenspeed import mla as tokenspeed_mla
 from dsv4_numerics.oracles.matrix import run_entry
 from dsv4_numerics.oracles.stages.mla import MLA_TOLERANCES_PATH, v32_policy_fit
 from dsv4_numerics.oracles.tolerances import DEFAULT_PATH, Tolerances
 from dsv4_numerics.reference.cases import default_cases
+
+# the MLA family's entries: FlashMLA's, then FlashInfer's and TokenSpeed's (registry order)
+MLA_FAMILY = mf.ENTRIES + mla_dense.ENTRIES + tokenspeed_mla.ENTRIES
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +37,7 @@ def tolerances():
     return Tolerances.from_dicts(_records(DEFAULT_PATH) + _records(MLA_TOLERANCES_PATH), source="merged")
 
 
-@pytest.mark.parametrize("entry", mf.ENTRIES, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", MLA_FAMILY, ids=lambda e: e.name)
 def test_entry_passes_its_cases(entry, tolerances, matrix_results):
     ok, why = entry.available()
     if not ok:
@@ -43,7 +48,7 @@ def test_entry_passes_its_cases(entry, tolerances, matrix_results):
     assert any(r.verdict == "pass" for r in results), [r.line() for r in results]
 
 
-@pytest.mark.parametrize("entry", [mf.FLASHMLA_V32_SM90, mf.FLASHMLA_V32_SM100], ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [e for e in mf.ENTRIES if e.stage == "v32_decode"], ids=lambda e: e.name)
 def test_declared_v32_scale_policy_is_the_best_fit(entry):
     """On non-power-of-two fp32 scales the consumer policies differ (datapath 1.5): the kernel's
     output must be closest to the oracle under the policy the entry declares. Measured on an H200

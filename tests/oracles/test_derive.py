@@ -19,7 +19,7 @@ def test_unrounded_model_is_the_oracle():
     # float64 summation order), so the measured errors are the rounding model's alone
     inp = derive.make_inputs(SMALL, 3)
     ex = sparse_attention(inp["q"], inp["segments"], inp["scale"], inp["sink"])
-    m = derive._softmax_model(inp["q"], inp["segments"], inp["scale"], inp["sink"], "none", "none")
+    m = derive.softmax_model(inp["q"], inp["segments"], inp["scale"], inp["sink"], "none", "none")
     fin = torch.isfinite(ex.lse)
     assert torch.allclose(m["out"], ex.out, rtol=1e-12, atol=1e-15)
     assert torch.allclose(m["lse"][fin], ex.lse[fin], rtol=1e-12, atol=1e-12)
@@ -40,9 +40,9 @@ def test_records_validate_and_cover_the_model_with_margin():
 
 def test_round_up_never_rounds_down():
     for v in (1.234e-5, 9.999e-3, 0.1, 3.0):
-        r = derive._r(v)
+        r = derive.round_up_3(v)
         assert r >= v and r <= v * 1.01 + 1e-300
-    assert derive._r(0.0) == 0.0 and math.isinf(derive._r(math.inf))
+    assert derive.round_up_3(0.0) == 0.0 and math.isinf(derive.round_up_3(math.inf))
 
 
 def test_arch_records_are_scoped_overrides(tmp_path):
@@ -116,9 +116,9 @@ def test_base2_model_is_flashmla_arithmetic_step_by_step():
         c = f(f(scale) * f(1.44269504))
         M = f(f(sum(qk_parts)) * c)
         want = float(f(M * f(np.log(2.0))))
-        m = derive._softmax_model(q, segs, sc, None, "none", "none", torch.float32, base2=True)
+        m = derive.softmax_model(q, segs, sc, None, "none", "none", torch.float32, base2=True)
         assert float(m["max_logits"][0, 0]) == want and float(m["lse"][0, 0]) == want
-        nat = derive._softmax_model(q, segs, sc, None, "none", "none", torch.float32)
+        nat = derive.softmax_model(q, segs, sc, None, "none", "none", torch.float32)
         assert float(nat["max_logits"][0, 0]) == float(f(f(sum(qk_parts)) * f(scale)))
 
 
@@ -126,10 +126,10 @@ def test_base2_sink_enters_in_log2_units():
     # out = V / (L + exp2(fl32(sink * log2e) - M)): with sink = the logit itself, out = V / 2 (to fp32 rounding)
     q, segs, sc, _ = _one_key((3.0, 0.25), 0.5)
     sink = 3.25 * 0.5
-    m = derive._softmax_model(q, segs, sc, torch.tensor([sink]), "none", "none", torch.float32, base2=True)
+    m = derive.softmax_model(q, segs, sc, torch.tensor([sink]), "none", "none", torch.float32, base2=True)
     assert abs(float(m["out"][0, 0, 0]) - 0.5) < 4 * derive.FP32_EPS
     # lse and max_logits ignore the sink (FlashMLA, attention 2.2)
-    assert float(m["lse"][0, 0]) == float(derive._softmax_model(q, segs, sc, None, "none", "none", torch.float32,
+    assert float(m["lse"][0, 0]) == float(derive.softmax_model(q, segs, sc, None, "none", "none", torch.float32,
                                                                   base2=True)["lse"][0, 0])
 
 
@@ -140,7 +140,7 @@ def test_base2_needs_fp32():
 
     q, segs, sc, _ = _one_key((3.0, 0.25), 0.5)
     with pytest.raises(InputError, match="base2"):
-        derive._softmax_model(q, segs, sc, None, "none", "none", torch.float64, base2=True)
+        derive.softmax_model(q, segs, sc, None, "none", "none", torch.float64, base2=True)
 
 
 def test_lse_records_cover_both_arithmetics_at_large_logits():
@@ -160,12 +160,12 @@ def test_lse_records_cover_both_arithmetics_at_large_logits():
     assert float(ex.lse[torch.isfinite(ex.lse)].abs().max()) > 50.0
     differ = False
     for base2 in (False, True):
-        m = derive._softmax_model(inp["q"], inp["segments"], inp["scale"], inp["sink"], "none", "none",
+        m = derive.softmax_model(inp["q"], inp["segments"], inp["scale"], inp["sink"], "none", "none",
                                   torch.float32, base2=base2)
         for out, ref in (("lse", ex.lse), ("max_logits", ex.max_logits)):
-            e = derive._errors(m[out], ref, derive.FP32_EPS)
+            e = derive.model_errors(m[out], ref, derive.FP32_EPS)
             assert meas[("A", out)]["rel_ulps"] >= e["rel_ulps"] and meas[("A", out)]["abs"] >= e["abs"]
-        differ |= base2 and not torch.equal(m["lse"], derive._softmax_model(
+        differ |= base2 and not torch.equal(m["lse"], derive.softmax_model(
             inp["q"], inp["segments"], inp["scale"], inp["sink"], "none", "none", torch.float32)["lse"])
     assert differ, "the base-2 model must round differently from the natural one"
     recs = {(r["tier"], r["scope"]["output"]): r for r in derive.records(meas, seeds=1)}
@@ -180,10 +180,10 @@ def test_rtol_under_a_clamped_atol_comes_from_the_elements_atol_leaves_uncovered
     cap = 1e-5
     exact = torch.tensor([1e-3, 50.0, 100.0, -2.0], dtype=torch.float64)
     err = torch.tensor([1e-7, 3 * eps * 50.0, 2 * eps * 100.0, 1e-6], dtype=torch.float64)
-    e = derive._errors(exact + err, exact, eps, atol_cap=cap)
+    e = derive.model_errors(exact + err, exact, eps, atol_cap=cap)
     # element 0: rel 1e-4 (~839 ulps) but M*err = 2e-7 <= cap; elements 1, 2: M*err > cap
     assert e["rel_ulps"] > 800 and abs(e["rel_ulps_uncovered"] - 3.0) < 1e-6  # (|ref| + REL_EPS) denominators
-    assert derive._errors(exact + err / 100, exact, eps, atol_cap=cap)["rel_ulps_uncovered"] == 0.0
+    assert derive.model_errors(exact + err / 100, exact, eps, atol_cap=cap)["rel_ulps_uncovered"] == 0.0
     base = {"cos": 0.0, "ref_ms_min": 1.0, "samples": 1}
     clamped = {("A", "lse"): dict(base, abs=2e-5, rel_ulps=839.0, rel_ulps_uncovered=3.0)}
     rec = derive.records(clamped, seeds=1)[0]

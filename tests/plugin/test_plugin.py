@@ -26,23 +26,23 @@ import pytest
 from dsv4_numerics.plugin.hooks import arch_skip_reason
 
 
-def _env(**extra) -> dict:
+def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "DSV4_", "HYPOTHESIS_")) and k != "CUDA_VISIBLE_DEVICES_PINNED"}
     env.update(extra)
     return env
 
 
-def _suite(tmp_path, files: dict[str, str]):
+def write_suite(tmp_path, files: dict[str, str]):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # pins rootdir: no conftest above is read
     for name, src in files.items():
         (tmp_path / name).write_text(textwrap.dedent(src))
     return tmp_path
 
 
-def _pytest(cwd, *args, env=None, timeout=240):
+def run_pytest(cwd, *args, env=None, timeout=240):
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *args],
-                          cwd=cwd, capture_output=True, text=True, env=env or _env(), timeout=timeout)
+                          cwd=cwd, capture_output=True, text=True, env=env or clean_env(), timeout=timeout)
 
 
 def _outcomes(stdout: str) -> list[str]:
@@ -51,7 +51,7 @@ def _outcomes(stdout: str) -> list[str]:
 
 
 def test_unrelated_suite_is_unchanged_and_torch_free(tmp_path):
-    _suite(tmp_path, {
+    write_suite(tmp_path, {
         "conftest.py": '''
             import sys
             import pytest
@@ -84,22 +84,22 @@ def test_unrelated_suite_is_unchanged_and_torch_free(tmp_path):
                 assert x
         ''',
     })
-    with_plugin = _pytest(tmp_path, "--strict-markers", "-rA")
+    with_plugin = run_pytest(tmp_path, "--strict-markers", "-rA")
     assert with_plugin.returncode == 0, with_plugin.stdout + with_plugin.stderr
     assert (tmp_path / "torch_after_collection.txt").read_text() == "False"
-    without = _pytest(tmp_path, "--strict-markers", "-rA", "-p", "no:dsv4_numerics")
+    without = run_pytest(tmp_path, "--strict-markers", "-rA", "-p", "no:dsv4_numerics")
     assert without.returncode == 0, without.stdout + without.stderr
     assert _outcomes(with_plugin.stdout) == _outcomes(without.stdout) and len(_outcomes(without.stdout)) == 4
     assert re.search(r"SKIPPED \[1\] test_foreign.py:\d+: own gpu rule", with_plugin.stdout)
     assert "dsv4-numerics" not in with_plugin.stdout  # no section, no table, no extra output
     # the plugin is really loaded in the first run (its options exist)
-    assert "--dsv4-report" in _pytest(tmp_path, "--help").stdout
+    assert "--dsv4-report" in run_pytest(tmp_path, "--help").stdout
 
 
 def test_arch_marker_skip_and_parametrize_cases_ids(tmp_path):
     from dsv4_numerics.api.testing import cases
 
-    _suite(tmp_path, {"test_arch.py": '''
+    write_suite(tmp_path, {"test_arch.py": '''
         import pytest
         from dsv4_numerics.plugin.hooks import parametrize_cases
 
@@ -115,12 +115,12 @@ def test_arch_marker_skip_and_parametrize_cases_ids(tmp_path):
         def test_small(c):
             assert c.stage == "swa_indices"
     '''})
-    r = _pytest(tmp_path, "--strict-markers", "--collect-only")
+    r = run_pytest(tmp_path, "--strict-markers", "--collect-only")
     ids = [l for l in r.stdout.splitlines() if "::" in l]
     names = [c.name for c in cases("swa_indices")]
     assert [i.split("[", 1)[1].rstrip("]") for i in ids if "test_each_case" in i] == names
     assert [i.split("[", 1)[1].rstrip("]") for i in ids if "test_small" in i] == names[:2]
-    r = _pytest(tmp_path, "--strict-markers", "-k", "h200")
+    r = run_pytest(tmp_path, "--strict-markers", "-k", "h200")
     reason = arch_skip_reason("sm90")
     if reason is None:  # an SM90 GPU is present: the test runs
         assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout
@@ -154,8 +154,8 @@ RESULTS_SUITE = {
 
 
 def test_report_and_require_judged_entry_passes(tmp_path):
-    _suite(tmp_path, RESULTS_SUITE)
-    r = _pytest(tmp_path, "--dsv4-report", "r.json", "--dsv4-require", "fake.jud*")
+    write_suite(tmp_path, RESULTS_SUITE)
+    r = run_pytest(tmp_path, "--dsv4-report", "r.json", "--dsv4-require", "fake.jud*")
     assert r.returncode == 0, r.stdout + r.stderr
     d = json.loads((tmp_path / "r.json").read_text())
     assert d["schema"] == "dsv4-numerics/report/1"
@@ -168,10 +168,10 @@ def test_report_and_require_judged_entry_passes(tmp_path):
 @pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
 def test_require_fails_when_the_required_entry_only_skipped(tmp_path, xdist):
-    _suite(tmp_path, RESULTS_SUITE)
+    write_suite(tmp_path, RESULTS_SUITE)
     args = ["--dsv4-report", "r.json"] + (["-n", "2"] if xdist else [])
-    env = _env(DSV4_ENTRIES_FROM=str(tmp_path / "fake_entries.py"), DSV4_REQUIRE="fake.unavail")
-    r = _pytest(tmp_path, *args, env=env)
+    env = clean_env(DSV4_ENTRIES_FROM=str(tmp_path / "fake_entries.py"), DSV4_REQUIRE="fake.unavail")
+    r = run_pytest(tmp_path, *args, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 passed, 1 skipped" in r.stdout  # every test was green: only the requirement fails
     line = next(l for l in r.stdout.splitlines() if "required entry fake.unavail was not judged" in l)
@@ -179,7 +179,7 @@ def test_require_fails_when_the_required_entry_only_skipped(tmp_path, xdist):
     d = json.loads((tmp_path / "r.json").read_text())
     assert d["meta"]["exitstatus"] == 1 and d["meta"]["requirements"][0]["ok"] is False
     # a glob that matches nothing fails as well
-    r = _pytest(tmp_path, "--dsv4-require", "no.such.*", "-k", "judged")
+    r = run_pytest(tmp_path, "--dsv4-require", "no.such.*", "-k", "judged")
     assert r.returncode == 1 and "required 'no.such.*' matches no kernel entry" in r.stdout, r.stdout
 
 
@@ -200,7 +200,7 @@ def test_the_xdist_controller_writes_its_report_in_a_thread_and_raises_its_error
         if path.endswith("bad.json"):
             raise OSError(f"cannot write {path}")
 
-    monkeypatch.setattr(pp, "_write_report", write)
+    monkeypatch.setattr(pp, "write_report", write)
     monkeypatch.delenv(pp.ENV_REQUIRE, raising=False)
 
     def config(path, xdist):

@@ -1,6 +1,6 @@
 """A foreign project whose kernel segfaults on one case (``ctypes.string_at(0)``), judged with
 ``assert_matches_reference`` (run in a subprocess outside this repository's conftest,
-``test_plugin._suite``):
+``test_plugin.write_suite``):
 
 * with ``dsv4_isolate = true`` (ini, here ``-o``) the session survives: the failing case is an ``error``
   Result with the signal, the other cases pass, the later test runs, and the report and the
@@ -20,10 +20,10 @@ import os
 
 import pytest
 
-from dsv4_numerics.plugin.hooks import _State, recover_spooled
+from dsv4_numerics.plugin.hooks import State, recover_spooled
 from dsv4_numerics.report.merge import merge_reports
 
-from tests.plugin.test_plugin import _env, _pytest, _suite
+from tests.plugin.test_plugin import clean_env, run_pytest, write_suite
 
 CRASH = "bs64-s37440-tiny-ties"  # the second of the three cases judged
 SUITE = {
@@ -73,10 +73,10 @@ def _cell(path) -> dict:
 
 @pytest.mark.slow  # two nested pytest runs, one of them with two xdist workers
 def test_a_segfaulting_kernel_is_an_error_row_with_or_without_isolation(tmp_path):
-    _suite(tmp_path, SUITE)
-    env = _env(DSV4_WORKER_DEVICE="cpu", DSV4_ARCH="cpu")
+    write_suite(tmp_path, SUITE)
+    env = clean_env(DSV4_WORKER_DEVICE="cpu", DSV4_ARCH="cpu")
     # isolated (the ini option): the session goes on, the crash is its case's error
-    r = _pytest(tmp_path, "--dsv4-report", "iso.json", "-n", "0", "-o", "dsv4_isolate=true", env=env)
+    r = run_pytest(tmp_path, "--dsv4-report", "iso.json", "-n", "0", "-o", "dsv4_isolate=true", env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-4000:]
     assert "1 failed, 1 passed" in out, out[-3000:]
@@ -89,7 +89,7 @@ def test_a_segfaulting_kernel_is_an_error_row_with_or_without_isolation(tmp_path
     cell = _cell(tmp_path / "iso.json")
     assert (cell["verdict"], cell["cases"], cell["judged"]) == ("error", 3, 3)
     # not isolated, two xdist workers: the worker dies in test_writer, the report keeps a row for it
-    r = _pytest(tmp_path, "--dsv4-report", "raw.json", "-n", "2", env=env)
+    r = run_pytest(tmp_path, "--dsv4-report", "raw.json", "-n", "2", env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "crashed while running 'test_writer.py::test_writer'" in out, out[-4000:]
     assert (tmp_path / "default.txt").read_text() == "False"
@@ -102,8 +102,8 @@ def test_a_segfaulting_kernel_is_an_error_row_with_or_without_isolation(tmp_path
 
 
 def test_the_command_line_option_turns_isolation_on(tmp_path):
-    _suite(tmp_path, SUITE)
-    r = _pytest(tmp_path, "--dsv4-isolate", "-n", "0", "--collect-only", "kern.py")  # nothing to collect
+    write_suite(tmp_path, SUITE)
+    r = run_pytest(tmp_path, "--dsv4-isolate", "-n", "0", "--collect-only", "kern.py")  # nothing to collect
     assert r.returncode == 5, r.stdout + r.stderr
     assert (tmp_path / "default.txt").read_text() == "True"
 
@@ -123,7 +123,7 @@ def test_an_announced_call_without_its_result_is_an_error_row_only_where_the_wor
     def result(case):
         return {"result": {"entry": "k", "stage": "swa_write", "case": case, "verdict": "pass", "rule": "bit_exact"}}
 
-    st = _State()
+    st = State()
     st.crashed = {"t.py::crashed_in_call": "worker 'gw0' crashed while running 't.py::crashed_in_call'",
                   "t.py::crashed_after": "worker 'gw0' crashed while running 't.py::crashed_after'"}
     lines = []

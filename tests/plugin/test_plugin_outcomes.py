@@ -3,7 +3,7 @@ tests judge with the public API and then fail in every way a test can -- ``asser
 raising (the Results never reach ``dsv4_results``), a test failing for its own reasons after its
 Results passed, a test skipping after judging, the xdist worker dying inside a test -- and the
 report's counts equal pytest's.
-Run in a subprocess outside this repository's conftest (``test_plugin._suite``)."""
+Run in a subprocess outside this repository's conftest (``test_plugin.write_suite``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.plugin.test_plugin import _pytest, _suite
+from tests.plugin.test_plugin import run_pytest, write_suite
 
 SUITE = {
     "test_outcomes.py": '''
@@ -73,8 +73,8 @@ def _counts(stdout: str) -> dict[str, int]:
 
 @pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_report_counts_equal_pytests_and_failures_are_never_lost(tmp_path):
-    _suite(tmp_path, SUITE)
-    r = _pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2")
+    write_suite(tmp_path, SUITE)
+    r = run_pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2")
     assert r.returncode == 1, r.stdout + r.stderr
     pytest_counts = _counts(r.stdout)
     assert pytest_counts == {"passed": 4, "failed": 3, "skipped": 1}, r.stdout

@@ -9,6 +9,7 @@ import torch
 from dsv4_numerics.reference.constants import *  # noqa: F401,F403
 from dsv4_numerics.reference.constants import production_page_stride
 from dsv4_numerics.reference.errors import INDEX_DTYPES, check_dtype, check_int, check_rank, check_tensor, fail
+from dsv4_numerics.reference.storage import clone_storage
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, ScaleRule, SlotSkip, Ue8m0Consumer
 
 
@@ -676,7 +677,7 @@ def cache_geometry(fn: str, cache: torch.Tensor, block_size: int) -> tuple[int, 
     return nb, block_size, p
 
 
-def _flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
+def flat_bytes(cache: torch.Tensor, nb: int, p: int) -> torch.Tensor:
     """1-D uint8 view of the ``nb * p`` page bytes backing ``cache`` (writes go to ``cache``)."""
     return torch.as_strided(cache, (nb * p,), (1,), cache.storage_offset())
 
@@ -703,14 +704,6 @@ def slot_addresses(slots: torch.Tensor, block_size: int, page_stride: int) -> tu
         fail(fn, "slots", "must be >= 0 (filter the -1 sentinels first)")
     page, e = s // block_size, s % block_size
     return page * page_stride + e * DATA_ROW_BYTES, page * page_stride + block_size * DATA_ROW_BYTES + e * SCALE_ROW_BYTES
-
-
-def _clone_cache(cache: torch.Tensor) -> torch.Tensor:
-    """Copy of ``cache`` with the same sizes, strides and storage offset (page tails kept)."""
-    storage = cache.untyped_storage().clone()
-    out = torch.empty(0, dtype=torch.uint8, device=cache.device)
-    out.set_(storage, cache.storage_offset(), cache.size(), cache.stride())
-    return out
 
 
 # --------------------------------------------------------------------------- records
@@ -859,8 +852,8 @@ def insert(
     if written.numel() != torch.unique(written).numel():
         fail(fn, "slot_mapping", "must not write one slot twice (producer threads would race)")
     data, scales = encode_records(k[: slots.shape[0]][tokens.to(k.device)], rule, flavour, nonfinite, clamp)
-    out = _clone_cache(cache)
-    flat = _flat_bytes(out, nb, p)
+    out = clone_storage(cache)
+    flat = flat_bytes(out, nb, p)
     d_addr, s_addr = slot_addresses(written, bs, p)
     dev = cache.device
     d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(dev)
@@ -877,7 +870,7 @@ def read_records(cache: torch.Tensor, slots: torch.Tensor, block_size: int) -> t
     s = _check_slots(fn, "slots", slots).to("cpu")
     if bool(((s < 0) | (s >= nb * bs)).any()):
         fail(fn, "slots", f"must lie in [0, num_blocks*block_size = {nb * bs})")
-    flat = _flat_bytes(cache, nb, p)
+    flat = flat_bytes(cache, nb, p)
     d_addr, s_addr = slot_addresses(s, bs, p)
     d_idx = (d_addr.unsqueeze(1) + torch.arange(DATA_ROW_BYTES)).to(cache.device)
     s_idx = (s_addr.unsqueeze(1) + torch.arange(SCALE_ROW_BYTES)).to(cache.device)

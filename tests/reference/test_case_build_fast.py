@@ -39,16 +39,16 @@ def _slow_history(spec, weights, state, prefix_lens, seed):
         if n_prefix == 0:
             continue
         p = torch.arange(max(0, n_prefix - spec.window), n_prefix)
-        kv = L._realistic_rows(p.numel(), g)
+        kv = L.realistic_rows(p.numel(), g)
         slots = local_to_global_slots(p, torch.full_like(p, r), state.swa_block_table, spec.swa_block_size)
-        swa = insert(swa, L._kv_rows_roped(spec, weights, kv, p), slots, spec.swa_block_size, spec.swa_rule)
+        swa = insert(swa, L.kv_rows_roped(spec, weights, kv, p), slots, spec.swa_block_size, spec.swa_rule)
         if not spec.compressed:
             continue
         n = n_prefix // spec.ratio
         if n:
             j = torch.arange(n)
             cslots = local_to_global_slots(j, torch.full_like(j, r), state.comp_block_table, spec.comp_bs)
-            comp = insert(comp, L._realistic_rows(n, g), cslots, spec.comp_bs, spec.comp_rule)
+            comp = insert(comp, L.realistic_rows(n, g), cslots, spec.comp_bs, spec.comp_rule)
         coff, W = compressor_geometry(spec.ratio)
         sp = torch.arange(max(0, n_prefix - W), n_prefix)
         rr, vv = rows_l[r].clone(), valid_l[r].clone()

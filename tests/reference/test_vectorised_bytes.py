@@ -57,8 +57,8 @@ def _slow_insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp
     ``insert`` decides whether the call is legal), then one token at a time."""
     slow.insert(cache, k, slots, bs, rule, flavour, nonfinite, slot_skip, clamp)  # raises like before
     nb, _, p = slow.cache_geometry("insert", cache, bs)
-    out = slow._clone_cache(cache)
-    flat = slow._flat_bytes(out, nb, p)
+    out = slow.clone_storage(cache)
+    flat = slow.flat_bytes(out, nb, p)
     for t, s in enumerate(slots.tolist()):
         if s < 0:
             continue
@@ -191,20 +191,20 @@ def test_code_table_equals_float64_encoder_for_every_scaled_bf16(flavour, clamp)
     m = quant.fp8_max(flavour) if clamp is None else clamp
     x64 = _ALL_BF16.to(torch.float64)
     for nonfinite in NonFinite:
-        table = quant._code_table(flavour, nonfinite, m, torch.device("cpu"))
+        table = quant.code_table(flavour, nonfinite, m, torch.device("cpu"))
         for e in range(-22, 127):
             scale = torch.tensor(2.0 ** -e, dtype=torch.bfloat16)
             got = table[(_ALL_BF16 * scale).view(torch.int16).to(torch.int32)]
             y = x64 * 2.0 ** -e
             y = torch.where(torch.isnan(y), float("nan"), y)
-            want = quant._encode_fp8_trusted(y, flavour, nonfinite,
-                                             None if nonfinite in quant._TORCH_POLICIES else m)
+            want = quant.encode_fp8_trusted(y, flavour, nonfinite,
+                                             None if nonfinite in quant.TORCH_POLICIES else m)
             assert torch.equal(got, want), (nonfinite, e, int((got != want).sum()))
 
 
 @pytest.mark.parametrize("nonfinite", list(NonFinite))
 def test_fast_rows_equal_float64_rows_on_every_bf16_pattern(nonfinite):
-    """``_quantize_rows`` (bf16 fast path) equals ``_quantize_rows_f64`` on tiles made of every bf16
+    """``quantize_rows`` (bf16 fast path) equals ``quantize_rows_f64`` on tiles made of every bf16
     bit pattern (in order and shuffled, scaled into many tile magnitudes), both rules, all flavours."""
     g = torch.Generator().manual_seed(13)
     pats = torch.cat((_ALL_BF16, _ALL_BF16[torch.randperm(1 << 16, generator=g)]))
@@ -215,8 +215,8 @@ def test_fast_rows_equal_float64_rows_on_every_bf16_pattern(nonfinite):
         for flavour, clamp in [(Fp8Flavour.E4M3FN, None), (Fp8Flavour.E4M3FNUZ, None),
                                (Fp8Flavour.E4M3FNUZ, FNUZ_GFX942_CLAMP)]:
             m = quant.fp8_max(flavour) if clamp is None else clamp
-            got = quant._quantize_rows(pats, rule, flavour, nonfinite, m)
-            want = quant._quantize_rows_f64(pats, rule, flavour, nonfinite, m)
+            got = quant.quantize_rows(pats, rule, flavour, nonfinite, m)
+            want = quant.quantize_rows_f64(pats, rule, flavour, nonfinite, m)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (rule, flavour, clamp)
 
 

@@ -15,7 +15,7 @@ from dsv4_numerics.report import diff as report_diff
 from dsv4_numerics.report import history as H
 from dsv4_numerics.report import html as report_html
 from dsv4_numerics.report import merge as report_merge
-from tests.report._reports import check_report, meta, unavailable_row
+from tests.report.report_builders import check_report, meta, unavailable_row
 
 ARCH = "x86-avx512bf16"
 DEC = "vllm_cpu.sparse_decode"

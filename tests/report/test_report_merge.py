@@ -1,4 +1,4 @@
-"""``report merge`` and ``report diff`` on hand-built reports (``_reports``): placement by
+"""``report merge`` and ``report diff`` on hand-built reports (``report_builders``): placement by
 architecture, conflicts kept, divergences, rows without Results, and every kind of change the
 diff gates on, with the CLI's exit codes."""
 
@@ -13,12 +13,12 @@ from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.report.diff import diff_matrices
 from dsv4_numerics.report.merge import merge_reports
 
-from ._reports import R, check_report, meta, pytest_report, unavailable_row
+from .report_builders import R, check_report, meta, pytest_report, unavailable_row
 
 E = "flashmla.sparse_decode.sm90"
 
 
-def _three_runs(tmp_path):
+def three_runs(tmp_path):
     """An H200 check run, an H200 pytest run that disagrees on one case, a B200 pytest run."""
     a = check_report(tmp_path / "h200-check.json",
                      [R(E, "c1", "pass", 1.5, 4.0), R(E, "c2", "pass", 0.5, 8.0)],
@@ -34,7 +34,7 @@ def _three_runs(tmp_path):
 
 
 def test_merge_places_cells_by_arch_and_keeps_conflicts(tmp_path):
-    m = merge_reports(list(_three_runs(tmp_path)))
+    m = merge_reports(list(three_runs(tmp_path)))
     assert m["schema"] == "dsv4-numerics/matrix/1" and m["archs"] == ["sm90", "sm100"]
     assert [r["label"] for r in m["runs"]] == ["h200-check.json", "h200-pytest.json", "b200.json"]
     assert m["runs"][0]["staged"][0]["vllm_version"] == "0.33.0" and m["runs"][2]["cuda"] == "13.0"
@@ -75,7 +75,7 @@ def test_one_run_judging_a_case_twice_is_a_conflict_labelled_by_policies(tmp_pat
 def test_merge_reads_gzipped_reports(tmp_path):
     import gzip
 
-    paths = list(_three_runs(tmp_path))
+    paths = list(three_runs(tmp_path))
     gz = tmp_path / "b200.json.gz"
     gz.write_bytes(gzip.compress(open(paths[2], "rb").read()))
     plain, zipped = merge_reports(paths), merge_reports(paths[:2] + [gz])
@@ -183,7 +183,7 @@ def test_diff_thresholds_and_unavailable(tmp_path):
 
 
 def test_cli_merge_writes_matrix_and_page_and_diff_reads_them_back(tmp_path, capsys):
-    paths = list(_three_runs(tmp_path))
+    paths = list(three_runs(tmp_path))
     out, page = tmp_path / "m.json", tmp_path / "m.html"
     assert cli.main(["report", "merge", *paths, "--json", str(out), "--html", str(page)]) == cli.EXIT_OK
     text = capsys.readouterr().out

@@ -13,7 +13,7 @@ import pytest
 from dsv4_numerics.report import html as report_html
 from dsv4_numerics.report.merge import merge_reports
 
-from .test_report_merge import E, _three_runs
+from .test_report_merge import E, three_runs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -48,7 +48,7 @@ def test_page_shows_filters_and_opens_the_decoded_diff(tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    m = merge_reports(list(_three_runs(tmp_path)))
+    m = merge_reports(list(three_runs(tmp_path)))
     page = report_html.write_html(m, tmp_path / "matrix.html", "test matrix")
     text = page.read_text()
     assert "http://" not in text and "https://" not in text and "<link" not in text and " src=" not in text

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from dsv4_numerics.report.merge import merge_reports
-from tests.plugin.test_plugin import _pytest, _suite
+from tests.plugin.test_plugin import run_pytest, write_suite
 
 pytest.importorskip("pytest_split", reason="pytest-split is not installed (pip install pytest-split)")
 
@@ -44,12 +44,12 @@ def _cells(m):
 
 
 def test_two_shards_merge_into_the_one_run_matrix(tmp_path):
-    _suite(tmp_path, SUITE)
-    full = _pytest(tmp_path, "--dsv4-report", "full.json")
+    write_suite(tmp_path, SUITE)
+    full = run_pytest(tmp_path, "--dsv4-report", "full.json")
     assert full.returncode == 1 and "1 failed, 8 passed" in full.stdout, full.stdout
     shards = []
     for k in (1, 2):
-        r = _pytest(tmp_path, "--splits", "2", "--group", str(k), "--dsv4-report", f"shard{k}.json")
+        r = run_pytest(tmp_path, "--splits", "2", "--group", str(k), "--dsv4-report", f"shard{k}.json")
         assert r.returncode in (0, 1), r.stdout + r.stderr
         shards.append(json.loads((tmp_path / f"shard{k}.json").read_text()))
     # each shard ran part of the suite, together all of it, no test twice

@@ -219,9 +219,9 @@ MY_KERNELS = '''
 def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
     """``--dsv4-repro DIR`` in a user's own suite: the failing judged case gets a folder, the
     passing one none, and the test outcome is the test's own."""
-    from tests.plugin.test_plugin import _env, _pytest, _suite
+    from tests.plugin.test_plugin import clean_env, run_pytest, write_suite
 
-    _suite(tmp_path, {
+    write_suite(tmp_path, {
         "my_kernels.py": MY_KERNELS,
         "test_mine.py": '''
             import dsv4_numerics as dn
@@ -233,7 +233,7 @@ def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
         ''',
     })
     out = tmp_path / "repros"
-    p = _pytest(tmp_path, "--dsv4-repro", str(out), env=_env(PYTHONPATH=str(tmp_path)))
+    p = run_pytest(tmp_path, "--dsv4-repro", str(out), env=clean_env(PYTHONPATH=str(tmp_path)))
     assert p.returncode == 0, p.stdout + p.stderr
     folders = sorted(x.parent.name for x in out.rglob("repro.py"))
     assert folders == ["plain-per-head-broadcast"], p.stdout
@@ -246,9 +246,9 @@ def test_plugin_writes_one_reproducer_per_failing_case(tmp_path):
 def test_plugin_writes_hypothesis_final_example_only(tmp_path):
     """A failure drawn by hypothesis: the plugin writes the final replay of the shrunk example, not
     the examples drawn and shrunk before it."""
-    from tests.plugin.test_plugin import _env, _pytest, _suite
+    from tests.plugin.test_plugin import clean_env, run_pytest, write_suite
 
-    _suite(tmp_path, {
+    write_suite(tmp_path, {
         "my_kernels.py": MY_KERNELS,
         "test_mine.py": '''
             import dsv4_numerics as dn
@@ -264,7 +264,7 @@ def test_plugin_writes_hypothesis_final_example_only(tmp_path):
         ''',
     })
     out = tmp_path / "repros"
-    p = _pytest(tmp_path, "--dsv4-repro", str(out), env=_env(PYTHONPATH=str(tmp_path)))
+    p = run_pytest(tmp_path, "--dsv4-repro", str(out), env=clean_env(PYTHONPATH=str(tmp_path)))
     assert p.returncode == 1, p.stdout + p.stderr
     lines = [ln for ln in p.stdout.splitlines() if "plain-per-head-broadcast]:" in ln]
     assert len(lines) == 1, p.stdout  # one write: the final replay
@@ -279,10 +279,10 @@ def test_gpu_finding_machinery_on_the_sglang_store_stand_in(tmp_path, monkeypatc
     import dataclasses
     import importlib.util
 
-    import tests.kernels._fake_sglang_jit as FAKE
+    import tests.kernels.fake_sglang_jit as FAKE
     from dsv4_numerics.kernels.sglang import jit as sglang_jit
 
-    monkeypatch.setattr(sglang_jit, "_module", lambda name: FAKE)
+    monkeypatch.setattr(sglang_jit, "jit_module", lambda name: FAKE)
     finding = next(f for f in FINDINGS if f.slug == "sglang-store-nan-448")
     entry = dataclasses.replace(registry.get(finding.entry), probe=lambda: None)
     rep = mk.make(entry, entry.stage, case=finding.case_value(), out=tmp_path / "r", contract=finding.contract,

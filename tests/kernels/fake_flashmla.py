@@ -32,7 +32,7 @@ def get_mla_metadata(*args, **kwargs):
 _V41_RECORDS = {528: V41Record.MXFP8, 288: V41Record.NVFP4}
 
 
-def _rows(k_cache: torch.Tensor) -> torch.Tensor:
+def cache_rows(k_cache: torch.Tensor) -> torch.Tensor:
     r = k_cache.shape[3]
     assert k_cache.dim() == 4 and k_cache.shape[2] == 1 and r in (584, *_V41_RECORDS), k_cache.shape
     assert k_cache.stride(1) == r and k_cache.stride(-1) == 1, k_cache.stride()
@@ -65,7 +65,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         assert idx.dtype == torch.int32 and idx.shape[:2] == (b, s_q) and idx.shape[2] % 64 == 0
         if ln is not None:
             assert ln.dtype == torch.int32 and ln.shape == (b,) and ln.is_contiguous()
-        rows = _rows(cache)
+        rows = cache_rows(cache)
         flat_idx = idx.reshape(b * s_q, -1)
         flat_len = None if ln is None else ln.repeat_interleave(s_q)
         segs.append(Segment(rows, flat_idx, flat_len, IndexRule.MINUS1_ONLY))

@@ -70,7 +70,7 @@ def _v41_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = t.abs().amax(-1)
     scale = torch.clamp(fp4.div_rn_f32(amax, torch.full_like(amax, 6.0)), 2.0**-9, 448.0).to(torch.float8_e4m3fn)
     y = fp4.div_rn_f32(t, scale.to(torch.float32).unsqueeze(-1))
-    codes = fp4.pack_e2m1(fp4._encode_e2m1(y.to(torch.float64)).reshape(-1, 512))
+    codes = fp4.pack_e2m1(fp4.encode_e2m1_trusted(y.to(torch.float64)).reshape(-1, 512))
     return codes, scale.view(torch.uint8)
 
 
@@ -132,7 +132,7 @@ def dpsk_v4_fp8_attention_fwd(q, k_cache, block_table, cache_seqlens, head_dim_v
     """The TileLang decode's contract (``tilelang_fp8_attention.py:95-108,949-1064``: power-of-two
     pages, top-k a multiple of block_I = 32, no schedule) over FlashMLA's stand-in, with the NoPE
     codes read by exponent arithmetic (every exponent-0 code as a normal)."""
-    import tests.kernels._fake_flashmla as FM
+    import tests.kernels.fake_flashmla as FM
     from dsv4_numerics.reference.caches.model1 import dequantize_all
     from dsv4_numerics.reference.policies import Fp8Decode, Ue8m0Consumer
 
@@ -143,8 +143,8 @@ def dpsk_v4_fp8_attention_fwd(q, k_cache, block_table, cache_seqlens, head_dim_v
             assert bs & (bs - 1) == 0, "block_size_kv must be a power of two"
             assert idx.shape[-1] % 32 == 0 and cache.stride(0) % 4 == 0
     CALLS.append({"fn": "tilelang_decode", "h_q": q.shape[2]})
-    rows = FM._rows
-    FM._rows = lambda c: dequantize_all(c[:, :, 0, :], c.shape[1], consumer=Ue8m0Consumer.FLASHMLA,
+    rows = FM.cache_rows
+    FM.cache_rows = lambda c: dequantize_all(c[:, :, 0, :], c.shape[1], consumer=Ue8m0Consumer.FLASHMLA,
                                         read=Fp8Decode.EXP0_AS_NORMAL)
     try:
         return FM.flash_mla_with_kvcache(q, k_cache, None, None, head_dim_v, None, softmax_scale=softmax_scale,
@@ -152,4 +152,4 @@ def dpsk_v4_fp8_attention_fwd(q, k_cache, block_table, cache_seqlens, head_dim_v
                                          extra_k_cache=extra_k_cache, extra_indices_in_kvcache=extra_indices_in_kvcache,
                                          topk_length=topk_length, extra_topk_length=extra_topk_length)
     finally:
-        FM._rows = rows
+        FM.cache_rows = rows

@@ -1,0 +1,1 @@
+"""Adapters of TokenSpeed's MLA kernels (``mla``)."""
