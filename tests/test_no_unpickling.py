@@ -109,7 +109,7 @@ def test_a_kernel_child_given_a_planted_case_file_fails_its_setup_without_runnin
     marker = tmp_path / "ran"
     planted = tmp_path / "cases.safetensors"
     _plant(planted, marker)
-    res = wp.run_isolated("tests.kernels._fake_entries:FAKE", ["c0"], device="cpu", cases_file=str(planted),
+    res = wp.run_isolated("tests.kernels.fake_entries:FAKE", ["c0"], device="cpu", cases_file=str(planted),
                           mode="raw", workdir=str(tmp_path / "w"))
     assert res["c0"]["rule"] == "setup_error" and str(planted) in res["c0"]["message"], res
     assert not marker.exists()

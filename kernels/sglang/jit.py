@@ -332,7 +332,7 @@ def store_op(case: Case, layout: str) -> OpCall:
                   kwargs={"page_size": bs, "type": "flashmla", "layout": a["layout"]},
                   outputs={"cache": ("arg", 1)}, finish=lambda ret: {"cache": a["_finish"]()})
     if layout == "v4":
-        from dsv4_numerics.kernels.vllm.cuda import paged_cache_2d
+        from dsv4_numerics.kernels.convert import paged_cache_2d
         from dsv4_numerics.reference.caches import model1
 
         def masks(exp: dict, c: Case) -> dict:

@@ -361,7 +361,7 @@ def sparse_prefill_call(case: Case) -> dict[str, torch.Tensor]:
 
 def insert_op(case: Case) -> OpCall:
     """Canonical ``swa_write`` case -> the ``fused_qnorm_rope_kv_insert_cpu`` call (zero dummy
-    query, identity RoPE, the page copy of ``vllm_cuda.swa_write_args``): ``k_cache`` (arg 3, a
+    query, identity RoPE, the page copy of ``writer_args.swa_write_args``): ``k_cache`` (arg 3, a
     ``[num_blocks, page_stride']`` page buffer) is written in place; compared bit for bit over the
     defined bytes of the written slots."""
     a = swa_write_args(case.inputs)

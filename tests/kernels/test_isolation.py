@@ -207,7 +207,7 @@ def test_a_device_fault_ends_the_child_and_the_next_case_runs_in_a_fresh_one(tmp
         pids = _pids(tmp_path / "w")
         assert pids[names[0]] != pids[names[1]] and sess.starts == 2
         assert sess.pid is None and not any(_alive(p) for p in pids.values())
-        log = (tmp_path / "w" / "tests.kernels._fake_entries_FAKE.jsonl").read_text()
+        log = (tmp_path / "w" / "tests.kernels.fake_entries_FAKE.jsonl").read_text()
         assert log.count('"poisoned"') == 2
 
 

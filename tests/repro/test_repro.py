@@ -273,7 +273,7 @@ def test_plugin_writes_hypothesis_final_example_only(tmp_path):
 
 def test_gpu_finding_machinery_on_the_sglang_store_stand_in(tmp_path, monkeypatch):
     """The GPU findings go through the same machinery: ``sglang-store-nan-448`` written from the
-    CPU stand-in of SGLang's JIT store (``tests/kernels/_fake_sglang_jit.py``, the store.cuh
+    CPU stand-in of SGLang's JIT store (``tests/kernels/fake_sglang_jit.py``, the store.cuh
     arithmetic: NaN -> +448), a Python op called with keyword arguments. Its script names SGLang's
     module as the op; called with the stand-in it exits 1, with a correct op 0."""
     import dataclasses
