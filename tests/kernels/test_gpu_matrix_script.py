@@ -28,7 +28,12 @@ def test_gpu_matrix_script_dry_run(tmp_path):
     log = (out / "log.txt").read_text()
     assert "staged folder" in log and "does not exist" in log
     assert "entries available here" in log  # `dsv4-numerics kernels` ran
-    assert "no GPU visible, the GPU reproducers are skipped" in log  # the repro step, on a CPU box
+    import torch
+
+    if torch.cuda.is_available():  # the repro step runs where a GPU is visible
+        assert "repro --findings --gpu" in log
+    else:  # and is skipped, saying so, on a CPU box
+        assert "no GPU visible, the GPU reproducers are skipped" in log
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
