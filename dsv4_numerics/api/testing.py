@@ -52,7 +52,6 @@ values are an ``InputError`` naming the known ones.
 
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Union

@@ -505,12 +505,12 @@ def requirement_outcome(rows: list[Row], required: list[tuple[str, str]]) -> tup
         return sum(x.judged for x in mine) if mine and all(x.judged for x in mine) else 0
 
     def why_not(name: str) -> str:
-        mine = by_name.get(name, [])
+        mine, owed = by_name.get(name, []), due(name)
         if not mine:
             return "not run"
-        if not due(name):
+        if not owed:
             return "no staged release is inside the entry's declared range"
-        short = [x for x in due(name) if x.judged == 0]
+        short = [x for x in owed if x.judged == 0]
         if any(x.release for x in mine):
             return "; ".join(f"{x.release or '?'}: {x.verdict}: {x.note}" for x in short)
         r = short[-1]

@@ -197,6 +197,23 @@ def _local_topk(seed: int, vis: torch.Tensor, topk: int) -> torch.Tensor:
     return out.to(torch.int32)
 
 
+def _check_draw(fn: str, layer: str, num_heads: int, q_scale_log2: int) -> None:
+    """The arguments both device builders share: the layer kind, the head count and the power of
+    two q is scaled by (q stays a normal bfloat16)."""
+    if layer not in LAYER_RATIOS:
+        fail(fn, "layer", f"must be one of {sorted(LAYER_RATIOS)}", layer)
+    check_int(fn, "num_heads", num_heads, minimum=1)
+    if not -60 <= check_int(fn, "q_scale_log2", q_scale_log2) <= 60:
+        fail(fn, "q_scale_log2", "must be in [-60, 60] (q stays a normal bfloat16)", q_scale_log2)
+
+
+def _check_token_numbers(fn: str, arg: str, tokens, n: int) -> None:
+    """Every number in ``tokens`` is a token of the case, in ``[0, n)``."""
+    for t in tokens:
+        if not 0 <= t < n:
+            fail(fn, arg, f"must be token numbers in [0, {n})", t)
+
+
 def decode_stages(layer: str, num_heads: int, seq_lens: list[int], topk: int = 512, swa_bs: int = 64,
                   comp_bs: int | None = None, seed: int = 0, invalid_tokens: tuple[int, ...] = (),
                   stale_past_len: bool = False, rope_table: bool = False, q_scale_log2: int = 0,
@@ -205,20 +222,13 @@ def decode_stages(layer: str, num_heads: int, seq_lens: list[int], topk: int = 5
     tables, the local top-k, the written rows, caches, indices and lengths, q, sinks, the RoPE
     table. Arguments as ``device_decode_case``."""
     fn = "device_decode_case"
-    if layer not in LAYER_RATIOS:
-        fail(fn, "layer", f"must be one of {sorted(LAYER_RATIOS)}", layer)
-    check_int(fn, "num_heads", num_heads, minimum=1)
+    _check_draw(fn, layer, num_heads, q_scale_log2)
     if not seq_lens:
         fail(fn, "seq_lens", "must list at least one request")
     for s in seq_lens:
         check_int(fn, "seq_lens", s, minimum=1)
-    check_int(fn, "q_scale_log2", q_scale_log2, minimum=-60)
-    if q_scale_log2 > 60:
-        fail(fn, "q_scale_log2", "must be in [-60, 60] (q stays a normal bfloat16)", q_scale_log2)
     R = len(seq_lens)
-    for t in invalid_tokens:
-        if not 0 <= t < R:
-            fail(fn, "invalid_tokens", f"must be token numbers in [0, {R})", t)
+    _check_token_numbers(fn, "invalid_tokens", invalid_tokens, R)
     dev = torch.device(device)
     ratio = LAYER_RATIOS[layer]
     spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=swa_bs,
@@ -327,9 +337,7 @@ def prefill_stages(layer: str, num_heads: int, seq_lens: list[int], query_lens: 
     """Every stage of ``device_prefill_case`` (``PREFILL_STAGES``; ``local_topk`` None on SWA-only
     layers). Arguments as ``device_prefill_case``."""
     fn = "device_prefill_case"
-    if layer not in LAYER_RATIOS:
-        fail(fn, "layer", f"must be one of {sorted(LAYER_RATIOS)}", layer)
-    check_int(fn, "num_heads", num_heads, minimum=1)
+    _check_draw(fn, layer, num_heads, q_scale_log2)
     if not seq_lens or len(query_lens) != len(seq_lens):
         fail(fn, "query_lens", "must give one query length per request (at least one request)")
     for s, q in zip(seq_lens, query_lens):
@@ -337,12 +345,8 @@ def prefill_stages(layer: str, num_heads: int, seq_lens: list[int], query_lens: 
         check_int(fn, "query_lens", q, minimum=1)
         if q > s:
             fail(fn, "query_lens", "must not exceed the request's seq_len", (q, s))
-    if not -60 <= q_scale_log2 <= 60:
-        fail(fn, "q_scale_log2", "must be in [-60, 60] (q stays a normal bfloat16)", q_scale_log2)
     T = sum(query_lens)
-    for t in empty_tokens:
-        if not 0 <= t < T:
-            fail(fn, "empty_tokens", f"must be token numbers in [0, {T})", t)
+    _check_token_numbers(fn, "empty_tokens", empty_tokens, T)
     dev = torch.device(device)
     ratio = LAYER_RATIOS[layer]
     spec = LayerSpec(ratio=ratio, num_heads=num_heads, index_topk=topk, swa_block_size=64, scale=CASE_SCALE)

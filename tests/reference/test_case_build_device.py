@@ -58,16 +58,22 @@ def test_every_stage_same_bytes_on_every_device(layer, heads, seq, opts):
         assert _same_bytes(ref, got) == []
 
 
-@pytest.mark.parametrize("layer,heads,seq,opts", DRAWS)
-def test_case_contract_matches_the_pipeline_builder(layer, heads, seq, opts):
-    c = device_decode_case("d", layer, heads, seq, seed=5, **opts)
-    ref = decode_case("p", layer, heads, seq, seed=5, **{k: v for k, v in opts.items() if k != "q_scale_log2"})
+def assert_same_inputs_contract(c, ref) -> None:
+    """The device-built case ``c`` has the pipeline-built ``ref``'s input names, tensor dtypes and
+    shapes, and its non-tensor inputs."""
     assert set(c.inputs) == set(ref.inputs)
     for k, v in ref.inputs.items():
         if isinstance(v, torch.Tensor):
             assert (c.inputs[k].dtype, tuple(c.inputs[k].shape)) == (v.dtype, tuple(v.shape)), k
         else:
             assert c.inputs[k] == v, k
+
+
+@pytest.mark.parametrize("layer,heads,seq,opts", DRAWS)
+def test_case_contract_matches_the_pipeline_builder(layer, heads, seq, opts):
+    c = device_decode_case("d", layer, heads, seq, seed=5, **opts)
+    ref = decode_case("p", layer, heads, seq, seed=5, **{k: v for k, v in opts.items() if k != "q_scale_log2"})
+    assert_same_inputs_contract(c, ref)
     for k in ("swa_lens", "extra_lens", "positions"):  # lengths follow the layer's rules, not the content
         if k in ref.inputs:
             assert torch.equal(c.inputs[k], ref.inputs[k]), k
@@ -188,12 +194,7 @@ def test_prefill_every_stage_same_bytes_on_every_device(layer, heads, seq, ql, o
 def test_prefill_contract_matches_the_pipeline_builder(layer, heads, seq, ql, opts):
     c = device_prefill_case("d", layer, heads, seq, ql, seed=5, **opts)
     ref = prefill_case("p", layer, heads, seq, ql, seed=5, **{k: v for k, v in opts.items() if k != "q_scale_log2"})
-    assert set(c.inputs) == set(ref.inputs)
-    for k, v in ref.inputs.items():
-        if isinstance(v, torch.Tensor):
-            assert (c.inputs[k].dtype, tuple(c.inputs[k].shape)) == (v.dtype, tuple(v.shape)), k
-        else:
-            assert c.inputs[k] == v, k
+    assert_same_inputs_contract(c, ref)
     for k in ("topk_length", "positions"):
         assert torch.equal(c.inputs[k], ref.inputs[k]), k
     # the same rows are poisoned (NaN: no valid entry reads them), every valid entry reads a finite row
