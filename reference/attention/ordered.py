@@ -72,6 +72,7 @@ __all__ = [
     "sparse_attention",
     "segment_validity",
     "bf16_p_error_bound",
+    "exact_product",
     "peak_bytes_estimate",
     "auto_chunk_tokens",
     "lse_to_flashmla",
@@ -346,15 +347,38 @@ def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def seq_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def exact_product(a: torch.dtype, b: torch.dtype) -> bool:
+    """True when the float64 product of any value of dtype ``a`` and any value of dtype ``b`` is
+    exact: both are floating dtypes narrower than float64 (so no product leaves float64's exponent
+    range: ``|x y| >= 2**-298`` or 0, ``< 2**256``) whose significands, implicit bit included
+    (``1 - log2(finfo.eps)``: bfloat16 8, float16 11, float32 24, the FP8 formats 3-4), hold at most
+    53 bits together. Where it holds, a multiply-add ``acc + x y`` is the same number whether the
+    product is rounded first or fused into one FMA (the product rounds to itself), so the fixed-order
+    loops may issue one ``addcmul_`` instead of a multiply and an add with identical bits on every
+    device."""
+    def bits(dt: torch.dtype) -> int:
+        return 1 - int(round(math.log2(torch.finfo(dt).eps)))
+
+    return (a.is_floating_point and b.is_floating_point and torch.float64 not in (a, b)
+            and bits(a) + bits(b) <= 53)
+
+
+def seq_pv(p: torch.Tensor, v: torch.Tensor, exact_products: bool = False) -> torch.Tensor:
     """``sum_k p[:, :, k, None] * v[:, k, None, :]`` in the fixed order k = 0, 1, ...
 
     p: [c, H, K] float64; v: [c, K, dv] float64 -> [c, H, dv] (both float32: each product is
-    rounded to fp32, then added to an fp32 accumulator; ``oracles/derive.py``)."""
+    rounded to fp32, then added to an fp32 accumulator; ``oracles/derive.py``).
+    ``exact_products``: the caller knows every ``p v`` product is exact in p's dtype (``p`` and ``v``
+    hold values of dtypes for which ``exact_product`` holds): each step is then one ``addcmul_``
+    (the same bits, half the launches and memory traffic)."""
     c, H, K = p.shape
     dv = v.shape[2]
     pt = p.permute(2, 0, 1).contiguous()  # [K, c, H]
     acc = torch.zeros(c, H, dv, dtype=p.dtype, device=p.device)
+    if exact_products:
+        for k in range(K):
+            acc.addcmul_(pt[k].unsqueeze(2), v[:, k].unsqueeze(1))
+        return acc
     tmp = torch.empty_like(acc)
     for k in range(K):
         torch.mul(pt[k].unsqueeze(2), v[:, k].unsqueeze(1), out=tmp)
@@ -383,15 +407,20 @@ def _gather(segs: list[_Seg], t0: int, t1: int, nan_policy: NanPolicy) -> tuple[
     return torch.cat(gs, dim=1), torch.cat(vs, dim=1)
 
 
-def scaled_logits(qc: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tensor:
+def scaled_logits(qc: torch.Tensor, g: torch.Tensor, scale: float, exact_products: bool = False) -> torch.Tensor:
     """``scale * <q, K>`` with the dot product accumulated over d = 0..D-1 in order.
     qc [c, H, D], g [c, K, D] (float64) -> [c, H, K] (float32 operands: an fp32 chain,
-    ``oracles/derive.py``)."""
+    ``oracles/derive.py``). ``exact_products``: every ``q_d k_d`` is exact in qc's dtype (q and the
+    rows come from dtypes for which ``exact_product`` holds): one ``addcmul_`` per step, the same bits."""
     c, H, D = qc.shape
     K = g.shape[1]
     qt = qc.permute(2, 0, 1).contiguous()  # [D, c, H]
     gt = g.permute(2, 0, 1).contiguous()  # [D, c, K]
     acc = torch.zeros(c, H, K, dtype=qc.dtype, device=qc.device)
+    if exact_products:
+        for d in range(D):
+            acc.addcmul_(qt[d].unsqueeze(2), gt[d].unsqueeze(1))
+        return acc.mul_(scale)
     tmp = torch.empty_like(acc)
     for d in range(D):
         torch.mul(qt[d].unsqueeze(2), gt[d].unsqueeze(1), out=tmp)
@@ -399,7 +428,7 @@ def scaled_logits(qc: torch.Tensor, g: torch.Tensor, scale: float) -> torch.Tens
     return acc.mul_(scale)
 
 
-def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
+def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False, exact_qk=False, exact_pv=False):
     c, H, _ = qc.shape
     dev = qc.device
     n_valid = valid.sum(dim=1)  # [c]
@@ -410,7 +439,7 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
         lws = ninf if sink is None else sink.unsqueeze(0).expand(c, H).clone()
         extra = (zero,) if want_abs else ()
         return (zero, ninf, lws, ninf.clone(), n_valid) + extra
-    s = scaled_logits(qc, g, scale)
+    s = scaled_logits(qc, g, scale, exact_products=exact_qk)
     vmask = valid.unsqueeze(1)  # [c, 1, K]
     s = torch.where(vmask, s, torch.full_like(s, -math.inf))
     m = s.amax(dim=2) + 0.0  # [c, H]; +0.0 turns a -0 max into +0
@@ -434,7 +463,7 @@ def _attend_chunk(qc, g, valid, scale, sink, d_v, mode, want_abs=False):
     else:  # BF16_P
         p32 = p.to(torch.float32)
         L = seq_sum_last(p32.to(torch.float64))
-        num = seq_pv(p32.to(torch.bfloat16).to(torch.float64), v)
+        num = seq_pv(p32.to(torch.bfloat16).to(torch.float64), v, exact_products=exact_pv)
         lse = m + det_log(L)
         den = L if sink is None else L + det_exp(sink.unsqueeze(0) - m)
         out = (num / den.unsqueeze(2)).to(torch.float32).to(torch.bfloat16).to(torch.float64)
@@ -455,12 +484,17 @@ def run_ordered(fn, q, segments, scale, sink, d_v, mode, nan_policy, chunk_token
     if chunk_tokens is None:
         itemsize = max(s.rows.element_size() for s in segs)
         chunk_tokens = auto_chunk_tokens(H, K, D, d_v, itemsize, device=q.device)
+    # one multiply-add per step where every product is exact (``exact_product``): q times a row
+    # value in the logit loop, bf16 P times a row value in the BF16_P numerator
+    rdts = {s.rows.dtype for s in segs}
+    exact_qk = all(exact_product(q.dtype, dt) for dt in rdts)
+    exact_pv = mode == AttentionMode.BF16_P and all(exact_product(torch.bfloat16, dt) for dt in rdts)
     parts = []
     for t0 in range(0, T, chunk_tokens):
         t1 = min(T, t0 + chunk_tokens)
         g, valid = _gather(segs, t0, t1, nan_policy)
         qc = q[t0:t1].to(torch.float64)
-        parts.append(_attend_chunk(qc, g, valid, sc, sk, d_v, mode, want_abs))
+        parts.append(_attend_chunk(qc, g, valid, sc, sk, d_v, mode, want_abs, exact_qk, exact_pv))
         del g, valid
     if not parts:  # T == 0
         dev = q.device
