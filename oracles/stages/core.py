@@ -366,6 +366,10 @@ def attention_outputs(case: Case, policies: dict, q: torch.Tensor, segs: list) -
     if flag_policy(policies, "fp8_kv"):  # the rows the kernel consumes: per-tensor E4M3 (scale 1.0)
         segs = [Segment(_e4m3_values(s.rows), s.idx, s.length, s.rule) for s in segs]
     dsegs = None  # under the fast oracle: the segments on the oracle's device
+    if torch.device(policy_value(policies, "oracle_device", "cpu")).type == "cuda" or q.is_cuda:
+        from dsv4_numerics.oracles import ordered_loops
+
+        ordered_loops.install()  # the ordered loops in one launch each on the GPU, the same bits
     if policy_value(policies, "oracle", ORDERED) == FAST:
         from dsv4_numerics.reference.attention.fast import fast_sparse_attention
         from dsv4_numerics.reference.attention.ordered import OracleOut

@@ -73,6 +73,8 @@ __all__ = [
     "segment_validity",
     "bf16_p_error_bound",
     "exact_product",
+    "set_loop_backend",
+    "loop_backend",
     "peak_bytes_estimate",
     "auto_chunk_tokens",
     "lse_to_flashmla",
@@ -337,9 +339,38 @@ def logaddexp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(a) | torch.isnan(b), torch.full_like(res, math.nan), res)
 
 
+# ----------------------------------------------------------------------------- loop backend
+# The three fixed-order loops below (``scaled_logits``, ``seq_sum_last``, ``seq_pv``) issue one or two
+# device operations per step: thousands per call, bound by the host's launch cost on a GPU. A
+# backend that runs a loop in one launch with the same per-element order and the same IEEE
+# operations may be installed (``set_loop_backend``; the judge installs a Triton one for CUDA
+# tensors, ``oracles.ordered_loops``); it must give these functions' bits (its tests compare them on
+# adversarial values). ``backend(name, *args)`` returns the result, or None to leave the call to the
+# PyTorch loop. None (the default) keeps every loop in PyTorch.
+_LOOP_BACKEND = None
+
+
+def set_loop_backend(backend) -> None:
+    """Install ``backend`` (``callable(name, *args) -> Tensor | None``; ``name`` one of
+    ``"scaled_logits"``, ``"seq_sum_last"``, ``"seq_pv"`` with those functions' arguments, the
+    ``scale`` of ``scaled_logits`` excluded: the backend returns the unscaled accumulator) or remove
+    it (None)."""
+    global _LOOP_BACKEND
+    _LOOP_BACKEND = backend
+
+
+def loop_backend():
+    """The installed loop backend (None: the PyTorch loops)."""
+    return _LOOP_BACKEND
+
+
 def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     """Sum over the last axis in the fixed order k = 0, 1, ... (x: [c, H, K] float64; the
     accumulator has x's dtype, so float32 input gives an fp32 chain: ``oracles/derive.py``)."""
+    if _LOOP_BACKEND is not None:
+        out = _LOOP_BACKEND("seq_sum_last", x)
+        if out is not None:
+            return out
     xt = x.permute(2, 0, 1).contiguous()
     acc = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for k in range(xt.shape[0]):
@@ -371,6 +402,10 @@ def seq_pv(p: torch.Tensor, v: torch.Tensor, exact_products: bool = False) -> to
     ``exact_products``: the caller knows every ``p v`` product is exact in p's dtype (``p`` and ``v``
     hold values of dtypes for which ``exact_product`` holds): each step is then one ``addcmul_``
     (the same bits, half the launches and memory traffic)."""
+    if _LOOP_BACKEND is not None:
+        out = _LOOP_BACKEND("seq_pv", p, v, exact_products)
+        if out is not None:
+            return out
     c, H, K = p.shape
     dv = v.shape[2]
     pt = p.permute(2, 0, 1).contiguous()  # [K, c, H]
@@ -412,6 +447,10 @@ def scaled_logits(qc: torch.Tensor, g: torch.Tensor, scale: float, exact_product
     qc [c, H, D], g [c, K, D] (float64) -> [c, H, K] (float32 operands: an fp32 chain,
     ``oracles/derive.py``). ``exact_products``: every ``q_d k_d`` is exact in qc's dtype (q and the
     rows come from dtypes for which ``exact_product`` holds): one ``addcmul_`` per step, the same bits."""
+    if _LOOP_BACKEND is not None:
+        out = _LOOP_BACKEND("scaled_logits", qc, g, exact_products)
+        if out is not None:
+            return out.mul_(scale)
     c, H, D = qc.shape
     K = g.shape[1]
     qt = qc.permute(2, 0, 1).contiguous()  # [D, c, H]
