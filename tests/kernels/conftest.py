@@ -207,12 +207,17 @@ def release_session(folder):
     return _RELEASE_SESSIONS[key]
 
 
+def close_release_sessions(folders=None) -> None:
+    """End the release sessions of ``folders`` (None: all of them)."""
+    for key in [k for k in _RELEASE_SESSIONS if folders is None or k in {str(f) for f in folders}]:
+        _RELEASE_SESSIONS.pop(key).close()
+
+
 @pytest.fixture(scope="session")
 def release_sessions():
     """:func:`release_session`, its children ended with the pytest session."""
     yield release_session
-    while _RELEASE_SESSIONS:
-        _RELEASE_SESSIONS.popitem()[1].close()
+    close_release_sessions()
 
 
 def run_release_group(child_entry: str, entry, names: list[str], folder, **kw) -> dict[str, dict]:

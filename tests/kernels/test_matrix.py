@@ -40,7 +40,7 @@ from __future__ import annotations
 import pytest
 
 from dsv4_numerics.kernels import registry
-from dsv4_numerics.kernels.probe import arch_reason, gpu_info
+from dsv4_numerics.kernels.probe import arch_reason, gpu_info, runs_on_cpu
 from dsv4_numerics.kernels.staged import release_in
 from dsv4_numerics.runner.pool import UNAVAILABLE
 from dsv4_numerics.oracles.report import Result, release_label
@@ -112,9 +112,10 @@ def declared_absent(entry, release: str) -> str | None:
 def release_skip(entry, case_name: str, release: str, rule: str, message: str) -> Result:
     """The ``skip`` Result of ``entry``'s case on a release it is not judged on (``rule``:
     ``declared_absent`` or ``unavailable``), labelled with that release and filed under the
-    architecture its judged releases are (``report history`` shows one row)."""
+    architecture its judged releases are (``report history`` shows one row): the entry's
+    ``run_arch``, ``cpu`` for another CPU entry, else none (the run's, a GPU run's GPU)."""
     try:
-        arch = entry.run_arch() if entry.run_arch else ""
+        arch = entry.run_arch() if entry.run_arch else "cpu" if runs_on_cpu(entry.archs) else ""
     except Exception:  # noqa: BLE001 - the label matters, the arch is a placement hint
         arch = ""
     return Result(entry=entry.name, stage=entry.stage, case=case_name, verdict="skip", rule=rule, message=message,
