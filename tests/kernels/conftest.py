@@ -229,6 +229,7 @@ def run_release_group(child_entry: str, entry, names: list[str], folder, **kw) -
 
     device = "cpu" if _runs_on_cpu(entry) else kernel_device()
     kw.setdefault("cases_file", stage_cases_file(entry.stage))
+    kw.setdefault("judge", BOTH_MODES if both_modes(entry, device) else None)
     return run_isolated(child_entry, names, device=device, probe=True, env=release_env(folder),
                         session=release_session(folder), **kw)
 
