@@ -23,10 +23,11 @@ their own process): it returns ``{case name: result}``; in ``raw`` mode each res
 
 Several staged releases (``DSV4_STAGED`` holding two or more release folders of the distribution
 an entry declares, ``runner.releases.staged_releases``): ``kernel_results(entry_name, group,
-release)`` runs the newest release's cases as above (the release the test process and its default
-child load) and every other release's in a child of that release's own ``WorkerSession``
+release)`` runs each release's cases in a child of that release's own ``WorkerSession``
 (:func:`release_session`), whose environment is this worker's with ``DSV4_STAGED`` set to that
-release's folder alone: one process loads one release's library.
+release's folder alone: one process loads one release's library or modules, and which one a
+process given every folder loads is the adapter's business (vllm-cpu's: the newest), so no
+release is left to it.
 
 Environment: ``DSV4_KERNEL_DEVICE`` (default ``cuda:0``), ``DSV4_KERNEL_CASE_TIMEOUT`` (seconds,
 default 180), ``DSV4_KERNEL_WORKDIR`` (keep the child logs there instead of a temp folder).
@@ -120,7 +121,9 @@ def pytest_collection_finish(session):
     5-10 s on a loaded GPU host) then overlaps the long tests the worker runs first instead of
     delaying its first matrix item."""
     if _SESSION or not any(it.nodeid.startswith("tests/kernels/test_matrix.py::test_kernel_case[")
-                           and not it.get_closest_marker("skip") for it in session.items):
+                           and not it.get_closest_marker("skip")
+                           and getattr(getattr(it, "callspec", None), "params", {}).get("release") is None
+                           for it in session.items):  # a staged release's items run in that release's child
         return
     from dsv4_numerics.runner import broker as worker_broker
 
@@ -249,17 +252,16 @@ def kernel_results(request, release_sessions):
         from dsv4_numerics.runner.releases import staged_releases
 
         entry = registry.get(entry_name)
-        folders = dict(staged_releases(entry)) if release is not None else {}
-        newest = list(folders)[-1] if folders else None
-        key = f"{entry_name}#{group}" if release in (None, newest) else f"{entry_name}@{release}#{group}"
+        key = f"{entry_name}#{group}" if release is None else f"{entry_name}@{release}#{group}"
         if key not in _CACHE:
             # built once (on disk, shared by the xdist workers), never again in the child
             path = stage_cases_file(entry.stage)
             names = case_names(entry.stage)
             if group is not None:
                 names = case_groups(entry, names)[group]
-            if release not in (None, newest):
-                _CACHE[key] = run_release_group(entry_name, entry, names, folders[release], cases_file=path,
+            if release is not None:
+                folder = dict(staged_releases(entry))[release]
+                _CACHE[key] = run_release_group(entry_name, entry, names, folder, cases_file=path,
                                                 workdir=_workdir(key.replace("#", "-").replace("@", "-")))
                 return _CACHE[key]
             device = "cpu" if _runs_on_cpu(entry) else kernel_device()

