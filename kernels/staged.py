@@ -111,13 +111,19 @@ def describe() -> str:
     return f"staged kernels ({ENV}): " + "; ".join(out)
 
 
-def staged_file(rel: str) -> tuple[Path, dict] | None:
+def staged_file(rel: str, dist: str | None = None) -> tuple[Path, dict] | None:
     """The first ``DSV4_STAGED`` folder holding ``rel`` (e.g. ``vllm/_C.abi3.so``), as
-    ``(path, that folder's manifest)``; None if no folder has it."""
-    for d in folders():
-        if (d / rel).is_file():
-            return d / rel, manifest(d)
-    return None
+    ``(path, that folder's manifest)``; None if no folder has it. With ``dist`` (a key of
+    :data:`RELEASE_KEYS`): of the folders holding ``rel``, the one whose manifest records the
+    newest release of ``dist`` (a process that loads one release's library loads the newest staged,
+    whatever the folders' order); folders recording none come after, in order."""
+    found = [d for d in folders() if (d / rel).is_file()]
+    if dist is not None:
+        key = RELEASE_KEYS[dist]
+        recorded = sorted((d for d in found if manifest(d).get(key)), key=lambda d: release_key(str(manifest(d)[key])),
+                          reverse=True)  # stable: of two folders with one release, the first listed
+        found = recorded + [d for d in found if not manifest(d).get(key)]
+    return (found[0] / rel, manifest(found[0])) if found else None
 
 
 # The manifest key under which a staging command records the release it staged, per distribution.

