@@ -378,7 +378,8 @@ def module_of(rel: str) -> str:
 
 def import_time_imports(source: bytes, rel: str, top: str = "vllm") -> list[list[str]]:
     """The ``top`` modules a Python file imports when it is imported (statements outside function
-    bodies and ``if TYPE_CHECKING:`` blocks), each as its candidate module names (``from a.b import c`` -> ``["a.b.c", "a.b"]``:
+    bodies, ``if`` blocks -- ``TYPE_CHECKING``, a platform or an environment switch -- and ``try:``
+    blocks that catch an import failure), each as its candidate module names (``from a.b import c`` -> ``["a.b.c", "a.b"]``:
     ``c`` may be a submodule or a name of ``a.b``), relative imports resolved against ``rel``."""
     import ast
 
@@ -389,8 +390,14 @@ def import_time_imports(source: bytes, rel: str, top: str = "vllm") -> list[list
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue  # annotations only: never imported at run time
+            if isinstance(child, ast.If):
+                continue  # conditional (TYPE_CHECKING, a platform, an env switch): not needed to import the file
+            if isinstance(child, ast.Try) and any(
+                    h.type is None or any(n in ast.unparse(h.type) for n in ("ImportError", "ModuleNotFoundError", "Exception"))
+                    for h in child.handlers):
+                for sub in child.handlers + child.orelse + child.finalbody:
+                    visit(sub)
+                continue  # an optional import: the file imports without it
             if isinstance(child, ast.Import):
                 out.extend([a.name] for a in child.names if a.name.split(".")[0] == top)
             elif isinstance(child, ast.ImportFrom):
@@ -428,68 +435,96 @@ class HeavyImport(Exception):
 
 
 def pulled_for(rel: str, source: bytes, have: set[str], dirs: set[str], wheel_names: set[str],
-               read) -> dict[str, str]:
+               read, release_standins: dict[str, str] | None = None, top: str = "vllm") -> dict[str, str]:
     """The files to add so that ``rel``'s import-time ``vllm`` imports resolve: ``{path: the file
     importing it}``, a :data:`RELEASE_STANDINS` path where one exists, else the wheel's file
     (``read(path)`` gives its bytes), transitively. :class:`HeavyImport` past :data:`MAX_PULLED`
-    or for a module neither in the wheel nor stood in for."""
+    or for a module neither in the wheel nor stood in for. ``top``: the package (``vllm``,
+    ``sglang``); ``release_standins``: its stand-ins of this kind (default :data:`RELEASE_STANDINS`)."""
+    release_standins = RELEASE_STANDINS if release_standins is None else release_standins
     pulled: dict[str, str] = {}
     queue = [(rel, source)]
     while queue:
         importer, src = queue.pop(0)
-        for cands in import_time_imports(src, importer):
+        for cands in import_time_imports(src, importer, top):
             known = have | set(pulled)
             if any(module_file(known, c) or c.replace(".", "/") in dirs for c in cands):
                 continue
             for c in cands:
-                hit = module_file(set(RELEASE_STANDINS), c) or module_file(wheel_names, c)
+                hit = module_file(set(release_standins), c) or module_file(wheel_names, c)
                 if hit:
                     break
             else:
                 raise HeavyImport(f"{importer} imports {cands[-1]}, which is neither in the wheel nor stood in for")
             pulled[hit] = importer
             if len(pulled) > MAX_PULLED:
-                raise HeavyImport(f"importing {rel} imports more than {MAX_PULLED} further vLLM modules "
+                raise HeavyImport(f"importing {rel} imports more than {MAX_PULLED} further {top} modules "
                                   f"(the engine: {', '.join(module_of(p) for p in list(pulled)[:4])}, ...)")
-            if hit not in RELEASE_STANDINS and hit.endswith(".py"):
+            if hit not in release_standins and hit.endswith(".py"):
                 queue.append((hit, read(hit)))
     return pulled
 
 
-def resolve_imports(dest: Path, zf: zipfile.ZipFile, version: str, manifest: dict, log=print) -> None:
+def reachable(dest: Path, roots: list[str], have: set[str], top: str) -> set[str]:
+    """The staged files ``roots`` import at import time, transitively (``roots`` included), with
+    every package ``__init__.py`` on their way (importing ``a.b.c`` runs ``a/b/__init__.py``)."""
+    seen: set[str] = set()
+    queue = list(roots)
+    while queue:
+        rel = queue.pop()
+        if rel in seen or not rel.endswith(".py") or not (Path(dest) / rel).is_file():
+            continue
+        seen.add(rel)
+        parts = rel.split("/")
+        queue += ["/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))]
+        for cands in import_time_imports((Path(dest) / rel).read_bytes(), rel, top):
+            queue += [f for f in (module_file(have, c) for c in cands) if f]
+    return seen
+
+
+def resolve_imports(dest: Path, zf: zipfile.ZipFile, version: str, manifest: dict, log=print, top: str = "vllm",
+                    op_files: frozenset = OP_FILES, release_standins: dict[str, str] | None = None,
+                    roots: list[str] | None = None) -> None:
     """Make every import-time ``vllm`` import of the staged Python copies resolve, for a release
     whose files import modules 0.33.0's do not (:func:`pulled_for`): a light module the wheel has
     is copied unchanged (recorded with ``reason``: which staged file imports it), a module that
     would import the engine gets its :data:`RELEASE_STANDINS` stand-in. An op file whose imports
     reach the engine is removed again and recorded under ``missing`` with the reason (its entries
     are unavailable); a support file's is a :class:`StagingError`. Nothing is added for a release
-    whose imports already resolve (0.33.0)."""
+    whose imports already resolve (0.33.0). ``top``, ``op_files``, ``release_standins``: the package
+    and its op files and stand-ins (``stage-sglang`` passes SGLang's); ``roots``: only the staged
+    files these import (transitively) are resolved (default: every staged copy)."""
+    release_standins = RELEASE_STANDINS if release_standins is None else release_standins
     files = manifest["files"]
     wheel_names = set(zf.namelist())
     dirs = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_dir()}
-    for rel in sorted(r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py") and r.startswith("vllm/")):
+    copies = sorted(r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py") and r.startswith(top + "/"))
+    if roots is not None:
+        copies = sorted(set(copies) & reachable(dest, [r for r in roots if r in files], set(files), top))
+    for rel in copies:
         if rel not in files:
             continue
         try:
-            pulled = pulled_for(rel, (dest / rel).read_bytes(), set(files), dirs, wheel_names, zf.read)
+            pulled = pulled_for(rel, (dest / rel).read_bytes(), set(files), dirs, wheel_names, zf.read,
+                                release_standins, top)
         except HeavyImport as e:
-            if rel not in OP_FILES:
-                raise StagingError(f"vllm {version}: {e}") from None
+            if rel not in op_files:
+                raise StagingError(f"{top} {version}: {e}") from None
             (dest / rel).unlink()
             del files[rel]
-            manifest.setdefault("missing", {})[rel] = f"vllm {version}: {e}"
-            log(f"vllm {version}: {rel} not staged ({e}); its entries are unavailable")
+            manifest.setdefault("missing", {})[rel] = f"{top} {version}: {e}"
+            log(f"{top} {version}: {rel} not staged ({e}); its entries are unavailable")
             continue
         for hit, importer in pulled.items():
             part = files[rel]["part"]
-            why = f"imported by {importer} in vllm {version}"
-            if hit in RELEASE_STANDINS:
-                write_standins(dest, part, {hit: RELEASE_STANDINS[hit]}, files)
+            why = f"imported by {importer} in {top} {version}"
+            if hit in release_standins:
+                write_standins(dest, part, {hit: release_standins[hit]}, files)
                 files[hit]["reason"] += f" ({why})"
             else:
                 write_copy(dest, hit, zf.read(hit), part, files)
                 files[hit]["reason"] = why
-            log(f"vllm {version}: {hit} added ({why})")
+            log(f"{top} {version}: {hit} added ({why})")
 
 
 # ----------------------------------------------------------------------------- staging
