@@ -101,6 +101,9 @@ def is_copied(rel: str) -> bool:
 
 # The stand-ins: real source files under staging/standins/sglang/ (package data, never imported).
 STANDINS = standins("sglang")
+# Stand-ins written only for a release whose files import the module at import time and whose own
+# module would import the engine (staging/standins/sglang_releases/).
+RELEASE_STANDINS = standins("sglang_releases")
 
 
 def check_wheel(wheel: Path) -> str:
@@ -138,7 +141,7 @@ def stage(dest: Path, wheel: Path, log=print) -> dict:
     write_standins(dest, PART, STANDINS, files)
     with zipfile.ZipFile(wheel) as zf:  # an older release's files may import modules 0.5.23's do not
         resolve_imports(dest, zf, version, manifest, log, top="sglang", op_files=frozenset(REQUIRED),
-                        release_standins={}, roots=list(REQUIRED))
+                        release_standins=RELEASE_STANDINS, roots=list(REQUIRED))
     write_package_markers(dest, "sglang", files, "stage-sglang")
     manifest["sglang_version"] = version
     manifest.setdefault("part_versions", {})[PART] = f"sglang {version}"
