@@ -30,7 +30,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_numerics.kernels.staged import release_key
+from dsv4_numerics.kernels.staged import release_key, source_targets
 
 SAME, CHANGED, NO_FILE, NO_NAME = "same", "changed", "no file", "no name"
 DISTS = ("vllm", "sglang", "flashinfer")
@@ -50,17 +50,6 @@ class Target:
     @property
     def name(self) -> str:
         return f"{self.module}.{self.attr}" if self.attr else self.module
-
-
-def source_targets(source: str) -> list[str]:
-    """The dotted ``module.attr`` names an entry's ``source`` text names: ``"a.b.f(x=1) + c.g
-    (note)"`` -> ``["a.b.f", "c.g"]``."""
-    out = []
-    for part in source.split(" + "):
-        token = part.strip().split(" ", 1)[0].split("(", 1)[0].strip()
-        if token.count(".") >= 1 and token.replace(".", "").replace("_", "").isalnum():
-            out.append(token)
-    return out
 
 
 def targets(package: str, module_exists) -> list[Target]:
