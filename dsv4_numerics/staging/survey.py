@@ -90,11 +90,16 @@ def definition(tree: ast.Module, attr: str) -> str | None:
     """The signature text of top-level ``attr`` in ``tree``: ``(params)`` of a function, ``class
     (params of __call__ or __init__)``, ``= value`` of an assignment, ``import ...`` of a
     re-export; None when not defined."""
-    head = attr.split(".", 1)[0]
+    head, _, method = attr.partition(".")
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == head:
             return f"({_params(node.args)})"
         if isinstance(node, ast.ClassDef) and node.name == head:
+            if method:  # Class.method
+                for sub in node.body:
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name == method:
+                        return f"({_params(sub.args)})"
+                return None
             for want in ("__call__", "__init__"):
                 for sub in node.body:
                     if isinstance(sub, ast.FunctionDef) and sub.name == want:
@@ -150,6 +155,13 @@ class WheelSources:
                 inner = self.module_file(f"{module}.{sub}")
                 if inner and not inner.endswith(".so"):
                     sig = definition(self.tree(inner), attr) or sig
+        if not sig and rel.endswith("__init__.py"):  # a star import or a lazy export: the package's modules
+            folder = rel[: -len("__init__.py")]
+            for other in sorted(n for n in self.names if n.startswith(folder) and n.endswith(".py") and n != rel):
+                sig = definition(self.tree(other), attr)
+                if sig and not sig.startswith("from "):
+                    break
+                sig = None
         return rel, sig or ""
 
 
