@@ -215,8 +215,9 @@ def validate_entry(entry: Any) -> list[str]:
 
 
 def declare_releases(entries: list[KernelEntry], ranges: dict[str, str]) -> list[KernelEntry]:
-    """``entries`` with ``releases`` set from ``ranges`` (entry name -> ``"vllm>=0.24.0"``; an
-    entry not named is returned as it is) and the release probe first in their probe: a staged
+    """``entries`` with ``releases`` set from ``ranges`` (entry name -> ``"vllm>=0.24.0"``, a
+    family module's ``RELEASE_RANGES``, applied by :func:`assemble`; an entry not named is returned
+    as it is) and the release probe first in their probe: a staged
     release outside the range, or one whose staged folder records the entry's op file as missing,
     is ``unavailable`` with that reason (``kernels.staged.release_reason``), never called."""
     import dataclasses
@@ -253,6 +254,7 @@ def assemble() -> list[KernelEntry]:
         entries = getattr(mod, "ENTRIES", None)
         if entries is None:
             raise RuntimeError(f"kernel family module {full} defines no ENTRIES list")
+        entries = declare_releases(entries, getattr(mod, "RELEASE_RANGES", {}))
         for entry in entries:
             problems = validate_entry(entry)
             if problems:

@@ -67,7 +67,7 @@ from dsv4_numerics.reference.policies import (
 
 from dsv4_numerics.kernels.convert import FLASHMLA_HEADS, dense_mla_inputs, lse_plus_inf_to_minus_inf, pad_heads, pad_topk, padded_heads
 from dsv4_numerics.kernels.probe import SM100_ARCHS, all_reasons, import_after_others, needs_arch, needs_staged_vllm
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 
 FLASHMLA_INTERFACE = "vllm.third_party.flashmla.flash_mla_interface"
 FLASHMLA_EXTENSION = "vllm._flashmla_extension_C"
@@ -268,13 +268,12 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): the interface and ``_flashmla_extension_C`` ship in every surveyed release;
 # ``enable_batch_invariant`` (0.33.0) is never passed.
-RELEASES = {
+RELEASE_RANGES = {
     "flashmla.v32_sparse_decode.sm90": "vllm>=0.22.0",
     "flashmla.v32_sparse_decode.sm100": "vllm>=0.22.0",
     "flashmla.dense_decode.sm90": "vllm>=0.22.0",
     "flashmla.dense_decode_fp8.sm90": "vllm>=0.22.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

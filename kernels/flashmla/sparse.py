@@ -72,7 +72,7 @@ from dsv4_numerics.kernels.convert import (
     padded_heads,
     refuse_non_minus1,
 )
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 
 INTERFACE = "vllm.third_party.flashmla.flash_mla_interface"
 SO_MODULE = "vllm._flashmla_C"
@@ -330,15 +330,14 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): ``flash_mla_sparse_fwd`` unchanged from 0.22.0; ``flash_mla_with_kvcache``
 # gains ``enable_batch_invariant`` in 0.33.0, which the adapter never passes. Whether an older ``_flashmla_C``
 # library runs the MODEL1 path only the GPU tells.
-RELEASES = {
+RELEASE_RANGES = {
     "flashmla.sparse_decode.sm90": "vllm>=0.22.0",
     "flashmla.sparse_decode.sm100": "vllm>=0.22.0",
     "flashmla.sparse_decode_sq3.sm90": "vllm>=0.22.0",
     "flashmla.sparse_prefill.sm90": "vllm>=0.22.0",
     "flashmla.sparse_prefill.sm100": "vllm>=0.22.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

@@ -57,7 +57,7 @@ from dsv4_numerics.kernels.convert import (
     padded_heads,
     refuse_non_minus1,
 )
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 
 CACHE_UTILS = "vllm.models.deepseek_v41.common.ops.cache_utils"
 QUERY_QUANT = "vllm.models.deepseek_v41.common.ops.query_quant"
@@ -259,10 +259,10 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): the V4.1 cache writers these pack their caches with ship from 0.30.0;
 # ``dequantize_and_gather_k_cache_triton`` takes ``max_gather_len`` from 0.32.0.
-RELEASES = {
+RELEASE_RANGES = {
     "flashmla.v41_sparse_decode.sm90": "vllm>=0.30.0",
     "flashmla.v41_fp4_sparse_decode.sm90": "vllm>=0.30.0",
     "flashmla.v41_sparse_decode.sm100": "vllm>=0.30.0",
@@ -271,4 +271,3 @@ RELEASES = {
     "vllm_flashmla.v41_sparse_prefill.sm100": "vllm>=0.32.0",
     "vllm_triton.v41_query_quant": "vllm>=0.30.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

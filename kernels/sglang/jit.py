@@ -97,7 +97,7 @@ from dsv4_numerics.reference.policies import (
 
 from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels.op_call import OpCall, pages_like, python_loader
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 
 SGLANG_VERSION = "0.5.23"
 STORE_MODULE = "sglang.kernels.ops.attention.dsv4.attn"
@@ -470,10 +470,10 @@ ENTRIES: list[KernelEntry] = [
 OP_CALLS = {"sglang.store_jit": lambda case: store_op(case, "v4")}
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): ``fused_store_cache`` takes ``layout`` / ``freqs_cis`` from 0.5.21
 # (``KVLayout.V41`` there; ``V41_NEW`` from 0.5.23); the rope and TileLang modules from 0.5.23.
-RELEASES = {
+RELEASE_RANGES = {
     "sglang.store_jit": "sglang>=0.5.21",
     "sglang.store_jit.v41_footer": "sglang>=0.5.21",
     "sglang.store_jit.v41_interleaved": "sglang>=0.5.23",
@@ -481,4 +481,3 @@ RELEASES = {
     "sglang.rope_jit.inverse": "sglang>=0.5.23",
     "sglang.tilelang_decode": "sglang>=0.5.23",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

@@ -103,7 +103,7 @@ from dsv4_numerics.kernels import probe as P
 from dsv4_numerics.kernels import staged
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.flashmla.sparse import sparse_decode_call
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages
 from dsv4_numerics.kernels.vllm.triton import index_case_builder, int32
 
@@ -578,12 +578,12 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): ``kernels/ops/attention/dsv4/`` from 0.5.16 (0.5.12-0.5.15 keep the kernels
 # under ``srt/layers/attention/dsv4/``, another module the adapters do not import); 0.5.16-0.5.20's dsv4
 # package imports engine utilities the staged stand-ins do not carry; ``kv_splits`` from 0.5.21; the norm-rope
 # store from 0.5.22; the rest 0.5.23.
-RELEASES = {
+RELEASE_RANGES = {
     "sglang.write_v4_paged_decode_indices": "sglang>=0.5.21",
     "sglang.paged_prefill": "sglang>=0.5.21",
     "sglang.paged_decode": "sglang>=0.5.21",
@@ -594,4 +594,3 @@ RELEASES = {
     "sglang.build_swa_token_ids": "sglang>=0.5.23",
     "sglang.triton_sparse_decode": "sglang>=0.5.23",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

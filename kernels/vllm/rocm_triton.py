@@ -71,7 +71,7 @@ from dsv4_numerics.reference.policies import (
 
 from dsv4_numerics.kernels.canonical import decode_inputs, prefill_inputs
 from dsv4_numerics.kernels.op_call import OpCall, python_loader
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, readable_pages
 from dsv4_numerics.kernels.vllm.triton import bool_flags, index_case_builder, int32, staged_triton_probe
 
@@ -486,12 +486,12 @@ OP_CALLS = {
 }
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the op signatures (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the op signatures (``python -m
 # dsv4_numerics.staging.survey``): the decode's ``inv_rope_*`` / ``output_mxfp8`` from 0.31.0, the prefill
 # top-k builder from 0.32.0, the ROCm combine's ``left_visible`` from 0.30.0. ``amd/rocm.py`` imports the
 # engine in 0.22.x (not staged) and, in 0.23.0-0.27.1, a FlashMLA backend name the engine stand-ins do not
 # carry: its ragged builder from 0.28.0.
-RELEASES = {
+RELEASE_RANGES = {
     "rocm_triton.sparse_prefill": "vllm>=0.22.0",
     "rocm_triton.sparse_prefill.ragged": "vllm>=0.22.0",
     "rocm_triton.sparse_decode": "vllm>=0.31.0",
@@ -504,4 +504,3 @@ RELEASES = {
     "rocm_triton.compute_global_topk_ragged_indices_and_indptr": "vllm>=0.28.0",
     "rocm_triton.combine_topk_swa_indices": "vllm>=0.30.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

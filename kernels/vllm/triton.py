@@ -52,7 +52,7 @@ from dsv4_numerics.reference.errors import INDEX_DTYPES, UnsupportedCase, check_
 from dsv4_numerics.reference.policies import Fp8Flavour, NonFinite, RopeArithmetic, ScaleRule, SlotSkip, Ue8m0Consumer
 
 from dsv4_numerics.kernels.probe import chain, needs_arch, needs_import, needs_module, needs_staged_vllm
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.kernels.convert import TRITON_PAGE_ALIGN, page_geometry, readable_pages, writable_pages
 
 __all__ = [
@@ -738,11 +738,11 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the op signatures (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the op signatures (``python -m
 # dsv4_numerics.staging.survey``): ``use_fnuz`` from 0.24.0; the top-k builder's 0.27.0-0.28.0
 # ``output_buffers``; ``left_visible``/``max_image_tokens`` from 0.30.0; ``num_rows`` from 0.31.0;
 # ``quantize`` from 0.30.0; the SWA index kernel from 0.30.0.
-RELEASES = {
+RELEASE_RANGES = {
     "vllm_triton.quantize_and_insert_k_cache": "vllm>=0.24.0",
     "vllm_triton.quantize_and_insert_k_cache.fnuz": "vllm>=0.24.0",
     "vllm_triton.dequantize_and_gather_k_cache": "vllm>=0.24.0",
@@ -754,4 +754,3 @@ RELEASES = {
     "vllm_triton.fused_inv_rope_fp8_quant.sm100": "vllm>=0.30.0",
     "vllm_triton.compress_norm_rope_store": "vllm>=0.22.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

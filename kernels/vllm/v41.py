@@ -94,7 +94,7 @@ from dsv4_numerics.reference.policies import (
 )
 
 from dsv4_numerics.kernels.probe import chain, needs_arch
-from dsv4_numerics.kernels.registry import KernelEntry, declare_releases
+from dsv4_numerics.kernels.registry import KernelEntry
 from dsv4_numerics.reference.pipeline.rope import identity_cos_sin
 from dsv4_numerics.reference.storage import clone_storage
 from dsv4_numerics.kernels.vllm.triton import call_index, triton_fn, combine_args, flashinfer_mixed_args, gather_args, int32, staged_triton_probe, topk_global_args
@@ -636,12 +636,12 @@ ENTRIES: list[KernelEntry] = [
 ]
 
 
-# The releases each entry is written for (``KernelEntry.releases``), from the survey (``python -m
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
 # dsv4_numerics.staging.survey``): ``deepseek_v41/`` from 0.30.0; the NVFP4 gather kernel from 0.31.0, the
 # one-pass gather from 0.32.0; the combine / mixed-index builders take 0.33.0's arguments from 0.31.0.
 # ``fused_save_compress_norm`` gains ``prev_rows`` / ``prev_row_indices`` in 0.33.0, which the adapter never
 # passes (PCP not exercised).
-RELEASES = {
+RELEASE_RANGES = {
     "vllm_v41.quantize_and_insert_k_cache.mxfp8": "vllm>=0.30.0",
     "vllm_v41.rope_quant_insert.mxfp8": "vllm>=0.30.0",
     "vllm_v41.rope_quant_insert.nvfp4": "vllm>=0.30.0",
@@ -659,4 +659,3 @@ RELEASES = {
     "vllm_v41.combine_topk_swa_indices": "vllm>=0.31.0",
     "vllm_v41.build_flashinfer_mixed_sparse_indices": "vllm>=0.31.0",
 }
-ENTRIES = declare_releases(ENTRIES, RELEASES)

@@ -103,7 +103,7 @@ NOT_PASSED = {
     "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache.fused_save_compress_norm":
         {"prev_rows", "prev_row_indices"},
 }
-# Entries whose range starts later than their signatures allow, and why (their RELEASES comment
+# Entries whose range starts later than their signatures allow, and why (their RELEASE_RANGES comment
 # says so too).
 NARROWED = {
     "rocm_triton.compute_global_topk_ragged_indices_and_indptr": "amd/rocm.py imports engine names before 0.28.0",
