@@ -214,6 +214,33 @@ def validate_entry(entry: Any) -> list[str]:
     return problems
 
 
+def declare_releases(entries: list[KernelEntry], ranges: dict[str, str]) -> list[KernelEntry]:
+    """``entries`` with ``releases`` set from ``ranges`` (entry name -> ``"vllm>=0.24.0"``, a
+    family module's ``RELEASE_RANGES``, applied by :func:`assemble`; an entry not named is returned
+    as it is) and the release probe first in their probe: a staged
+    release outside the range, or one whose staged folder records the entry's op file as missing,
+    is ``unavailable`` with that reason (``kernels.staged.release_reason``), never called."""
+    import dataclasses
+
+    from dsv4_numerics.kernels import staged
+
+    unknown = sorted(set(ranges) - {e.name for e in entries})
+    if unknown:
+        raise RuntimeError(f"release ranges declared for unknown entries: {', '.join(unknown)}")
+    out = []
+    for e in entries:
+        spec = ranges.get(e.name)
+        if not spec:
+            out.append(e)
+            continue
+
+        def probe(spec=spec, source=e.source, inner=e.probe):
+            return staged.release_reason(spec, source) or inner()
+
+        out.append(dataclasses.replace(e, releases=spec, probe=probe))
+    return out
+
+
 _ENTRIES: list[KernelEntry] | None = None
 import_family = importlib.import_module  # indirection so tests can simulate a broken family module
 
@@ -227,6 +254,7 @@ def assemble() -> list[KernelEntry]:
         entries = getattr(mod, "ENTRIES", None)
         if entries is None:
             raise RuntimeError(f"kernel family module {full} defines no ENTRIES list")
+        entries = declare_releases(entries, getattr(mod, "RELEASE_RANGES", {}))
         for entry in entries:
             problems = validate_entry(entry)
             if problems:

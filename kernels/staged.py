@@ -174,6 +174,63 @@ def release_folders(dist: str) -> list[tuple[str, Path]]:
     return sorted(seen.items(), key=lambda kv: release_key(kv[0]))
 
 
+def staged_release(dist: str) -> tuple[str, Path] | None:
+    """``(release, folder)`` of the first ``DSV4_STAGED`` folder recording a release of ``dist``
+    (the folder whose modules this process imports: it comes first on ``sys.path``); None when
+    no folder records one."""
+    key = RELEASE_KEYS[dist]
+    for d in folders():
+        v = manifest(d).get(key) if d.is_dir() else None
+        if v:
+            return str(v), d
+    return None
+
+
+def source_targets(source: str) -> list[str]:
+    """The dotted ``module.attr`` names an entry's ``source`` text names: ``"a.b.f(x=1) + c.g
+    (note)"`` -> ``["a.b.f", "c.g"]``."""
+    out = []
+    for part in source.split(" + "):
+        token = part.strip().split(" ", 1)[0].split("(", 1)[0].strip()
+        if "." in token and token.replace(".", "").replace("_", "").isalnum():
+            out.append(token)
+    return out
+
+
+def split_releases(spec: str) -> tuple[str, str]:
+    """``"vllm>=0.24.0"`` -> ``("vllm", ">=0.24.0")`` (a ``KernelEntry.releases`` declaration)."""
+    for i, ch in enumerate(spec):
+        if ch in "<>=!":
+            return spec[:i].strip(), spec[i:].strip()
+    return spec.strip(), ""
+
+
+def release_reason(spec: str, source: str) -> str | None:
+    """Why an adapter written for ``spec`` (``"vllm>=0.24.0"``) must not run on the staged release
+    of its distribution: the release is outside the range, or its folder's ``MANIFEST.json``
+    records a file of ``source`` (the entry's ``module.attr`` names) under ``missing`` (the
+    release lacks it, or it would import the engine). None when it may run, or when no staged
+    folder records a release of the distribution (an installed package: the other probes decide)."""
+    dist, rng = split_releases(spec)
+    if dist not in RELEASE_KEYS:
+        return None
+    found = staged_release(dist)
+    if found is None:
+        return None
+    release, folder = found
+    if not release_in(release, rng):
+        return f"{dist} {release} (staged in {folder}) is outside the releases this adapter is written for ({spec})"
+    missing = manifest(folder).get("missing", {})
+    for dotted in source_targets(source):
+        bits = dotted.split(".")
+        for i in range(len(bits), 0, -1):
+            base = "/".join(bits[:i])
+            for rel in (base + ".py", base + "/__init__.py", base + ".abi3.so"):
+                if rel in missing:
+                    return f"{missing[rel]} (staged in {folder})"
+    return None
+
+
 def staged_parts() -> set[str]:
     parts: set[str] = set()
     for d in folders():

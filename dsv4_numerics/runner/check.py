@@ -649,7 +649,8 @@ def run_check(options: CheckOptions | str | Path | None = None, *, progress: Cal
         if sel.release_jobs:  # several staged releases of a package: one process per release
             from dsv4_numerics.runner import releases
 
-            r_rows, r_results, rep.departures = releases.run_jobs(sel.release_jobs, opts.case_globs, say)
+            r_rows, r_results, rep.departures = releases.run_jobs(sel.release_jobs, opts.case_globs, say,
+                                                                  device=str(device))
             rows, results = rows + r_rows, results + r_results
         rep.rows.extend(rows)
         rep.results.extend(results)

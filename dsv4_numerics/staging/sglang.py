@@ -1,5 +1,6 @@
-"""``dsv4-numerics stage-sglang``: stage SGLang 0.5.23's DeepSeek-V4 kernel sources into ONE
-folder, out of the user's own SGLang wheel, without installing SGLang.
+"""``dsv4-numerics stage-sglang``: stage SGLang's DeepSeek-V4 kernel sources (0.5.23's file layout;
+any release, one per folder) into ONE folder, out of the user's own SGLang wheel, without
+installing SGLang.
 
 SGLang ships its DSv4 pipeline as plain sources: Triton kernels under
 ``sglang/kernels/ops/attention/dsv4/`` and ``sglang/kernels/ops/kvcache/dsv4_*.py``, and JIT-CUDA
@@ -35,6 +36,7 @@ from dsv4_numerics.staging.vllm import (
     command_main,
     finish_manifest,
     open_manifest,
+    resolve_imports,
     standins,
     wheel_identity,
     write_copy,
@@ -47,7 +49,8 @@ PART = "sglang"
 DSV4 = "sglang/kernels/ops/attention/dsv4/"
 JIT = "sglang/kernels/jit/"
 
-# Files an entry needs: staging fails (one line) if the wheel lacks one.
+# Files an entry needs: a release lacking one stages what it has and records it under ``missing``
+# in MANIFEST.json (the entries calling it are unavailable with that reason).
 REQUIRED = (
     DSV4 + "__init__.py",
     DSV4 + "kv_layout.py",
@@ -98,16 +101,17 @@ def is_copied(rel: str) -> bool:
 
 # The stand-ins: real source files under staging/standins/sglang/ (package data, never imported).
 STANDINS = standins("sglang")
+# Stand-ins written only for a release whose files import the module at import time and whose own
+# module would import the engine (staging/standins/sglang_releases/).
+RELEASE_STANDINS = standins("sglang_releases")
 
 
 def check_wheel(wheel: Path) -> str:
-    """The wheel's version after checking it is an ``sglang`` VERSION wheel."""
+    """The wheel's version after checking it is an ``sglang`` wheel (any release: the sglang
+    entries declare the releases they are written for)."""
     dist, version = wheel_identity(wheel)
     if dist != "sglang":
-        raise StagingError(f"--wheel {Path(wheel).name}: not an SGLang wheel (stage-sglang takes sglang-{VERSION}-*.whl)")
-    if version != VERSION:
-        raise StagingError(f"--wheel {Path(wheel).name}: SGLang {version}; the sglang entries are written for "
-                           f"SGLang {VERSION}")
+        raise StagingError(f"--wheel {Path(wheel).name}: not an SGLang wheel (stage-sglang takes sglang-X-*.whl)")
     return version
 
 
@@ -121,19 +125,23 @@ def stage(dest: Path, wheel: Path, log=print) -> dict:
     if not zipfile.is_zipfile(wheel):
         raise StagingError(f"--wheel {wheel}: not a wheel (not a zip archive)")
     version = check_wheel(wheel)
-    manifest = open_manifest(dest, "sglang_version", VERSION, "SGLang")
+    manifest = open_manifest(dest, "sglang_version", version, "SGLang")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         have = set(names)
         missing = [r for r in REQUIRED if r not in have]
-        if missing:
-            raise StagingError(f"{missing[0]} is not in {wheel.name} (is it SGLang {VERSION}?)"
-                               + (f"; {len(missing) - 1} more missing" if len(missing) > 1 else ""))
+        if missing:  # an older layout: stage what it has; the entries calling a missing file are unavailable
+            manifest.setdefault("missing", {}).update({r: f"sglang {version} does not ship {r}" for r in missing})
+            log(f"sglang {version}: {len(missing)} of the files the sglang entries call are not in {wheel.name} "
+                "(recorded under 'missing' in MANIFEST.json)")
         dest.mkdir(parents=True, exist_ok=True)
         files = manifest["files"]
         for rel in sorted(n for n in names if is_copied(n)):
             write_copy(dest, rel, zf.read(rel), PART, files)
     write_standins(dest, PART, STANDINS, files)
+    with zipfile.ZipFile(wheel) as zf:  # an older release's files may import modules 0.5.23's do not
+        resolve_imports(dest, zf, version, manifest, log, top="sglang", op_files=frozenset(REQUIRED),
+                        release_standins=RELEASE_STANDINS, roots=list(REQUIRED))
     write_package_markers(dest, "sglang", files, "stage-sglang")
     manifest["sglang_version"] = version
     manifest.setdefault("part_versions", {})[PART] = f"sglang {version}"
@@ -144,7 +152,8 @@ def stage(dest: Path, wheel: Path, log=print) -> dict:
 def add_arguments(p) -> None:
     """The ``stage-sglang`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; may already hold stage-vllm parts)")
-    p.add_argument("--wheel", metavar="PATH", required=True, help=f"a local sglang-{VERSION} wheel")
+    p.add_argument("--wheel", metavar="PATH", required=True, help=f"a local sglang-X wheel (any release, one per "
+                                                                   f"DEST; the entries are written for {VERSION})")
 
 
 def run(args, log=print) -> int:

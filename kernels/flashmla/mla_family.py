@@ -266,3 +266,14 @@ ENTRIES: list[KernelEntry] = [
 
     ),
 ]
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): the interface and ``_flashmla_extension_C`` ship in every surveyed release;
+# ``enable_batch_invariant`` (0.33.0) is never passed.
+RELEASE_RANGES = {
+    "flashmla.v32_sparse_decode.sm90": "vllm>=0.22.0",
+    "flashmla.v32_sparse_decode.sm100": "vllm>=0.22.0",
+    "flashmla.dense_decode.sm90": "vllm>=0.22.0",
+    "flashmla.dense_decode_fp8.sm90": "vllm>=0.22.0",
+}

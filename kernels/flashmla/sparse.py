@@ -328,3 +328,16 @@ ENTRIES: list[KernelEntry] = [
         notes="top-k padded to a multiple of 128 with -1",
     ),
 ]
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): ``flash_mla_sparse_fwd`` unchanged from 0.22.0; ``flash_mla_with_kvcache``
+# gains ``enable_batch_invariant`` in 0.33.0, which the adapter never passes. Whether an older ``_flashmla_C``
+# library runs the MODEL1 path only the GPU tells.
+RELEASE_RANGES = {
+    "flashmla.sparse_decode.sm90": "vllm>=0.22.0",
+    "flashmla.sparse_decode.sm100": "vllm>=0.22.0",
+    "flashmla.sparse_decode_sq3.sm90": "vllm>=0.22.0",
+    "flashmla.sparse_prefill.sm90": "vllm>=0.22.0",
+    "flashmla.sparse_prefill.sm100": "vllm>=0.22.0",
+}

@@ -257,3 +257,17 @@ ENTRIES: list[KernelEntry] = [
                       P.needs_import(QUERY_QUANT)),
         call=v41_query_quant_call, notes="bit-exact on exact-norm rows (reference.pipeline.query_quant)"),
 ]
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): the V4.1 cache writers these pack their caches with ship from 0.30.0;
+# ``dequantize_and_gather_k_cache_triton`` takes ``max_gather_len`` from 0.32.0.
+RELEASE_RANGES = {
+    "flashmla.v41_sparse_decode.sm90": "vllm>=0.30.0",
+    "flashmla.v41_fp4_sparse_decode.sm90": "vllm>=0.30.0",
+    "flashmla.v41_sparse_decode.sm100": "vllm>=0.30.0",
+    "flashmla.v41_fp4_sparse_decode.sm100": "vllm>=0.30.0",
+    "vllm_flashmla.v41_sparse_prefill.sm90": "vllm>=0.32.0",
+    "vllm_flashmla.v41_sparse_prefill.sm100": "vllm>=0.32.0",
+    "vllm_triton.v41_query_quant": "vllm>=0.30.0",
+}

@@ -468,3 +468,16 @@ ENTRIES: list[KernelEntry] = [
 
 # entry name -> ``(case) -> OpCall`` (``kernels.op_call``): the calls a standalone reproducer makes
 OP_CALLS = {"sglang.store_jit": lambda case: store_op(case, "v4")}
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): ``fused_store_cache`` takes ``layout`` / ``freqs_cis`` from 0.5.21
+# (``KVLayout.V41`` there; ``V41_NEW`` from 0.5.23); the rope and TileLang modules from 0.5.23.
+RELEASE_RANGES = {
+    "sglang.store_jit": "sglang>=0.5.21",
+    "sglang.store_jit.v41_footer": "sglang>=0.5.21",
+    "sglang.store_jit.v41_interleaved": "sglang>=0.5.23",
+    "sglang.rope_jit": "sglang>=0.5.23",
+    "sglang.rope_jit.inverse": "sglang>=0.5.23",
+    "sglang.tilelang_decode": "sglang>=0.5.23",
+}

@@ -576,3 +576,21 @@ ENTRIES: list[KernelEntry] = [
               "count (on an H200: ModuleNotFoundError 'aiter').",
     ),
 ]
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): ``kernels/ops/attention/dsv4/`` from 0.5.16 (0.5.12-0.5.15 keep the kernels
+# under ``srt/layers/attention/dsv4/``, another module the adapters do not import); 0.5.16-0.5.20's dsv4
+# package imports engine utilities the staged stand-ins do not carry; ``kv_splits`` from 0.5.21; the norm-rope
+# store from 0.5.22; the rest 0.5.23.
+RELEASE_RANGES = {
+    "sglang.write_v4_paged_decode_indices": "sglang>=0.5.21",
+    "sglang.paged_prefill": "sglang>=0.5.21",
+    "sglang.paged_decode": "sglang>=0.5.21",
+    "sglang.kv_norm_rope_store": "sglang>=0.5.22",
+    "sglang.dequantize_k_cache_paged_dsv4": "sglang>=0.5.23",
+    "sglang.gather_dequant_requant_fp8": "sglang>=0.5.23",
+    "sglang.combine_topk_swa_indices": "sglang>=0.5.23",
+    "sglang.build_swa_token_ids": "sglang>=0.5.23",
+    "sglang.triton_sparse_decode": "sglang>=0.5.23",
+}

@@ -484,3 +484,23 @@ OP_CALLS = {
     "rocm_triton.sparse_decode.ragged": lambda case: decode_op(case, True, False),
     "rocm_triton.sparse_decode.inv_rope": lambda case: decode_op(case, False, True),
 }
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the op signatures (``python -m
+# dsv4_numerics.staging.survey``): the decode's ``inv_rope_*`` / ``output_mxfp8`` from 0.31.0, the prefill
+# top-k builder from 0.32.0, the ROCm combine's ``left_visible`` from 0.30.0. ``amd/rocm.py`` imports the
+# engine in 0.22.x (not staged) and, in 0.23.0-0.27.1, a FlashMLA backend name the engine stand-ins do not
+# carry: its ragged builder from 0.28.0.
+RELEASE_RANGES = {
+    "rocm_triton.sparse_prefill": "vllm>=0.22.0",
+    "rocm_triton.sparse_prefill.ragged": "vllm>=0.22.0",
+    "rocm_triton.sparse_decode": "vllm>=0.31.0",
+    "rocm_triton.sparse_decode.ragged": "vllm>=0.31.0",
+    "rocm_triton.sparse_decode.inv_rope": "vllm>=0.31.0",
+    "rocm_triton.sparse_decode.splitk": "vllm>=0.31.0",
+    "rocm_triton.sparse_decode.splitk.inv_rope": "vllm>=0.31.0",
+    "rocm_triton.build_ragged_indices_from_dense": "vllm>=0.22.0",
+    "rocm_triton.build_prefill_topk_ragged_indices": "vllm>=0.32.0",
+    "rocm_triton.compute_global_topk_ragged_indices_and_indptr": "vllm>=0.28.0",
+    "rocm_triton.combine_topk_swa_indices": "vllm>=0.30.0",
+}

@@ -634,3 +634,28 @@ ENTRIES: list[KernelEntry] = [
               "rows, vision and num_rows cases are skipped (a different contract, flashinfer_mixed_v41_args).",
     ),
 ]
+
+
+# The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the survey (``python -m
+# dsv4_numerics.staging.survey``): ``deepseek_v41/`` from 0.30.0; the NVFP4 gather kernel from 0.31.0, the
+# one-pass gather from 0.32.0; the combine / mixed-index builders take 0.33.0's arguments from 0.31.0.
+# ``fused_save_compress_norm`` gains ``prev_rows`` / ``prev_row_indices`` in 0.33.0, which the adapter never
+# passes (PCP not exercised).
+RELEASE_RANGES = {
+    "vllm_v41.quantize_and_insert_k_cache.mxfp8": "vllm>=0.30.0",
+    "vllm_v41.rope_quant_insert.mxfp8": "vllm>=0.30.0",
+    "vllm_v41.rope_quant_insert.nvfp4": "vllm>=0.30.0",
+    "vllm_v41.fused_save_compress_norm.mxfp8": "vllm>=0.30.0",
+    "vllm_v41.fused_save_compress_norm.nvfp4": "vllm>=0.30.0",
+    "vllm_v41.fused_save_compress_norm.fp8_584": "vllm>=0.30.0",
+    "vllm_v41.fused_save_compress_norm.plain": "vllm>=0.30.0",
+    "vllm_v41.indexer_k_norm_rope_store.fp8": "vllm>=0.30.0",
+    "vllm_v41.indexer_k_norm_rope_store.mxfp4": "vllm>=0.30.0",
+    "vllm_v41.dequantize_and_gather_k_cache.mxfp8": "vllm>=0.30.0",
+    "vllm_v41.dequantize_and_gather_k_cache.nvfp4": "vllm>=0.31.0",
+    "vllm_v41.dequantize_and_gather_k_cache.two_pass": "vllm>=0.30.0",
+    "vllm_v41.dequantize_and_gather_k_cache.one_pass": "vllm>=0.32.0",
+    "vllm_v41.compute_global_topk_indices_and_lens": "vllm>=0.30.0",
+    "vllm_v41.combine_topk_swa_indices": "vllm>=0.31.0",
+    "vllm_v41.build_flashinfer_mixed_sparse_indices": "vllm>=0.31.0",
+}

@@ -20,7 +20,7 @@ def test_gpu_matrix_script_dry_run(tmp_path):
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     out = tmp_path / "out"
     env = dict(os.environ, SKIP="tests check bench fixtures", BUDGET_S="120", DSV4_STAGED="no-such-staged-dir",
-               CARRY_DIR=str(tmp_path / "carry"), CARRY_FROM=str(tmp_path))
+               CARRY_DIR=str(tmp_path / "carry"), CARRY_FROM=str(tmp_path), RELEASES_TREE=str(tmp_path / "no-tree"))
     r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = sorted(p.name for p in out.iterdir())
@@ -157,3 +157,33 @@ def test_gpu_scaling_names_a_bad_setting_before_looking_for_gpus(tmp_path, env, 
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and named in r.stderr, (r.returncode, r.stderr)
     assert not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
+def test_gpu_matrix_judges_every_release_of_a_packed_tree(tmp_path):
+    """Step 6: a tree packed from staged release folders (manifests only here) is unpacked, the
+    releases RELEASES names are judged in one check and their history written into OUT."""
+    import json
+
+    from dsv4_numerics.staging import carry
+
+    folders = []
+    for name, key, version in (("vllm-0.29.0", "vllm_version", "0.29.0"), ("vllm-0.33.0", "vllm_version", "0.33.0"),
+                               ("vllm-0.31.0", "vllm_version", "0.31.0")):
+        d = tmp_path / "staged" / name
+        d.mkdir(parents=True)
+        (d / "MANIFEST.json").write_text(json.dumps({key: version, "parts": [], "files": {}}))
+        folders.append(d)
+    carry.pack(tmp_path / "tree", folders, log=lambda s: None)
+    out = tmp_path / "out"
+    env = dict(os.environ, SKIP="tests check bench fixtures repro kernels env", BUDGET_S="300",
+               DSV4_STAGED="no-such-staged-dir", CARRY_DIR=str(tmp_path / "carry"), CARRY_FROM=str(tmp_path),
+               RELEASES_TREE=str(tmp_path / "tree"), RELEASES="vllm-0.29.0 vllm-0.33.0")
+    r = subprocess.run(["bash", str(SCRIPT), "", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "releases-history.md", "releases.json", "summary.txt"]
+    rows = json.loads((out / "releases.json").read_text())["rows"]
+    assert {x["release"] for x in rows if x["entry"].split(".")[0] != "sglang"} == {"vllm 0.29.0", "vllm 0.33.0"}
+    # RELEASES left 0.31.0 out; no SGLang release staged: its entries are judged in check's own process
+    assert {x["release"] for x in rows if x["entry"].startswith("sglang.")} == {""}
+    assert "| 0.29.0 | 0.33.0 |" in (out / "releases-history.md").read_text()

