@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_buckets, fast_graphs
+from . import fast_buckets, fast_fused, fast_graphs
 from .fast_bound import (BF16_ABS_MAX_K, BIG, DELTA_MAX, F_LNL, F_LSE, F_SINK, F_X, delta_coefficient,
                          x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
 from .fast_rows import BF16_LUT, STAT_BYTES, STAT_PER_ELEM, STAT_PER_ELEM_BF16, row_stats, vmax_finite
@@ -332,7 +332,7 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
     return N, m, L, Na
 
 
-def _row_tests(stats, gflat, qrows, c, lims):
+def _row_tests(stats, gflat, qrows, c, lims, kmax=None):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
     the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
@@ -344,9 +344,13 @@ def _row_tests(stats, gflat, qrows, c, lims):
     rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
     ``max |v|`` over the token's slots. ``lims``:
     ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
-    0-dim tensors of the statistics' dtype (the limits rounded down)."""
+    0-dim tensors of the statistics' dtype (the limits rounded down). ``kmax``: the slots' maxima of
+    the three statistics ``[3, c, 1, 1]`` where the fused kernels computed them (``fast_fused``), else
+    None (gathered here)."""
     ebits, lim_exact, lim_approx, zero = lims
-    nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
+    if kmax is None:
+        kmax = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True)
+    nk, bk, vk = kmax.unbind(0)
     nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
     nqb = nq * nk  # NaN/inf where a norm is
     both = torch.empty((2, *nqb.shape), dtype=torch.bool, device=nqb.device)  # one count for the host
@@ -500,7 +504,7 @@ _FLOAT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFF
 
 
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
-           want_abs: bool = False) -> _Issued:
+           want_abs: bool = False, fused: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
     (an eager call's host issues ~60 kernels at ~10-25 us each; the GPU work is ~1 ms at
@@ -533,18 +537,25 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z3 = torch.zeros(T, H, d_v, dtype=torch.float64, device=dev)
         heavy = [(z3, torch.full_like(z, -math.inf), z, torch.zeros_like(z3) if want_abs else None)]
         spans = [(0, T)]
+    elif fused:  # two Triton kernels per chunk (``fast_fused``), which also gather the slot statistics
+        gc = gidx.contiguous()
+        fz = [fast_fused.softmax_pv(table, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, want_abs)
+              for t0, t1 in spans]
+        heavy, kmax = [f[:4] for f in fz], [f[4] for f in fz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
+    if K == 0 or not fused:
+        kmax = [None] * len(spans)
     checks = _flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
         tests = [(z2, z2[:, :1], *yes, yes)]
     else:
-        tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
-                 for t0, t1 in spans]
+        tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims, km)
+                 for (t0, t1), km in zip(spans, kmax)]
     parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
     res = _finish_parts(parts, lonely, sink, coef, one)
     # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
@@ -656,7 +667,8 @@ def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int,
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
-                          bucket: bool | None = None, want_abs: bool = False) -> FastOracleOut:
+                          bucket: bool | None = None, want_abs: bool = False,
+                          fused: bool | None = None) -> FastOracleOut:
     """Fast judging oracle (``fast_bound``: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
@@ -668,16 +680,26 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     result is within the padded call's bound of the ordered oracle of this call) so that nearby
     shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
-    (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64)."""
+    (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64).
+    ``fused``: steps 1-3 and ``N`` by two Triton kernels per chunk (``fast_fused``; the same bound):
+    ``None`` (default) on a CUDA device where Triton is importable, unless ``DSV4_FUSED_JUDGE=0``;
+    ``True`` always (a CUDA device, or the CPU under ``TRITON_INTERPRET=1``; else an error naming
+    the reason); ``False`` never (the PyTorch path)."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
-    for arg, v in (("graph", graph), ("bucket", bucket)):
+    for arg, v in (("graph", graph), ("bucket", bucket), ("fused", fused)):
         if v is not None and not isinstance(v, bool):
             fail(fn, arg, f"must be None, True or False, got {v!r}")
     if not isinstance(want_abs, bool):
         fail(fn, "want_abs", f"must be True or False, got {want_abs!r}")
     dev = q.device
+    if fused is None:
+        fused = fast_fused.default_on(dev)
+    elif fused:
+        ok, why = fast_fused.available(dev)
+        if not ok:
+            fail(fn, "fused", f"True needs the fused kernels: {why}")
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
         check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
@@ -696,7 +718,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
         sig = fast_buckets.flat_signature(q, sink, segments, bucket)
-        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs)
+        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs, fused)
         vq, vsegs = q, segments
 
         def flat():  # the (padded) call's tensors: built only to capture
@@ -712,7 +734,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         def issue(st):
             qs, ss = st[0], st[1]
             return _issue(qs, _static_segments(st, rules), rules, ss, sc, d_v, nan_policy, spans, pack=True,
-                          want_abs=want_abs)
+                          want_abs=want_abs, fused=fused)
 
         with fast_graphs.LOCK:
             hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, fill, always=graph is True)
@@ -732,5 +754,5 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if bucket:
         q, segments = fast_buckets.pad_call(q, segments)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
-    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs)
+    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs, fused=fused)
     return _complete(*args, iss, iss.host.tolist(), orig=orig, want_abs=want_abs)

@@ -1,0 +1,175 @@
+"""An optional Triton backend of the fast oracle's heavy steps: two fused float64 kernels per chunk in
+place of the gather, the bfloat16-to-float64 conversion, the two GEMMs and the softmax passes of
+``fast._softmax_pv`` (and of the slot-statistics gather of ``fast._row_tests``).
+
+Why here: these kernels compute the fast oracle's own steps 1-3 and 5 (``fast_bound``) and their
+bound is ``fast_bound``'s, so they live beside it, and every caller of ``fast_sparse_attention``
+(the judge, the bench, the V4.1 wrappers) gets them without registering anything. ``reference``
+stays pure PyTorch on every path that does not ask for them: Triton is imported only inside
+``kernels()``, on the first fused call (a CUDA device, or ``TRITON_INTERPRET=1`` for the CPU tests);
+nothing imports Triton at import time, and without Triton the fast oracle runs its PyTorch path.
+
+Kernels, per chunk of ``c`` tokens (``softmax_pv``):
+
+1. ``logits``: per (token, block of heads) the slots' rows are read straight from the table by
+   their table-row indices (invalid slots read the zero row), converted to float64 in registers
+   (exact), ``s = fl(scale * dot(q, k))`` with a float64 ``tl.dot`` (DMMA / FMA, blocks of ``BD``
+   dims accumulated in a fixed loop, the order inside a block the hardware's), invalid slots set to
+   ``-inf``, the row max ``m`` (a zero max made ``+0``, as the ordered oracle's accumulation from
+   ``+0`` gives) and the logits written to a float64 ``[c, H, K]`` buffer; the first block of heads
+   also writes the per-token maxima over the slots of the table rows' statistics (norm, ``log2 n -
+   lsb``, ``max |v|``; ``fast_rows.row_stats``), the inputs of ``fast._row_tests``.
+2. ``pv``: per (token, block of heads, block of ``d_v``) a second pass over the stored logits:
+   ``p = exp(s - m)`` (``m`` replaced by 0 on lonely rows, whose logits are all ``-inf``: ``p = 0``),
+   ``L = sum p`` and ``N = dot(p, V)`` in float64 (``want_abs``: ``sum p |v|``, as a bfloat16 dot
+   of ``bf16(p)`` and ``|v|`` accumulated in float32 from a bfloat16 table, times
+   ``bf16_abs_factor(K)``; else a float64 dot).
+
+No online-softmax rescaling: the max is final before any ``exp``, as in the PyTorch path.
+
+The bound for this order (``fast_bound``'s steps, what changes and why the coefficients do not):
+
+- Step 1 (logits): each logit is a float64 dot product of the same ``D`` exact products (bf16 or
+  float64 values converted exactly), accumulated in another order (blocks of ``BD`` dims in
+  sequence, DMMA's fused multiply-adds inside a block) and multiplied by ``scale`` once. The step's
+  error bound ``g_D A`` holds for any order of the ``D - 1`` additions, fused or not, and its
+  exactness argument (every product and partial sum an exact multiple of ``2**(lq + lk)`` below
+  ``2**(53 + lq + lk)``) for any order too: rows proven exact give the ordered oracle's logits bit
+  for bit (and their ``max_logits``: the max is exact; a ``-0`` max is made ``+0`` here, as the
+  PyTorch path's ``+0`` mask addition does). One rounding for ``scale``: the ``u`` the step allows.
+- Step 2 (``p = exp(s - m)``): one float64 subtraction and ``exp`` (libdevice's ``__nv_exp``, within
+  2 ulps, the function torch's CUDA ``exp`` calls; NumPy's under the interpreter): within ``eps_e``.
+- Step 3 (``L``): ``K`` non-negative terms summed in float64 in blocks of ``BK`` (a tree inside a
+  block, the blocks in sequence): one of the orders the step's ``g_K`` covers ("any order").
+- Step 5 (``N = sum p v``): per output element ``K`` products accumulated by float64 ``tl.dot``
+  in blocks of ``BK`` slots: again ``g_K`` for any order, fused or not.
+- ``pv_abs`` (bfloat16 table): ``p`` rounded to bfloat16 (from float64 through float32, RNE twice:
+  ``>= p (1 - 2**-24)(1 - 2**-8)``), ``|v|`` exact, the non-negative products accumulated in
+  float32 in any order (``>= 1 - K 2**-22`` of their exact sum) and, unlike the bfloat16 GEMM of
+  the PyTorch path, not rounded to bfloat16 afterwards: the product of these factors is at least
+  ``(1 - 2**-8)**2 (1 - K 2**-22)``, so ``bf16_abs_factor(K)`` still makes it an upper bound.
+  Other tables: a float64 dot of ``p`` and ``|v|``, within the ``out`` bound (step 5 as for ``V``).
+- Steps 4, 6, 7 and the bounds' evaluation run unchanged (``fast._finish``).
+
+So ``fast_bound.bound_coefficients`` applies as it stands: nothing is widened. The rows that need
+the ordered logits (NaN/Inf, extreme magnitudes) are found by the same row tests and their chunk is
+recomputed by ``fast._chunk_ordered`` (PyTorch, the ordered d-loop), as before: a chunk's fused
+results are used only where every row keeps the fast logits, so every logit the kernels' results
+stand on is finite.
+
+Memory: the ``[c, H, K]`` float64 logits and the ``[c, H, d_v]`` outputs (``want_abs``: one more),
+within ``fast.peak_bytes_estimate_fast``, which also counts the gathered rows this path never holds.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .fast_bound import BF16_ABS_MAX_K, bf16_abs_factor
+
+__all__ = ["available", "kernels", "softmax_pv", "ENV", "BLOCKS"]
+
+ENV = "DSV4_FUSED_JUDGE"  # "0": the fast oracle's default never takes the fused kernels
+# (BH heads, BK slots, BD dims) of the logits kernel; (BH, BK, BV d_v columns) of the PV kernel;
+# warps of each
+BLOCKS = {"logits": (32, 32, 32, 4), "pv": (32, 32, 64, 4)}
+
+
+def interpreting() -> bool:
+    """Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means: no fused backend
+        return False
+    return True
+
+
+def available(device: torch.device) -> tuple[bool, str]:
+    """``(usable, reason)`` of the fused kernels on ``device``: Triton importable, and a CUDA device
+    (or the CPU under ``TRITON_INTERPRET=1``)."""
+    if device.type not in ("cuda", "cpu"):
+        return False, f"the fused kernels run on CUDA devices (got {device.type})"
+    if device.type == "cpu" and not interpreting():
+        return False, "the fused kernels run on the CPU only under TRITON_INTERPRET=1"
+    if not _triton_importable():
+        return False, "Triton is not importable"
+    return True, ""
+
+
+def default_on(device: torch.device) -> bool:
+    """Whether ``fast_sparse_attention(fused=None)`` takes the fused kernels: a CUDA device, Triton
+    importable, and ``DSV4_FUSED_JUDGE`` not ``0``."""
+    return device.type == "cuda" and os.environ.get(ENV, "1") != "0" and _triton_importable()
+
+
+def _interpreter_index_shim() -> None:
+    """Triton's CPU interpreter holds a scalar argument as a one-element 1-D NumPy array, and NumPy 2
+    refuses ``int()`` of such an array, so a loop bounded by a runtime argument (``range(0, K, BK)``)
+    fails there. Make the interpreter's ``__index__`` read the one element (the compiled kernels are
+    not affected: this patches the interpreter module only)."""
+    from triton.runtime import interpreter as ti
+
+    if getattr(ti._patch_lang_tensor, "dsv4_index_shim", False):
+        return
+    orig = ti._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.dsv4_index_shim = True
+    ti._patch_lang_tensor = patched
+
+
+@functools.lru_cache(maxsize=1)
+def kernels():
+    """``(triton, logits_kernel, pv_kernel)`` (``fast_fused_kernels``, compiled per signature on
+    first launch). Imports Triton."""
+    if interpreting():
+        _interpreter_index_shim()
+    import triton
+
+    from . import fast_fused_kernels as fk
+
+    return triton, fk.logits_kernel, fk.pv_kernel
+
+
+def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: int, scale: float, d_v: int,
+               stats: torch.Tensor | None = None, want_abs: bool = False, blocks: dict | None = None):
+    """Steps 1-3 and ``N = sum p v`` for one chunk of ``c`` tokens (module docstring), two kernel
+    launches. ``table`` ``[R, D]`` (the fast oracle's table: segment rows, the zero row ``zrow``,
+    q's rows from ``q0``: token ``t``, head ``h`` at row ``q0 + t H + h``), ``gidx`` ``[c, K]`` int64
+    table rows of the chunk's slots (invalid: ``zrow``), ``stats``: ``fast_rows.row_stats`` of the
+    table (``[3, R]``) or None. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na, kmax)``:
+    float64; ``Na`` (``want_abs``) ``sum_k p_k |v_k|`` as ``fast._softmax_tail`` defines it, else
+    None; ``kmax`` ``[3, c, 1, 1]`` (stats' dtype; None without ``stats``) the maxima over the
+    token's slots of the three statistics. ``table``, ``gidx`` and ``stats`` contiguous."""
+    triton, logits_kernel, pv_kernel = kernels()
+    c, K = gidx.shape
+    R, D = table.shape
+    dev = table.device
+    bl = dict(BLOCKS, **(blocks or {}))
+    bh, bk, bd, w1 = bl["logits"]
+    s = torch.empty(c, H, K, dtype=torch.float64, device=dev)
+    m = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
+    has_stats = stats is not None
+    ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev) if has_stats else m
+    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats if has_stats else m, s, m, ks, q0, zrow, scale,
+                                           c, H, K, D, R, HAS_STATS=has_stats, BH=bh, BK=bk, BD=bd, num_warps=w1)
+    bh, bk, bv, w2 = bl["pv"]
+    n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
+    L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
+    abs_bf16 = want_abs and table.dtype == torch.bfloat16 and K < BF16_ABS_MAX_K
+    na = torch.empty_like(n) if want_abs else n
+    pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
+        table, gidx, s, m, n, L, na, zrow, bf16_abs_factor(K) if abs_bf16 else 1.0, H, K, D, d_v,
+        WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=interpreting(), BH=bh, BK=bk, BV=bv, num_warps=w2)
+    return n, m, L, (na if want_abs else None), (ks if has_stats else None)
