@@ -11,6 +11,20 @@ __all__ = ["logits_kernel", "pv_kernel"]
 
 
 @triton.jit
+def _nanmax(a, b):
+    """Elementwise max that propagates NaN, as ``torch.amax`` does (``tl.maximum`` may drop it): a
+    NaN statistic must reach ``fast._row_tests``, which then sends the token's rows to the ordered path."""
+    return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
+
+
+@triton.jit
+def _nanmax_all(a):
+    """``max`` over a 1-D block, NaN if any element is NaN."""
+    nan = tl.sum((a != a).to(tl.int32), axis=0) > 0
+    return tl.where(nan, float("nan"), tl.max(a, axis=0))
+
+
+@triton.jit
 def logits_kernel(tab, gidx, stats, S, M, KS, q0, zrow, scale, T, H, K, D, R,
                   HAS_STATS: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     t = tl.program_id(0)
@@ -41,16 +55,17 @@ def logits_kernel(tab, gidx, stats, S, M, KS, q0, zrow, scale, T, H, K, D, R,
         tl.store(S + (t.to(tl.int64) * H + hh)[:, None] * K + kk[None, :], s, mask=hm[:, None] & km[None, :])
         m = tl.maximum(m, tl.max(s, axis=1))
         if HAS_STATS:
-            sn = tl.maximum(sn, tl.load(stats + g, mask=km, other=float("-inf")))
-            sb = tl.maximum(sb, tl.load(stats + R + g, mask=km, other=float("-inf")))
-            sv = tl.maximum(sv, tl.load(stats + 2 * R + g, mask=km, other=float("-inf")))
+            sn = _nanmax(sn, tl.load(stats + g, mask=km, other=float("-inf")))
+            sb = _nanmax(sb, tl.load(stats + R + g, mask=km, other=float("-inf")))
+            sv = _nanmax(sv, tl.load(stats + 2 * R + g, mask=km, other=float("-inf")))
     m = tl.where(m == 0.0, 0.0, m)  # -0 -> +0, as the ordered oracle's max
     tl.store(M + t * H + hh, m, mask=hm)
     if HAS_STATS:
         if hb == 0:
-            tl.store(KS + t, tl.max(sn, axis=0))
-            tl.store(KS + T + t, tl.max(sb, axis=0))
-            tl.store(KS + 2 * T + t, tl.max(sv, axis=0))
+            tl.store(KS + t, _nanmax_all(sn))
+            tl.store(KS + T + t, _nanmax_all(sb))
+            tl.store(KS + 2 * T + t, _nanmax_all(sv))
+
 
 @triton.jit
 def pv_kernel(tab, gidx, S, M, N, L, NA, zrow, abs_factor, H, K, D, DV,
