@@ -332,7 +332,7 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
     return N, m, L, Na
 
 
-def _row_tests(stats, gflat, qrows, c, lims, kmax=None):
+def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
     the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
@@ -344,13 +344,11 @@ def _row_tests(stats, gflat, qrows, c, lims, kmax=None):
     rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
     ``max |v|`` over the token's slots. ``lims``:
     ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
-    0-dim tensors of the statistics' dtype (the limits rounded down). ``kmax``: the slots' maxima of
-    the three statistics ``[3, c, 1, 1]`` where the fused kernels computed them (``fast_fused``), else
-    None (gathered here)."""
-    ebits, lim_exact, lim_approx, zero = lims
-    if kmax is None:
-        kmax = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True)
-    nk, bk, vk = kmax.unbind(0)
+    0-dim tensors of the statistics' dtype (the limits rounded down; a fifth element, the same
+    as one tensor, is ``fast_fused``'s). The fused kernels compute these in the logits kernel
+    (``fast_fused.softmax_pv``)."""
+    ebits, lim_exact, lim_approx, zero = lims[:4]
+    nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
     nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
     nqb = nq * nk  # NaN/inf where a norm is
     both = torch.empty((2, *nqb.shape), dtype=torch.bool, device=nqb.device)  # one count for the host
@@ -422,6 +420,14 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na=None):
     return (out, lse.view(T, H), lws.view(T, H), m.view(T, H), pv), (b_lse, b_lws, b_max, B[3].mul_(vmax))
 
 
+def _finish_any(parts, lonely, n_valid, sink, consts, fused: bool):
+    """``_finish_parts``, or its one-kernel form ``fast_fused.finish`` (``fused``): the same steps,
+    conventions and return value. ``consts``: ``_constants``' tuple."""
+    if fused:
+        return fast_fused.finish(parts, n_valid, sink, consts[3])
+    return _finish_parts(parts, lonely, sink, consts[0], consts[2][2])
+
+
 def _finish_parts(parts, lonely, sink, coef, one):
     """``_finish`` over the chunks' ``(N, m, L, x, vmax, Na)`` (one chunk: its own tensors, ``N``
     divided in place; several: concatenated; ``Na`` None in every chunk or in none)."""
@@ -434,8 +440,11 @@ def _finish_parts(parts, lonely, sink, coef, one):
 def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
     """Per ``(K, D, scale, sink?, statistics dtype, device)``, kept: ``bound_coefficients``' columns
     as ``_finish`` takes them (``[4, 1, 1, 1]`` each), ``_row_tests``' ``lims`` (the x limits
-    rounded down to the statistics' dtype, and its 0) and the float64 ``(0, -inf, 1)`` of the logit
-    mask and the lonely rows (0-dim tensors on the device)."""
+    rounded down to the statistics' dtype, its 0, and the four as one ``[4]`` tensor with
+    ``exact_bits(D)`` in the statistics' dtype: ``(la, le, 0, exact_bits)``, what ``fast_fused``
+    reads), the float64 ``(0, -inf, 1)`` of the logit mask and the lonely rows (0-dim tensors on
+    the device) and the coefficients as one float64 ``[20]`` tensor (``cx, cl, ce, cs, cb``, 4
+    each, for ``fast_fused.finish``)."""
     key = (K, D, scale, with_sink, sdt, dev)
     hit = _COEF.get(key)
     if hit is None:
@@ -447,10 +456,11 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
         low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
         mask = torch.tensor([0.0, -math.inf, 1.0], dtype=torch.float64)
         both = torch.cat([coef[:, F_X], coef[:, F_LNL], coef[:, F_LSE], coef[:, F_SINK], coef[:, -1],
-                          low.double(), mask]).to(dev)
+                          low.double(), mask, torch.tensor([exact_bits(D)], dtype=torch.float64)]).to(dev)
         coefs = tuple(both[:20].view(5, 4, 1, 1, 1).unbind(0))  # cx, cl, ce, cs, cb
-        la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
-        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero), both[22:].unbind(0))
+        lim4 = torch.cat([both[20:22], both[21:22] * 0, both[25:26]]).to(sdt)  # la, le, 0, exact_bits
+        la, le, zero, _ = lim4.unbind(0)
+        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero, lim4), both[22:25].unbind(0), both[:20])
     return hit
 
 
@@ -475,6 +485,7 @@ class _Issued:
     keep: tuple
     packed: torch.Tensor | None = None
     pinned: torch.Tensor | None = None  # a replay's host vector in pinned memory (``fast_sparse_attention``)
+    fused: bool = False  # the fused kernels ran (``fast_fused``): the redone chunks finish with them too
 
 
 def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
@@ -522,7 +533,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     q0 = Nrows + 1
     sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
     consts = _constants(K, D, sc, sink is not None, sdt, dev)
-    coef, lims, (zero, ninf, one) = consts
+    coef, lims, (zero, ninf, one) = consts[:3]
     one_chunk = len(spans) == 1
     gflat = gidx.view(-1)
 
@@ -537,27 +548,28 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z3 = torch.zeros(T, H, d_v, dtype=torch.float64, device=dev)
         heavy = [(z3, torch.full_like(z, -math.inf), z, torch.zeros_like(z3) if want_abs else None)]
         spans = [(0, T)]
-    elif fused:  # two Triton kernels per chunk (``fast_fused``), which also gather the slot statistics
+    elif fused:  # two Triton kernels per chunk (``fast_fused``), which also run the row tests
         gc = gidx.contiguous()
-        fz = [fast_fused.softmax_pv(table, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, want_abs)
-              for t0, t1 in spans]
-        heavy, kmax = [f[:4] for f in fz], [f[4] for f in fz]
+        fz = [fast_fused.softmax_pv(table, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, lims[4],
+                                    want_abs) for t0, t1 in spans]
+        heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
-    if K == 0 or not fused:
-        kmax = [None] * len(spans)
     checks = _flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
         tests = [(z2, z2[:, :1], *yes, yes)]
+    elif fused:
+        tests = ftests
     else:
-        tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims, km)
-                 for (t0, t1), km in zip(spans, kmax)]
+        tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
+                 for t0, t1 in spans]
     parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
-    res = _finish_parts(parts, lonely, sink, coef, one)
+    fused = fused and K > 0
+    res = _finish_any(parts, lonely, n_valid, sink, consts, fused)
     # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
     # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
     # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
@@ -571,7 +583,8 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
-    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed)
+    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed,
+                   fused=fused)
 
 
 def _owned(iss: _Issued) -> tuple:
@@ -618,7 +631,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     n_ap = [(t1 - t0) * H - e for e, (t0, t1) in zip(n_exact, spans)]  # where every row keeps them
     redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
     if any(redo):
-        coef, _, (zero, _, one) = iss.keep[0]
+        coef, _, (zero, _, one) = iss.keep[0][:3]
         vfin = vmax_finite(iss.table, d_v)
         single = nc == 1
         parts = list(iss.parts)
@@ -628,7 +641,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
                     iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
                     _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
-        res = _finish_parts(parts, iss.lonely, sink, coef, one)
+        res = _finish_any(parts, iss.lonely, iss.n_valid, sink, iss.keep[0], iss.fused)
     n_ap = sum(n_ap)
     (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}

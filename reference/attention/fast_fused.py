@@ -69,12 +69,12 @@ import torch
 
 from .fast_bound import BF16_ABS_MAX_K, bf16_abs_factor
 
-__all__ = ["available", "kernels", "softmax_pv", "ENV", "BLOCKS"]
+__all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "ENV", "BLOCKS"]
 
 ENV = "DSV4_FUSED_JUDGE"  # "0": the fast oracle's default never takes the fused kernels
 # (BH heads, BK slots, BD dims) of the logits kernel; (BH, BK, BV d_v columns) of the PV kernel;
-# warps of each
-BLOCKS = {"logits": (32, 32, 32, 4), "pv": (32, 32, 64, 4)}
+# warps of each; (BH, BV) of the finishing kernel and its warps
+BLOCKS = {"logits": (32, 32, 32, 4), "pv": (32, 32, 64, 4), "finish": (32, 128, 4)}
 
 
 def interpreting() -> bool:
@@ -131,7 +131,7 @@ def _interpreter_index_shim() -> None:
 
 @functools.lru_cache(maxsize=1)
 def kernels():
-    """``(triton, logits_kernel, pv_kernel)`` (``fast_fused_kernels``, compiled per signature on
+    """``(triton, logits_kernel, pv_kernel, finish_kernel)`` (``fast_fused_kernels``, compiled per signature on
     first launch). Imports Triton."""
     if interpreting():
         _interpreter_index_shim()
@@ -139,20 +139,22 @@ def kernels():
 
     from . import fast_fused_kernels as fk
 
-    return triton, fk.logits_kernel, fk.pv_kernel
+    return triton, fk.logits_kernel, fk.pv_kernel, fk.finish_kernel
 
 
 def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: int, scale: float, d_v: int,
-               stats: torch.Tensor | None = None, want_abs: bool = False, blocks: dict | None = None):
-    """Steps 1-3 and ``N = sum p v`` for one chunk of ``c`` tokens (module docstring), two kernel
-    launches. ``table`` ``[R, D]`` (the fast oracle's table: segment rows, the zero row ``zrow``,
-    q's rows from ``q0``: token ``t``, head ``h`` at row ``q0 + t H + h``), ``gidx`` ``[c, K]`` int64
-    table rows of the chunk's slots (invalid: ``zrow``), ``stats``: ``fast_rows.row_stats`` of the
-    table (``[3, R]``) or None. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na, kmax)``:
-    float64; ``Na`` (``want_abs``) ``sum_k p_k |v_k|`` as ``fast._softmax_tail`` defines it, else
-    None; ``kmax`` ``[3, c, 1, 1]`` (stats' dtype; None without ``stats``) the maxima over the
-    token's slots of the three statistics. ``table``, ``gidx`` and ``stats`` contiguous."""
-    triton, logits_kernel, pv_kernel = kernels()
+               stats: torch.Tensor, lim4: torch.Tensor, want_abs: bool = False, blocks: dict | None = None):
+    """Steps 1-3, ``N = sum p v`` and the row tests for one chunk of ``c`` tokens (module
+    docstring), two kernel launches. ``table`` ``[R, D]`` (the fast oracle's table: segment rows,
+    the zero row ``zrow``, q's rows from ``q0``: token ``t``, head ``h`` at row ``q0 + t H + h``),
+    ``gidx`` ``[c, K]`` int64 table rows of the chunk's slots (invalid: ``zrow``), ``stats``:
+    ``fast_rows.row_stats`` of the table (``[3, R]``), ``lim4``: ``fast._constants``' ``(la, le, 0,
+    exact_bits)`` in the statistics' dtype. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na,
+    tests)``: float64; ``Na`` (``want_abs``) ``sum_k p_k |v_k|`` as ``fast._softmax_tail`` defines
+    it, else None; ``tests`` as ``fast._row_tests`` returns them, ``(x, vmax, exact, fast, both)``
+    (``x`` ``[c, H, 1]`` and ``vmax`` ``[c, 1, 1]`` in the statistics' dtype, ``both`` ``[2, c, H, 1]``
+    bool, ``exact`` and ``fast`` its views). ``table``, ``gidx`` and ``stats`` contiguous."""
+    triton, logits_kernel, pv_kernel, _ = kernels()
     c, K = gidx.shape
     R, D = table.shape
     dev = table.device
@@ -160,10 +162,11 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     bh, bk, bd, w1 = bl["logits"]
     s = torch.empty(c, H, K, dtype=torch.float64, device=dev)
     m = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
-    has_stats = stats is not None
-    ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev) if has_stats else m
-    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats if has_stats else m, s, m, ks, q0, zrow, scale,
-                                           c, H, K, D, R, HAS_STATS=has_stats, BH=bh, BK=bk, BD=bd, num_warps=w1)
+    ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev)
+    x = torch.empty(c, H, 1, dtype=stats.dtype, device=dev)
+    both = torch.empty(2, c, H, 1, dtype=torch.uint8, device=dev)
+    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats, s, m, ks, lim4, x, both, q0, zrow, scale,
+                                           c, H, K, D, R, HAS_STATS=True, BH=bh, BK=bk, BD=bd, num_warps=w1)
     bh, bk, bv, w2 = bl["pv"]
     n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
     L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
@@ -172,4 +175,32 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
         table, gidx, s, m, n, L, na, zrow, bf16_abs_factor(K) if abs_bf16 else 1.0, H, K, D, d_v,
         WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=interpreting(), BH=bh, BK=bk, BV=bv, num_warps=w2)
-    return n, m, L, (na if want_abs else None), (ks if has_stats else None)
+    b = both.view(torch.bool)
+    exact, fast = b.unbind(0)
+    return n, m, L, (na if want_abs else None), (x, ks[2], exact, fast, b)
+
+
+def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20: torch.Tensor,
+           blocks: dict | None = None):
+    """``fast._finish_parts`` as one kernel launch (``fast_fused_kernels.finish_kernel``): steps 4-7,
+    the bounds and the division of ``N`` (and ``Na``) in place, with ``fast._finish``'s conventions
+    and return value. ``parts``: per chunk ``(N, m, L, x, vmax, Na)`` (several: concatenated first,
+    as ``fast._finish_parts`` does), ``n_valid`` ``[T]``, ``coef20``: ``fast._constants``' float64
+    ``[20]`` coefficients."""
+    triton, _, _, finish_kernel = kernels()
+    if len(parts) == 1:
+        N, m, L, x, vmax, Na = parts[0]
+    else:
+        N, m, L, x, vmax, Na = [c[0] if c[0] is None else torch.cat(c, dim=0) for c in zip(*parts)]
+    T, H, DV = N.shape
+    dev = N.device
+    lse = torch.empty(T, H, dtype=torch.float64, device=dev)
+    lws = torch.empty(T, H, dtype=torch.float64, device=dev)
+    bnd = torch.empty(4, T, H, dtype=torch.float64, device=dev)
+    bh, bv, w = dict(BLOCKS, **(blocks or {}))["finish"]
+    finish_kernel[(T, triton.cdiv(H, bh))](
+        N, Na if Na is not None else N, m, L, x.contiguous(), vmax.contiguous(), n_valid, sink.contiguous() if sink is not None else m,
+        coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None, WANT_ABS=Na is not None,
+        INTERP=interpreting(), BH=bh, BV=bv, num_warps=w)
+    b_lse, b_lws, b_max, b_out = bnd.unbind(0)
+    return (N, lse, lws, m.view(T, H), Na), (b_lse, b_lws, b_max, b_out.view(T, H, 1))

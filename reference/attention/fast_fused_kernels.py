@@ -25,7 +25,7 @@ def _nanmax_all(a):
 
 
 @triton.jit
-def logits_kernel(tab, gidx, stats, S, M, KS, q0, zrow, scale, T, H, K, D, R,
+def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, scale, T, H, K, D, R,
                   HAS_STATS: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -61,10 +61,26 @@ def logits_kernel(tab, gidx, stats, S, M, KS, q0, zrow, scale, T, H, K, D, R,
     m = tl.where(m == 0.0, 0.0, m)  # -0 -> +0, as the ordered oracle's max
     tl.store(M + t * H + hh, m, mask=hm)
     if HAS_STATS:
+        nk = _nanmax_all(sn)
+        bk = _nanmax_all(sb)
         if hb == 0:
-            tl.store(KS + t, _nanmax_all(sn))
-            tl.store(KS + T + t, _nanmax_all(sb))
+            tl.store(KS + t, nk)
+            tl.store(KS + T + t, bk)
             tl.store(KS + 2 * T + t, _nanmax_all(sv))
+        # fast._row_tests for these heads, in the statistics' dtype: exact = alpha + beta < exact_bits,
+        # fast = n_q max n_k < (exact ? le : la) (False where NaN), x = exact ? 0 : n_q max n_k
+        la = tl.load(LIM)
+        le = tl.load(LIM + 1)
+        ebits = tl.load(LIM + 3)
+        nq = tl.load(stats + qrow, mask=hm, other=0.0)
+        aq = tl.load(stats + R + qrow, mask=hm, other=0.0)
+        nqb = nq * nk
+        exact = (aq + bk) < ebits
+        fast = nqb < tl.where(exact, le, la)
+        o = t * H + hh
+        tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
+        tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
+        tl.store(BOTH + T * H + o, fast.to(tl.uint8), mask=hm)
 
 
 @triton.jit
@@ -120,3 +136,70 @@ def pv_kernel(tab, gidx, S, M, N, L, NA, zrow, abs_factor, H, K, D, DV,
             tl.store(NA + o, acca, mask=hm[:, None] & vm[None, :])
     if vb == 0:
         tl.store(L + t * H + hh, lsum, mask=hm)
+
+
+@triton.jit
+def finish_kernel(N, NA, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
+                  HAS_SINK: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr,
+                  BH: tl.constexpr, BV: tl.constexpr):
+    """``fast._finish`` for one token's block of heads: steps 4-7, the bounds (``B = cb + cs |sink|
+    + cl ln L + ce |lse| + cx x``, NaN and +inf set to 0, -inf to the most negative float64, as
+    ``nan_to_num_`` does) and ``N`` (and ``Na``) divided in place by ``L`` or ``L + L e`` (1 on
+    lonely rows). ``BND`` ``[4, T, H]``: ``lse``, ``lse_with_sink``, ``max_logits``, ``out / V_j``
+    times ``V_j``."""
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    hh = hb * BH + tl.arange(0, BH)
+    hm = hh < H
+    o = t * H + hh
+    m = tl.load(M + o, mask=hm, other=0.0)
+    lsum = tl.load(L + o, mask=hm, other=1.0)
+    x = tl.load(X + o, mask=hm, other=0.0).to(tl.float64)
+    vk = tl.load(VK + t).to(tl.float64)
+    lonely = tl.load(NV + t) == 0
+    if INTERP:
+        lnl = tl.log(lsum)
+    else:
+        lnl = libdevice.log(lsum)
+    lse = m + lnl
+    if HAS_SINK:
+        sk = tl.load(SINK + hh, mask=hm, other=0.0).to(tl.float64)
+        if INTERP:
+            e = tl.exp(sk - lse)
+        else:
+            e = libdevice.exp(sk - lse)
+        den = tl.where(lonely, 1.0, lsum + lsum * e)
+        d = lse - sk
+        both_inf = (tl.abs(lse) == float("inf")) & (lse == sk)
+        mx = tl.where(lse > sk, lse, sk)
+        if INTERP:
+            lp = tl.log(1.0 + tl.exp(-tl.abs(d)))
+        else:
+            lp = libdevice.log1p(libdevice.exp(-tl.abs(d)))
+        lws = tl.where(both_inf, lse, mx + lp)
+        lws = tl.where((lse != lse) | (sk != sk), float("nan"), lws)
+        ska = tl.where(tl.abs(sk) == float("inf"), 0.0, tl.abs(sk))
+    else:
+        den = tl.where(lonely, 1.0, lsum)
+        lws = lse
+        ska = tl.zeros([BH], dtype=tl.float64)
+    alse = tl.abs(lse)
+    for j in tl.static_range(4):
+        b = tl.load(COEF + 16 + j) + tl.load(COEF + 12 + j) * ska
+        b = b + tl.load(COEF + 4 + j) * lnl
+        b = b + tl.load(COEF + 8 + j) * alse
+        b = b + tl.load(COEF + j) * x
+        b = tl.where((b != b) | (b == float("inf")), 0.0, b)
+        b = tl.where(b == float("-inf"), -1.7976931348623157e308, b)
+        if j == 3:
+            b = b * vk
+        tl.store(BND + j * T * H + o, b, mask=hm)
+    tl.store(LSE + o, lse, mask=hm)
+    tl.store(LWS + o, lws, mask=hm)
+    for v0 in range(0, DV, BV):
+        vv = v0 + tl.arange(0, BV)
+        msk = hm[:, None] & (vv < DV)[None, :]
+        p = (t.to(tl.int64) * H + hh)[:, None] * DV + vv[None, :]
+        tl.store(N + p, tl.load(N + p, mask=msk, other=0.0) / den[:, None], mask=msk)
+        if WANT_ABS:
+            tl.store(NA + p, tl.load(NA + p, mask=msk, other=0.0) / den[:, None], mask=msk)

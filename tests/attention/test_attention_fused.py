@@ -87,6 +87,9 @@ def test_fused_within_bound_exact_logits_and_lonely_rows(sink, chunk):
     u = fast_sparse_attention(q.to(DEV), segs_on(segs), 64**-0.5, on(SINKS[sink]), chunk_tokens=chunk,
                               want_abs=True, fused=False, graph=False)
     assert torch.equal(u.max_logits, f.max_logits)
+    assert u.exact_logits == f.exact_logits  # the same row tests, in the logits kernel
+    for name in ("lse", "lse_with_sink", "max_logits", "out"):  # the same bounds up to their evaluation's rounding
+        assert torch.allclose(u.bound[name], f.bound[name], rtol=1e-12, atol=0), name
     fin = torch.isfinite(u.pv_abs)
     assert torch.allclose(u.pv_abs[fin], f.pv_abs[fin], rtol=0.025, atol=1e-300)
 
