@@ -549,9 +549,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         heavy = [(z3, torch.full_like(z, -math.inf), z, torch.zeros_like(z3) if want_abs else None)]
         spans = [(0, T)]
     elif fused:  # two Triton kernels per chunk (``fast_fused``), which also run the row tests
-        gc = gidx.contiguous()
-        fz = [fast_fused.softmax_pv(table, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, lims[4],
-                                    want_abs) for t0, t1 in spans]
+        gc, t64 = gidx.contiguous(), fast_fused.table64(table)
+        fz = [fast_fused.softmax_pv(t64, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, lims[4],
+                                    want_abs, abs_bf16=table.dtype == torch.bfloat16) for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
@@ -695,7 +695,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
     (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64).
     ``fused``: steps 1-3 and ``N`` by two Triton kernels per chunk (``fast_fused``; the same bound):
-    ``None`` (default) on a CUDA device where Triton is importable, unless ``DSV4_FUSED_JUDGE=0``;
+    ``None`` (default) on a CUDA device where Triton is importable and the float64 table fits
+    ``fast_fused.TABLE64_BYTES``, unless ``DSV4_FUSED_JUDGE=0``;
     ``True`` always (a CUDA device, or the CPU under ``TRITON_INTERPRET=1``; else an error naming
     the reason); ``False`` never (the PyTorch path)."""
     fn = "fast_sparse_attention"
@@ -707,6 +708,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if not isinstance(want_abs, bool):
         fail(fn, "want_abs", f"must be True or False, got {want_abs!r}")
     dev = q.device
+    explicit = fused is not None
     if fused is None:
         fused = fast_fused.default_on(dev)
     elif fused:
@@ -728,6 +730,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         T, shapes = fast_buckets.padded_shapes(T, segments)
         K = sum(k for _, k in shapes)
     itemsize = table_dtype(segments, q).itemsize
+    if fused and not explicit:  # the default takes the fused kernels where their float64 table fits
+        fused = (sum(s.rows.shape[0] for s in segments) + 1 + T * H) * D * 8 <= fast_fused.TABLE64_BYTES
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
         sig = fast_buckets.flat_signature(q, sink, segments, bucket)

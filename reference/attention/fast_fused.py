@@ -11,9 +11,11 @@ nothing imports Triton at import time, and without Triton the fast oracle runs i
 
 Kernels, per chunk of ``c`` tokens (``softmax_pv``):
 
-1. ``logits``: per (token, block of heads) the slots' rows are read straight from the table by
-   their table-row indices (invalid slots read the zero row), converted to float64 in registers
-   (exact), ``s = fl(scale * dot(q, k))`` with a float64 ``tl.dot`` (DMMA / FMA, blocks of ``BD``
+0. The table (segment rows, the zero row, q's rows) as float64, one exact conversion pass
+   (``table64``; Triton 3.6 cannot compile a float64 dot of operands converted in registers from
+   16-bit loads).
+1. ``logits``: per (token, block of heads) the slots' float64 rows are read straight from the
+   table by their table-row indices (invalid slots read the zero row), ``s = fl(scale * dot(q, k))`` with a float64 ``tl.dot`` (DMMA / FMA, blocks of ``BD``
    dims accumulated in a fixed loop, the order inside a block the hardware's), invalid slots set to
    ``-inf``, the row max ``m`` (a zero max made ``+0``, as the ordered oracle's accumulation from
    ``+0`` gives) and the logits written to a float64 ``[c, H, K]`` buffer; the first block of heads
@@ -57,8 +59,15 @@ recomputed by ``fast._chunk_ordered`` (PyTorch, the ordered d-loop), as before: 
 results are used only where every row keeps the fast logits, so every logit the kernels' results
 stand on is finite.
 
+3. ``finish``: steps 4-7 and the bounds for every token (``fast._finish``'s arithmetic and
+   conventions in one kernel launch; its rounding analysis holds for any fused multiply-adds),
+   ``N`` and ``Na`` divided in place.
+
 Memory: the ``[c, H, K]`` float64 logits and the ``[c, H, d_v]`` outputs (``want_abs``: one more),
-within ``fast.peak_bytes_estimate_fast``, which also counts the gathered rows this path never holds.
+within ``fast.peak_bytes_estimate_fast``, which also counts the gathered rows (``c K D (b + 8)``
+bytes) this path never holds; in their place the float64 table, ``R D 8`` bytes, which the default
+path accepts up to ``TABLE64_BYTES`` (512 MiB; production decode at batch 128: 84 MiB at h64
+top-512, 134 MiB at h128 top-1024), else it runs the PyTorch path.
 """
 from __future__ import annotations
 
@@ -69,8 +78,9 @@ import torch
 
 from .fast_bound import BF16_ABS_MAX_K, bf16_abs_factor
 
-__all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "ENV", "BLOCKS"]
+__all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES"]
 
+TABLE64_BYTES = 2**29  # the default path takes the fused kernels only where the float64 table fits this
 ENV = "DSV4_FUSED_JUDGE"  # "0": the fast oracle's default never takes the fused kernels
 # (BH heads, BK slots, BD dims) of the logits kernel; (BH, BK, BV d_v columns) of the PV kernel;
 # warps of each; (BH, BV) of the finishing kernel and its warps
@@ -143,10 +153,13 @@ def kernels():
 
 
 def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: int, scale: float, d_v: int,
-               stats: torch.Tensor, lim4: torch.Tensor, want_abs: bool = False, blocks: dict | None = None):
+               stats: torch.Tensor, lim4: torch.Tensor, want_abs: bool = False, blocks: dict | None = None,
+               abs_bf16: bool = False):
     """Steps 1-3, ``N = sum p v`` and the row tests for one chunk of ``c`` tokens (module
     docstring), two kernel launches. ``table`` ``[R, D]`` (the fast oracle's table: segment rows,
     the zero row ``zrow``, q's rows from ``q0``: token ``t``, head ``h`` at row ``q0 + t H + h``),
+    ``table`` is float64 (``table64``: the kernels read float64 rows), ``abs_bf16``: its values are
+    a bfloat16 table's (``pv_abs`` then takes the bfloat16 dot, when ``K < BF16_ABS_MAX_K``).
     ``gidx`` ``[c, K]`` int64 table rows of the chunk's slots (invalid: ``zrow``), ``stats``:
     ``fast_rows.row_stats`` of the table (``[3, R]``), ``lim4``: ``fast._constants``' ``(la, le, 0,
     exact_bits)`` in the statistics' dtype. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na,
@@ -170,7 +183,7 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     bh, bk, bv, w2 = bl["pv"]
     n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
     L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
-    abs_bf16 = want_abs and table.dtype == torch.bfloat16 and K < BF16_ABS_MAX_K
+    abs_bf16 = want_abs and abs_bf16 and K < BF16_ABS_MAX_K
     na = torch.empty_like(n) if want_abs else n
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
         table, gidx, s, m, n, L, na, zrow, bf16_abs_factor(K) if abs_bf16 else 1.0, H, K, D, d_v,
@@ -178,6 +191,15 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     b = both.view(torch.bool)
     exact, fast = b.unbind(0)
     return n, m, L, (na if want_abs else None), (x, ks[2], exact, fast, b)
+
+
+def table64(table: torch.Tensor) -> torch.Tensor:
+    """The table as float64 (exact; the table itself if it is float64): the kernels' operand. Triton
+    3.6 cannot compile a float64 ``tl.dot`` whose operands are converted from 16-bit loads (its MMA
+    lowering asserts "fp64 don't support largeK MMA"), so the conversion is one pass over the table
+    (``R * D * 8`` bytes; ``TABLE64_BYTES`` bounds what the default path converts) instead of a
+    conversion in registers."""
+    return table if table.dtype == torch.float64 else table.to(torch.float64)
 
 
 def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20: torch.Tensor,

@@ -46,9 +46,9 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, scale, T, 
         for d0 in range(0, D, BD):
             dm = (d0 + dd) < D
             qt = tl.load(tab + qrow[:, None] * D + (d0 + dd)[None, :], mask=hm[:, None] & dm[None, :],
-                         other=0.0).to(tl.float64)
+                         other=0.0)
             kt = tl.load(tab + g[None, :] * D + (d0 + dd)[:, None], mask=dm[:, None] & km[None, :],
-                         other=0.0).to(tl.float64)
+                         other=0.0)
             acc = tl.dot(qt, kt, acc, out_dtype=tl.float64)
         s = acc * scale
         s = tl.where(((g != zrow) & km)[None, :], s, float("-inf"))
@@ -114,17 +114,16 @@ def pv_kernel(tab, gidx, S, M, N, L, NA, zrow, abs_factor, H, K, D, DV,
             p = libdevice.exp(s - m[:, None])
         lsum += tl.sum(p, axis=1)
         g = tl.load(gidx + t.to(tl.int64) * K + kk, mask=km, other=zrow)
-        vraw = tl.load(tab + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
-        v = vraw.to(tl.float64)
+        v = tl.load(tab + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
         acc = tl.dot(p, v, acc, out_dtype=tl.float64)
         if WANT_ABS:
             if ABS_BF16:
                 pb = p.to(tl.float32).to(tl.bfloat16)
                 if INTERP:  # the interpreter's bfloat16 dot reads the bits as integers: the same
                     # products (exact in float32) accumulated in float32
-                    acca = tl.dot(pb.to(tl.float32), tl.abs(vraw.to(tl.float32)), acca, input_precision="ieee")
-                else:
-                    acca = tl.dot(pb, tl.abs(vraw), acca)
+                    acca = tl.dot(pb.to(tl.float32), tl.abs(v).to(tl.float32), acca, input_precision="ieee")
+                else:  # |v| of a bfloat16 table's row: exact in bfloat16 (the float64 table holds its values)
+                    acca = tl.dot(pb, tl.abs(v).to(tl.bfloat16), acca)
             else:
                 acca = tl.dot(p, tl.abs(v), acca, out_dtype=tl.float64)
     o = (t.to(tl.int64) * H + hh)[:, None] * DV + vv[None, :]
