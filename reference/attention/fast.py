@@ -444,7 +444,8 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
     ``exact_bits(D)`` in the statistics' dtype: ``(la, le, 0, exact_bits)``, what ``fast_fused``
     reads), the float64 ``(0, -inf, 1)`` of the logit mask and the lonely rows (0-dim tensors on
     the device) and the coefficients as one float64 ``[20]`` tensor (``cx, cl, ce, cs, cb``, 4
-    each, for ``fast_fused.finish``)."""
+    each, for ``fast_fused.finish``) and the float64 ``[2]`` ``(scale, bf16_abs_factor(K))`` the fused
+    kernels read (a Python float would reach a Triton kernel as float32)."""
     key = (K, D, scale, with_sink, sdt, dev)
     hit = _COEF.get(key)
     if hit is None:
@@ -456,11 +457,12 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
         low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
         mask = torch.tensor([0.0, -math.inf, 1.0], dtype=torch.float64)
         both = torch.cat([coef[:, F_X], coef[:, F_LNL], coef[:, F_LSE], coef[:, F_SINK], coef[:, -1],
-                          low.double(), mask, torch.tensor([exact_bits(D)], dtype=torch.float64)]).to(dev)
+                          low.double(), mask, torch.tensor([exact_bits(D), scale, bf16_abs_factor(K) if K < BF16_ABS_MAX_K
+                                                            else 1.0], dtype=torch.float64)]).to(dev)
         coefs = tuple(both[:20].view(5, 4, 1, 1, 1).unbind(0))  # cx, cl, ce, cs, cb
         lim4 = torch.cat([both[20:22], both[21:22] * 0, both[25:26]]).to(sdt)  # la, le, 0, exact_bits
         la, le, zero, _ = lim4.unbind(0)
-        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero, lim4), both[22:25].unbind(0), both[:20])
+        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero, lim4), both[22:25].unbind(0), both[:20], both[26:28])
     return hit
 
 
@@ -550,8 +552,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         spans = [(0, T)]
     elif fused:  # two Triton kernels per chunk (``fast_fused``), which also run the row tests
         gc, t64 = gidx.contiguous(), fast_fused.table64(table)
-        fz = [fast_fused.softmax_pv(t64, part(gc, t0, t1), Nrows, q0 + t0 * H, H, sc, d_v, stats, lims[4],
-                                    want_abs, abs_bf16=table.dtype == torch.bfloat16) for t0, t1 in spans]
+        fz = [fast_fused.softmax_pv(t64, part(gc, t0, t1), Nrows, q0 + t0 * H, H, consts[4], d_v, stats, lims[4],
+                                    want_abs, table16=table if table.dtype == torch.bfloat16 else None)
+              for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf

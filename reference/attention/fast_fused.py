@@ -76,7 +76,7 @@ import os
 
 import torch
 
-from .fast_bound import BF16_ABS_MAX_K, bf16_abs_factor
+from .fast_bound import BF16_ABS_MAX_K
 
 __all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES"]
 
@@ -84,7 +84,7 @@ TABLE64_BYTES = 2**29  # the default path takes the fused kernels only where the
 ENV = "DSV4_FUSED_JUDGE"  # "0": the fast oracle's default never takes the fused kernels
 # (BH heads, BK slots, BD dims) of the logits kernel; (BH, BK, BV d_v columns) of the PV kernel;
 # warps of each; (BH, BV) of the finishing kernel and its warps
-BLOCKS = {"logits": (32, 32, 32, 4), "pv": (32, 32, 64, 4), "finish": (32, 128, 4)}
+BLOCKS = {"logits": (32, 64, 32, 4), "pv": (64, 16, 128, 8), "finish": (32, 128, 4)}
 
 
 def interpreting() -> bool:
@@ -152,14 +152,16 @@ def kernels():
     return triton, fk.logits_kernel, fk.pv_kernel, fk.finish_kernel
 
 
-def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: int, scale: float, d_v: int,
+def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: int, fconst: torch.Tensor, d_v: int,
                stats: torch.Tensor, lim4: torch.Tensor, want_abs: bool = False, blocks: dict | None = None,
-               abs_bf16: bool = False):
+               table16: torch.Tensor | None = None):
     """Steps 1-3, ``N = sum p v`` and the row tests for one chunk of ``c`` tokens (module
     docstring), two kernel launches. ``table`` ``[R, D]`` (the fast oracle's table: segment rows,
     the zero row ``zrow``, q's rows from ``q0``: token ``t``, head ``h`` at row ``q0 + t H + h``),
-    ``table`` is float64 (``table64``: the kernels read float64 rows), ``abs_bf16``: its values are
-    a bfloat16 table's (``pv_abs`` then takes the bfloat16 dot, when ``K < BF16_ABS_MAX_K``).
+    ``table`` is float64 (``table64``: the kernels read float64 rows), ``table16``: the bfloat16
+    table it was converted from, or None (``pv_abs`` then takes the bfloat16 dot of its rows, when
+    ``K < BF16_ABS_MAX_K``); ``fconst``: float64 ``[2]`` ``(scale, bf16_abs_factor(K))``
+    (``fast._constants``).
     ``gidx`` ``[c, K]`` int64 table rows of the chunk's slots (invalid: ``zrow``), ``stats``:
     ``fast_rows.row_stats`` of the table (``[3, R]``), ``lim4``: ``fast._constants``' ``(la, le, 0,
     exact_bits)`` in the statistics' dtype. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na,
@@ -178,15 +180,16 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev)
     x = torch.empty(c, H, 1, dtype=stats.dtype, device=dev)
     both = torch.empty(2, c, H, 1, dtype=torch.uint8, device=dev)
-    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats, s, m, ks, lim4, x, both, q0, zrow, scale,
+    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats, s, m, ks, lim4, x, both, q0, zrow, fconst,
                                            c, H, K, D, R, HAS_STATS=True, BH=bh, BK=bk, BD=bd, num_warps=w1)
     bh, bk, bv, w2 = bl["pv"]
     n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
     L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
-    abs_bf16 = want_abs and abs_bf16 and K < BF16_ABS_MAX_K
+    abs_bf16 = want_abs and table16 is not None and K < BF16_ABS_MAX_K
     na = torch.empty_like(n) if want_abs else n
+    bv = min(bv, triton.next_power_of_2(d_v))
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
-        table, gidx, s, m, n, L, na, zrow, bf16_abs_factor(K) if abs_bf16 else 1.0, H, K, D, d_v,
+        table, table16 if abs_bf16 else table, gidx, s, m, n, L, na, zrow, fconst, H, K, D, d_v,
         WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=interpreting(), BH=bh, BK=bk, BV=bv, num_warps=w2)
     b = both.view(torch.bool)
     exact, fast = b.unbind(0)

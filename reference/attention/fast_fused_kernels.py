@@ -25,7 +25,7 @@ def _nanmax_all(a):
 
 
 @triton.jit
-def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, scale, T, H, K, D, R,
+def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, K, D, R,
                   HAS_STATS: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr):
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -34,6 +34,7 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, scale, T, 
     dd = tl.arange(0, BD)
     qrow = (q0 + t * H + hh).to(tl.int64)
     m = tl.full([BH], float("-inf"), tl.float64)
+    scale = tl.load(FC)  # float64 (a Python float argument would reach the kernel as float32)
     if HAS_STATS:
         sn = tl.full([BK], float("-inf"), stats.dtype.element_ty)
         sb = tl.full([BK], float("-inf"), stats.dtype.element_ty)
@@ -84,7 +85,7 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, scale, T, 
 
 
 @triton.jit
-def pv_kernel(tab, gidx, S, M, N, L, NA, zrow, abs_factor, H, K, D, DV,
+def pv_kernel(tab, tab16, gidx, S, M, N, L, NA, zrow, FC, H, K, D, DV,
               WANT_ABS: tl.constexpr, ABS_BF16: tl.constexpr, INTERP: tl.constexpr,
               BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     t = tl.program_id(0)
@@ -121,16 +122,18 @@ def pv_kernel(tab, gidx, S, M, N, L, NA, zrow, abs_factor, H, K, D, DV,
                 pb = p.to(tl.float32).to(tl.bfloat16)
                 if INTERP:  # the interpreter's bfloat16 dot reads the bits as integers: the same
                     # products (exact in float32) accumulated in float32
-                    acca = tl.dot(pb.to(tl.float32), tl.abs(v).to(tl.float32), acca, input_precision="ieee")
-                else:  # |v| of a bfloat16 table's row: exact in bfloat16 (the float64 table holds its values)
-                    acca = tl.dot(pb, tl.abs(v).to(tl.bfloat16), acca)
+                    vb = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+                    acca = tl.dot(pb.to(tl.float32), tl.abs(vb.to(tl.float32)), acca, input_precision="ieee")
+                else:  # |v| straight from the bfloat16 table's row (exact)
+                    vb = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+                    acca = tl.dot(pb, tl.abs(vb), acca)
             else:
                 acca = tl.dot(p, tl.abs(v), acca, out_dtype=tl.float64)
     o = (t.to(tl.int64) * H + hh)[:, None] * DV + vv[None, :]
     tl.store(N + o, acc, mask=hm[:, None] & vm[None, :])
     if WANT_ABS:
         if ABS_BF16:
-            tl.store(NA + o, acca.to(tl.float64) * abs_factor, mask=hm[:, None] & vm[None, :])
+            tl.store(NA + o, acca.to(tl.float64) * tl.load(FC + 1), mask=hm[:, None] & vm[None, :])
         else:
             tl.store(NA + o, acca, mask=hm[:, None] & vm[None, :])
     if vb == 0:

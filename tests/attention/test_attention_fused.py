@@ -76,7 +76,7 @@ SINKS = {"none": None, "finite": torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0]),
 @pytest.mark.parametrize("chunk", [None, 1, 3])
 def test_fused_within_bound_exact_logits_and_lonely_rows(sink, chunk):
     q, segs = decode_like()
-    f, o, _ = fused_vs_ordered(q, segs, 64**-0.5, SINKS[sink], chunk_tokens=chunk, want_abs=True)
+    f, o, _ = fused_vs_ordered(q, segs, 512**-0.5, SINKS[sink], chunk_tokens=chunk, want_abs=True)  # not a float32
     assert f.exact_logits == 1.0  # bf16 products: every row's logits provably exact ...
     assert torch.equal(f.max_logits.cpu(), o.max_logits)  # ... so max_logits are the ordered bits
     lonely = (o.n_valid == 0)
@@ -84,7 +84,7 @@ def test_fused_within_bound_exact_logits_and_lonely_rows(sink, chunk):
     assert torch.equal(f.out.cpu()[lonely], torch.zeros_like(o.out[lonely]))  # exactly 0
     assert bool((f.lse.cpu()[lonely] == -math.inf).all())
     # the PyTorch path gives the same bits where both are exact, and the same pv_abs within 1.2%
-    u = fast_sparse_attention(q.to(DEV), segs_on(segs), 64**-0.5, on(SINKS[sink]), chunk_tokens=chunk,
+    u = fast_sparse_attention(q.to(DEV), segs_on(segs), 512**-0.5, on(SINKS[sink]), chunk_tokens=chunk,
                               want_abs=True, fused=False, graph=False)
     assert torch.equal(u.max_logits, f.max_logits)
     assert u.exact_logits == f.exact_logits  # the same row tests, in the logits kernel
