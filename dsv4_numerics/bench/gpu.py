@@ -30,6 +30,14 @@ batch size the script times
                        fuzz draw costs by default (``bench_bucketed_first``); the summary's
                        ``fast_ratios_at_batch_128`` puts eager, bucketed-first (plain and the judge's) and replayed
                        side by side,
+* ``fused_ms`` / ``fused_eager_ms`` / ``fused_judge_eager_ms`` / ``fused_judge_ms`` -- the same
+                       calls through the fused Triton kernels (``fused=True``,
+                       ``reference.attention.fast_fused``; the plain ``fast_*`` keys time
+                       ``fused=False``): replayed, eager, the judge's eager call and the judge's call
+                       replayed, each checked against the ordered oracle (``fused_*_vs_ordered``,
+                       part of ``fast_within_bound_everywhere``), with ``fused_peak_extra_bytes``;
+                       the summary's ``fused_ratios_at_batch_128`` puts them beside the PyTorch
+                       path's (``old_*``), ``fused_error`` where the kernels are not available,
 * ``bmm_fp64_ms``   -- the same arithmetic as unordered float64 ``bmm``s on gathered rows: what
                        float64 costs on this GPU when the reduction order is left to cuBLAS
                        (the price of bit-reproducibility is ``oracle_ms / bmm_fp64_ms``),

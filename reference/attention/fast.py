@@ -698,8 +698,9 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
     (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64).
     ``fused``: steps 1-3 and ``N`` by two Triton kernels per chunk (``fast_fused``; the same bound):
-    ``None`` (default) on a CUDA device where Triton is importable and the float64 table fits
-    ``fast_fused.TABLE64_BYTES``, unless ``DSV4_FUSED_JUDGE=0``;
+    ``None`` (default) only where ``DSV4_FUSED_JUDGE=1`` asks for them (a CUDA device, Triton
+    importable, the float64 table within ``fast_fused.TABLE64_BYTES``; off otherwise: slower than
+    this path at production decode batch 128 on an H200, ``fast_fused``'s "Speed");
     ``True`` always (a CUDA device, or the CPU under ``TRITON_INTERPRET=1``; else an error naming
     the reason); ``False`` never (the PyTorch path)."""
     fn = "fast_sparse_attention"

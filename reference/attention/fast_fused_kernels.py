@@ -122,11 +122,11 @@ def pv_kernel(tab, tab16, gidx, S, M, N, L, NA, zrow, FC, H, K, D, DV,
                 pb = p.to(tl.float32).to(tl.bfloat16)
                 if INTERP:  # the interpreter's bfloat16 dot reads the bits as integers: the same
                     # products (exact in float32) accumulated in float32
-                    vb = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
-                    acca = tl.dot(pb.to(tl.float32), tl.abs(vb.to(tl.float32)), acca, input_precision="ieee")
+                    v16 = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+                    acca = tl.dot(pb.to(tl.float32), tl.abs(v16.to(tl.float32)), acca, input_precision="ieee")
                 else:  # |v| straight from the bfloat16 table's row (exact)
-                    vb = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
-                    acca = tl.dot(pb, tl.abs(vb), acca)
+                    v16 = tl.load(tab16 + g[:, None] * D + vv[None, :], mask=km[:, None] & vm[None, :], other=0.0)
+                    acca = tl.dot(pb, tl.abs(v16), acca)
             else:
                 acca = tl.dot(p, tl.abs(v), acca, out_dtype=tl.float64)
     o = (t.to(tl.int64) * H + hh)[:, None] * DV + vv[None, :]

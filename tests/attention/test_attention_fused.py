@@ -76,7 +76,7 @@ SINKS = {"none": None, "finite": torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0]),
 @pytest.mark.parametrize("chunk", [None, 1, 3])
 def test_fused_within_bound_exact_logits_and_lonely_rows(sink, chunk):
     q, segs = decode_like()
-    f, o, _ = fused_vs_ordered(q, segs, 512**-0.5, SINKS[sink], chunk_tokens=chunk, want_abs=True)  # not a float32
+    f, o, _ = fused_vs_ordered(q, segs, 512**-0.5, SINKS[sink], chunk_tokens=chunk, want_abs=True)  # 2**-4.5: no float32 value
     assert f.exact_logits == 1.0  # bf16 products: every row's logits provably exact ...
     assert torch.equal(f.max_logits.cpu(), o.max_logits)  # ... so max_logits are the ordered bits
     lonely = (o.n_valid == 0)
@@ -158,11 +158,15 @@ def test_fused_within_bound_under_hypothesis(prob):
     fused_vs_ordered(q, segs, scale, sink, nan, chunk_tokens=chunk, d_v=d_v)
 
 
-def test_fused_option_is_validated_and_off_on_the_cpu_by_default(monkeypatch):
+def test_fused_option_is_validated_and_off_by_default(monkeypatch):
     from dsv4_numerics.reference.attention import fast_fused
 
     q, segs = decode_like()
+    monkeypatch.delenv(fast_fused.ENV, raising=False)
     assert not fast_fused.default_on(torch.device("cpu"))
+    assert not fast_fused.default_on(torch.device("cuda"))  # opt-in: DSV4_FUSED_JUDGE=1
+    monkeypatch.setenv(fast_fused.ENV, "1")
+    assert not fast_fused.default_on(torch.device("cpu"))  # CUDA only
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(InputError, match="fused"):
         fast_sparse_attention(q, segs, 0.1, fused=True)
@@ -170,6 +174,9 @@ def test_fused_option_is_validated_and_off_on_the_cpu_by_default(monkeypatch):
         fast_sparse_attention(q, segs, 0.1, fused=1)
     monkeypatch.setenv(fast_fused.ENV, "0")
     assert not fast_fused.default_on(torch.device("cuda"))
+    if HAS_TRITON:
+        monkeypatch.setenv(fast_fused.ENV, "1")
+        assert fast_fused.default_on(torch.device("cuda"))
 
 
 def test_the_fast_oracle_does_not_import_triton():
@@ -178,3 +185,28 @@ def test_the_fast_oracle_does_not_import_triton():
             "assert 'triton' not in sys.modules, 'triton imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_bench_summary_puts_the_fused_ratios_beside_the_pytorch_paths():
+    from dsv4_numerics.bench.gpu import summarize
+
+    def rec(cfg, fused=True):
+        r = {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
+             "oracle_peak_extra_bytes": 0, "fast_ms": 1.5, "fast_ratio": 15.0, "fast_graph_replayed": True,
+             "fast_eager_ms": 1.8, "fast_eager_ratio": 18.0, "fast_judge_eager_ms": 2.0, "fast_judge_eager_ratio": 20.0,
+             "oracle_gflops": 1.0, "oracle_stream_gbps": 1.0}
+        if fused:
+            r.update(fused_ratio=19.5, fused_eager_ratio=23.0, fused_judge_eager_ratio=27.8, fused_judge_ratio=24.0,
+                     fused_peak_extra_bytes=2**29)
+        else:
+            r["fused_error"] = "Triton is not importable"
+        return r
+
+    s = summarize([rec("h64")])
+    assert s["fused_ratios_at_batch_128"]["h64"] == {"eager": 23.0, "judge_eager": 27.8, "replayed": 19.5,
+                                                     "judge_replayed": 24.0, "old_eager": 18.0,
+                                                     "old_judge_eager": 20.0, "old_replayed": 15.0}
+    assert s["worst_fused_peak_extra_gib"] == 0.5 and s["fused_error"] == []
+    none = summarize([rec("h64", fused=False)])
+    assert none["fused_ratios_at_batch_128"]["h64"]["eager"] is None
+    assert none["fused_error"] == ["Triton is not importable"]
