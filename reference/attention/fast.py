@@ -667,17 +667,17 @@ def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
 
 
 def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, sig: tuple,
-                 want_abs: bool = False) -> int:
+                 want_abs: bool = False, fused: bool = False) -> int:
     """Estimated device bytes a captured call holds (``fast_graphs``): its static inputs (``sig``: their
     ``fast_graphs.signature``), the largest chunk's ``peak_bytes_estimate_fast``, and the per-call
     terms that estimate's docstring lists (table, statistics and their temporaries, outputs and
-    bounds)."""
+    bounds); ``fused``: plus the fused kernels' float64 copy of the table (``fast_fused.table64``)."""
     c = max(t1 - t0 for t0, t1 in spans)
     rows = n_rows + 1 + T * H
     inputs = sum(math.prod(shape) * dt.itemsize for shape, dt in (x for x in sig if x is not None))
     stats = 24 * rows + min(STAT_BYTES, rows * D * (STAT_PER_ELEM_BF16 if itemsize == 2 else STAT_PER_ELEM))
     return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize, want_abs) + rows * D * itemsize
-            + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8)
+            + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8 + (rows * D * 8 if fused else 0))
 
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
@@ -750,7 +750,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
             return fast_buckets.write_padded(st, vq, sink, vsegs, written)
 
         def nbytes():
-            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(sh[0][0] for sh in sig[2::3]), sig, want_abs)
+            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(sh[0][0] for sh in sig[2::3]), sig, want_abs,
+                                fused)
 
         def issue(st):
             qs, ss = st[0], st[1]
