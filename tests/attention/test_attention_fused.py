@@ -210,3 +210,30 @@ def test_bench_summary_puts_the_fused_ratios_beside_the_pytorch_paths():
     none = summarize([rec("h64", fused=False)])
     assert none["fused_ratios_at_batch_128"]["h64"]["eager"] is None
     assert none["fused_error"] == ["Triton is not importable"]
+
+
+@needs_triton
+@pytest.mark.slow  # ~35 s per stage under Triton's CPU interpreter
+@pytest.mark.parametrize("stage", ["decode", "prefill"])
+def test_matrix_verdicts_identical_under_both_modes_with_the_fused_kernels(stage, monkeypatch):
+    """The both-modes verdict check (``test_attention_fast``) with the fast oracle's default taking
+    the fused kernels (as ``DSV4_FUSED_JUDGE=1`` does on a GPU; here on ``DEV``): the reference
+    entry's verdicts on the smallest default cases are the ordered oracle's."""
+    from dsv4_numerics.oracles import matrix
+    from dsv4_numerics.reference.attention import fast_fused
+    from dsv4_numerics.reference.cases import default_cases
+
+    from ..mutants import reference_entry
+
+    calls = []
+    real = fast_fused.softmax_pv
+    monkeypatch.setattr(fast_fused, "default_on", lambda dev: True)
+    monkeypatch.setattr(fast_fused, "softmax_pv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cases = sorted(default_cases(stage), key=lambda c: c.inputs["q"].numel())[:2]
+    e = reference_entry(stage, memo={})
+    ordered = matrix.run_entry(e, cases=cases, oracle_mode="ordered")
+    fast = matrix.run_entry(e, cases=cases, oracle_mode="fast")
+    assert [(r.case, r.verdict, r.rule) for r in ordered] == [(r.case, r.verdict, r.rule) for r in fast]
+    assert all(r.details["oracle"]["mode"] == "fast" for r in fast if r.verdict in ("pass", "fail"))
+    assert sum(r.verdict in ("pass", "fail") for r in fast) == len(cases)
+    assert calls  # the fused kernels judged
