@@ -30,6 +30,14 @@ batch size the script times
                        fuzz draw costs by default (``bench_bucketed_first``); the summary's
                        ``fast_ratios_at_batch_128`` puts eager, bucketed-first (plain and the judge's) and replayed
                        side by side,
+* ``fused_ms`` / ``fused_eager_ms`` / ``fused_judge_eager_ms`` / ``fused_judge_ms`` -- the same
+                       calls through the fused Triton kernels (``fused=True``,
+                       ``reference.attention.fast_fused``; the plain ``fast_*`` keys time
+                       ``fused=False``): replayed, eager, the judge's eager call and the judge's call
+                       replayed, each checked against the ordered oracle (``fused_*_vs_ordered``,
+                       part of ``fast_within_bound_everywhere``), with ``fused_peak_extra_bytes``;
+                       the summary's ``fused_ratios_at_batch_128`` puts them beside the PyTorch
+                       path's (``old_*``), ``fused_error`` where the kernels are not available,
 * ``bmm_fp64_ms``   -- the same arithmetic as unordered float64 ``bmm``s on gathered rows: what
                        float64 costs on this GPU when the reduction order is left to cuBLAS
                        (the price of bit-reproducibility is ``oracle_ms / bmm_fp64_ms``),
@@ -234,8 +242,10 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
+            # the PyTorch path (fused=False) under the plain keys; the fused Triton kernels
+            # (reference.attention.fast_fused) under fused_* (bench_fused), side by side
             # the default call: a signature's second call captures a CUDA graph, later calls replay it
-            fast = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"])  # noqa: E731
+            fast = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], fused=False)  # noqa: E731
             g0 = fast_graphs.CACHE.stats()
             rec["fast_ms"], _ = cuda_median_ms(fast, 2, iters)
             g1 = fast_graphs.CACHE.stats()
@@ -244,15 +254,17 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
             bench_bucketed_first(rec, inp, segs, ordered, iters)
             bench_bucketed_first(rec, inp, segs, ordered, iters, judge=True)
             # eager (graph=False): what a call with a signature seen once costs
-            eager = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], graph=False)  # noqa: E731
+            eager = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], graph=False,  # noqa: E731
+                                                  fused=False)
             rec["fast_eager_ms"], _ = cuda_median_ms(eager, 2, iters)
             rec["fast_eager_vs_ordered"] = fast_vs_ordered(eager(), ordered)
             # the judge's call: eager, with the bf16-P budget pv_abs (want_abs=True)
             judge = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], graph=False,  # noqa: E731
-                                                  want_abs=True)
+                                                  want_abs=True, fused=False)
             rec["fast_judge_eager_ms"], _ = cuda_median_ms(judge, 2, iters)
             fast_graphs.CACHE.clear()  # the graph's pool and static inputs count until here
             rec["fast_peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+            bench_fused(rec, inp, segs, ordered, iters)
             del ordered
             try:
                 rec["bmm_fp64_ms"], _ = cuda_median_ms(bmm_fp64_fn(inp, segs), 1, o_iters)
@@ -271,6 +283,9 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
                 rec["fast_ratio"] = rec["fast_ms"] / rec["flashmla_ms"]
                 rec["fast_eager_ratio"] = rec["fast_eager_ms"] / rec["flashmla_ms"]
                 rec["fast_judge_eager_ratio"] = rec["fast_judge_eager_ms"] / rec["flashmla_ms"]
+                for key in ("fused", "fused_eager", "fused_judge_eager", "fused_judge"):
+                    if f"{key}_ms" in rec:  # absent where the fused kernels are not available
+                        rec[f"{key}_ratio"] = rec[f"{key}_ms"] / rec["flashmla_ms"]
                 for key in ("fast_bucketed_first", "fast_judge_bucketed_first"):
                     if f"{key}_ms" in rec:  # absent where no smaller shape shares the batch's bucket
                         rec[f"{key}_ratio"] = rec[f"{key}_ms"] / rec["flashmla_ms"]
@@ -281,6 +296,34 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
             del inp, segs
             torch.cuda.empty_cache()
     return rows
+
+
+def bench_fused(rec: dict, inp: dict, segs: list, ordered, iters: int) -> None:
+    """The fused Triton kernels (``fast_sparse_attention(fused=True)``, ``reference.attention.fast_fused``)
+    beside the PyTorch path's keys: ``fused_ms`` (replayed CUDA graph, as ``fast_ms``),
+    ``fused_eager_ms`` (``graph=False``), ``fused_judge_eager_ms`` (the judge's eager call,
+    ``want_abs=True``) and ``fused_judge_ms`` (the judge's call replayed), each result checked
+    against the ordered oracle (``fused_*_vs_ordered``: ``|fused - ordered|`` against the returned
+    bound), ``fused_peak_extra_bytes`` (graphs included). ``fused_error`` where the kernels are not available."""
+    from dsv4_numerics.reference.attention import fast_fused
+
+    ok, why = fast_fused.available(inp["q"].device)
+    if not ok:
+        rec["fused_error"] = why
+        return
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    for key, kw in (("fused", {}), ("fused_eager", {"graph": False}),
+                    ("fused_judge_eager", {"graph": False, "want_abs": True}), ("fused_judge", {"want_abs": True})):
+        call = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], fused=True, **kw)  # noqa: E731
+        g0 = fast_graphs.CACHE.stats()
+        rec[f"{key}_ms"], _ = cuda_median_ms(call, 2, iters)
+        if "graph" not in kw:
+            rec[f"{key}_graph_replayed"] = fast_graphs.CACHE.stats()["replays"] - g0["replays"] >= iters
+        rec[f"{key}_vs_ordered"] = fast_vs_ordered(call(), ordered)
+    fast_graphs.CACHE.clear()
+    rec["fused_peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
 
 
 def _first_tokens(segs, T: int) -> list:
@@ -305,7 +348,7 @@ def bench_bucketed_first(rec: dict, inp: dict, segs: list, ordered, iters: int, 
     if not shapes:
         return
     key = "fast_judge_bucketed_first" if judge else "fast_bucketed_first"
-    extra = {"want_abs": True} if judge else {}
+    extra = {"want_abs": True, "fused": False} if judge else {"fused": False}
     for _ in range(2 if judge else 0):  # a signature's second call captures its graph
         fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], **extra)
     g0 = fast_graphs.CACHE.stats()
@@ -386,7 +429,8 @@ def bench_writers(ns, warmup, iters, device, log):
 
 # the default call's report, graph=False's and the bucketed first calls' reports
 _FAST_REPS = ("fast_vs_ordered", "fast_eager_vs_ordered", "fast_bucketed_first_vs_ordered",
-              "fast_judge_bucketed_first_vs_ordered")
+              "fast_judge_bucketed_first_vs_ordered", "fused_vs_ordered", "fused_eager_vs_ordered",
+              "fused_judge_eager_vs_ordered", "fused_judge_vs_ordered")
 
 
 def summarize(att, target_ratio=20.0, target_gib=2.0, writers=None) -> dict:
@@ -410,6 +454,16 @@ def summarize(att, target_ratio=20.0, target_gib=2.0, writers=None) -> dict:
                                                    "judge_bucketed_first": round(r["fast_judge_bucketed_first_ratio"], 2)
                                                    if "fast_judge_bucketed_first_ratio" in r else None,
                                                    "replayed": round(r["fast_ratio"], 2)} for r in at128},
+        # the fused Triton kernels beside the PyTorch path (fused=False), at the same batch
+        "fused_ratios_at_batch_128": {r["config"]: {
+            "eager": round(r["fused_eager_ratio"], 2) if "fused_eager_ratio" in r else None,
+            "judge_eager": round(r["fused_judge_eager_ratio"], 2) if "fused_judge_eager_ratio" in r else None,
+            "replayed": round(r["fused_ratio"], 2) if "fused_ratio" in r else None,
+            "judge_replayed": round(r["fused_judge_ratio"], 2) if "fused_judge_ratio" in r else None,
+            "old_eager": round(r["fast_eager_ratio"], 2), "old_judge_eager": round(r["fast_judge_eager_ratio"], 2),
+            "old_replayed": round(r["fast_ratio"], 2)} for r in at128},
+        "worst_fused_peak_extra_gib": round(max((r.get("fused_peak_extra_bytes", 0) for r in att), default=0) / GiB, 3),
+        "fused_error": sorted({r["fused_error"] for r in att if "fused_error" in r}),
         "fast_bucketed_first_replayed_at_batch_128": {r["config"]: r.get("fast_bucketed_first_replayed")
                                                       for r in at128},
         "fast_eager_target_met": bool(at128) and all(r["fast_eager_ratio"] <= target_ratio for r in at128),

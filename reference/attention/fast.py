@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_buckets, fast_graphs
+from . import fast_buckets, fast_fused, fast_graphs
 from .fast_bound import (BF16_ABS_MAX_K, BIG, DELTA_MAX, F_LNL, F_LSE, F_SINK, F_X, delta_coefficient,
                          x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
 from .fast_rows import BF16_LUT, STAT_BYTES, STAT_PER_ELEM, STAT_PER_ELEM_BF16, row_stats, vmax_finite
@@ -344,8 +344,10 @@ def _row_tests(stats, gflat, qrows, c, lims):
     rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
     ``max |v|`` over the token's slots. ``lims``:
     ``(exact_bits, x limit of exact rows, x limit of approximate rows, 0)``, the last three as
-    0-dim tensors of the statistics' dtype (the limits rounded down)."""
-    ebits, lim_exact, lim_approx, zero = lims
+    0-dim tensors of the statistics' dtype (the limits rounded down; a fifth element, the same
+    as one tensor, is ``fast_fused``'s). The fused kernels compute these in the logits kernel
+    (``fast_fused.softmax_pv``)."""
+    ebits, lim_exact, lim_approx, zero = lims[:4]
     nk, bk, vk = stats.index_select(1, gflat).view(3, c, 1, -1).amax(dim=3, keepdim=True).unbind(0)
     nq, aq, _ = stats[:, qrows].view(3, c, -1, 1).unbind(0)  # [c, H, 1]
     nqb = nq * nk  # NaN/inf where a norm is
@@ -418,6 +420,14 @@ def _finish(N, m, L, x, vmax, lonely, sink, coef, one, Na=None):
     return (out, lse.view(T, H), lws.view(T, H), m.view(T, H), pv), (b_lse, b_lws, b_max, B[3].mul_(vmax))
 
 
+def _finish_any(parts, lonely, n_valid, sink, consts, fused: bool):
+    """``_finish_parts``, or its one-kernel form ``fast_fused.finish`` (``fused``): the same steps,
+    conventions and return value. ``consts``: ``_constants``' tuple."""
+    if fused:
+        return fast_fused.finish(parts, n_valid, sink, consts[3])
+    return _finish_parts(parts, lonely, sink, consts[0], consts[2][2])
+
+
 def _finish_parts(parts, lonely, sink, coef, one):
     """``_finish`` over the chunks' ``(N, m, L, x, vmax, Na)`` (one chunk: its own tensors, ``N``
     divided in place; several: concatenated; ``Na`` None in every chunk or in none)."""
@@ -430,8 +440,12 @@ def _finish_parts(parts, lonely, sink, coef, one):
 def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, dev: torch.device) -> tuple:
     """Per ``(K, D, scale, sink?, statistics dtype, device)``, kept: ``bound_coefficients``' columns
     as ``_finish`` takes them (``[4, 1, 1, 1]`` each), ``_row_tests``' ``lims`` (the x limits
-    rounded down to the statistics' dtype, and its 0) and the float64 ``(0, -inf, 1)`` of the logit
-    mask and the lonely rows (0-dim tensors on the device)."""
+    rounded down to the statistics' dtype, its 0, and the four as one ``[4]`` tensor with
+    ``exact_bits(D)`` in the statistics' dtype: ``(la, le, 0, exact_bits)``, what ``fast_fused``
+    reads), the float64 ``(0, -inf, 1)`` of the logit mask and the lonely rows (0-dim tensors on
+    the device) and the coefficients as one float64 ``[20]`` tensor (``cx, cl, ce, cs, cb``, 4
+    each, for ``fast_fused.finish``) and the float64 ``[2]`` ``(scale, bf16_abs_factor(K))`` the fused
+    kernels read (a Python float would reach a Triton kernel as float32)."""
     key = (K, D, scale, with_sink, sdt, dev)
     hit = _COEF.get(key)
     if hit is None:
@@ -443,10 +457,12 @@ def _constants(K: int, D: int, scale: float, with_sink: bool, sdt: torch.dtype, 
         low = torch.where(low.double() > lim, torch.nextafter(low, torch.zeros_like(low)), low)
         mask = torch.tensor([0.0, -math.inf, 1.0], dtype=torch.float64)
         both = torch.cat([coef[:, F_X], coef[:, F_LNL], coef[:, F_LSE], coef[:, F_SINK], coef[:, -1],
-                          low.double(), mask]).to(dev)
+                          low.double(), mask, torch.tensor([exact_bits(D), scale, bf16_abs_factor(K) if K < BF16_ABS_MAX_K
+                                                            else 1.0], dtype=torch.float64)]).to(dev)
         coefs = tuple(both[:20].view(5, 4, 1, 1, 1).unbind(0))  # cx, cl, ce, cs, cb
-        la, le, zero = torch.cat([both[20:22], both[21:22] * 0]).to(sdt).unbind(0)
-        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero), both[22:].unbind(0))
+        lim4 = torch.cat([both[20:22], both[21:22] * 0, both[25:26]]).to(sdt)  # la, le, 0, exact_bits
+        la, le, zero, _ = lim4.unbind(0)
+        hit = _COEF[key] = (coefs, (exact_bits(D), le, la, zero, lim4), both[22:25].unbind(0), both[:20], both[26:28])
     return hit
 
 
@@ -471,6 +487,7 @@ class _Issued:
     keep: tuple
     packed: torch.Tensor | None = None
     pinned: torch.Tensor | None = None  # a replay's host vector in pinned memory (``fast_sparse_attention``)
+    fused: bool = False  # the fused kernels ran (``fast_fused``): the redone chunks finish with them too
 
 
 def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
@@ -500,7 +517,7 @@ _FLOAT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFF
 
 
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
-           want_abs: bool = False) -> _Issued:
+           want_abs: bool = False, fused: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
     (an eager call's host issues ~60 kernels at ~10-25 us each; the GPU work is ~1 ms at
@@ -518,7 +535,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     q0 = Nrows + 1
     sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
     consts = _constants(K, D, sc, sink is not None, sdt, dev)
-    coef, lims, (zero, ninf, one) = consts
+    coef, lims, (zero, ninf, one) = consts[:3]
     one_chunk = len(spans) == 1
     gflat = gidx.view(-1)
 
@@ -533,6 +550,12 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z3 = torch.zeros(T, H, d_v, dtype=torch.float64, device=dev)
         heavy = [(z3, torch.full_like(z, -math.inf), z, torch.zeros_like(z3) if want_abs else None)]
         spans = [(0, T)]
+    elif fused:  # two Triton kernels per chunk (``fast_fused``), which also run the row tests
+        gc, t64 = gidx.contiguous(), fast_fused.table64(table)
+        fz = [fast_fused.softmax_pv(t64, part(gc, t0, t1), Nrows, q0 + t0 * H, H, consts[4], d_v, stats, lims[4],
+                                    want_abs, table16=table if table.dtype == torch.bfloat16 else None)
+              for t0, t1 in spans]
+        heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
@@ -542,11 +565,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
         tests = [(z2, z2[:, :1], *yes, yes)]
+    elif fused:
+        tests = ftests
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
                  for t0, t1 in spans]
     parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
-    res = _finish_parts(parts, lonely, sink, coef, one)
+    fused = fused and K > 0
+    res = _finish_any(parts, lonely, n_valid, sink, consts, fused)
     # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
     # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
     # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
@@ -560,7 +586,8 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
-    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed)
+    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed,
+                   fused=fused)
 
 
 def _owned(iss: _Issued) -> tuple:
@@ -607,7 +634,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     n_ap = [(t1 - t0) * H - e for e, (t0, t1) in zip(n_exact, spans)]  # where every row keeps them
     redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
     if any(redo):
-        coef, _, (zero, _, one) = iss.keep[0]
+        coef, _, (zero, _, one) = iss.keep[0][:3]
         vfin = vmax_finite(iss.table, d_v)
         single = nc == 1
         parts = list(iss.parts)
@@ -617,7 +644,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
                     iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
                     _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
-        res = _finish_parts(parts, iss.lonely, sink, coef, one)
+        res = _finish_any(parts, iss.lonely, iss.n_valid, sink, iss.keep[0], iss.fused)
     n_ap = sum(n_ap)
     (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
@@ -640,23 +667,24 @@ def _first_tokens(r: FastOracleOut, T: int) -> FastOracleOut:
 
 
 def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int, n_rows: int, sig: tuple,
-                 want_abs: bool = False) -> int:
+                 want_abs: bool = False, fused: bool = False) -> int:
     """Estimated device bytes a captured call holds (``fast_graphs``): its static inputs (``sig``: their
     ``fast_graphs.signature``), the largest chunk's ``peak_bytes_estimate_fast``, and the per-call
     terms that estimate's docstring lists (table, statistics and their temporaries, outputs and
-    bounds)."""
+    bounds); ``fused``: plus the fused kernels' float64 copy of the table (``fast_fused.table64``)."""
     c = max(t1 - t0 for t0, t1 in spans)
     rows = n_rows + 1 + T * H
     inputs = sum(math.prod(shape) * dt.itemsize for shape, dt in (x for x in sig if x is not None))
     stats = 24 * rows + min(STAT_BYTES, rows * D * (STAT_PER_ELEM_BF16 if itemsize == 2 else STAT_PER_ELEM))
     return (inputs + peak_bytes_estimate_fast(c, H, max(K, 1), D, d_v, itemsize, want_abs) + rows * D * itemsize
-            + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8)
+            + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8 + (rows * D * 8 if fused else 0))
 
 
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
-                          bucket: bool | None = None, want_abs: bool = False) -> FastOracleOut:
+                          bucket: bool | None = None, want_abs: bool = False,
+                          fused: bool | None = None) -> FastOracleOut:
     """Fast judging oracle (``fast_bound``: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
@@ -668,16 +696,29 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     result is within the padded call's bound of the ordered oracle of this call) so that nearby
     shapes share one graph: ``None`` (default) on a CUDA device wherever a graph may be used,
     ``True`` always (also on the CPU), ``False`` never. ``want_abs``: also return ``pv_abs``
-    (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64)."""
+    (``FastOracleOut``; one more GEMM per chunk, bfloat16 from a bfloat16 table, else float64).
+    ``fused``: steps 1-3 and ``N`` by two Triton kernels per chunk (``fast_fused``; the same bound):
+    ``None`` (default) only where ``DSV4_FUSED_JUDGE=1`` asks for them (a CUDA device, Triton
+    importable, the float64 table within ``fast_fused.TABLE64_BYTES``; off otherwise: slower than
+    this path at production decode batch 128 on an H200, ``fast_fused``'s "Speed");
+    ``True`` always (a CUDA device, or the CPU under ``TRITON_INTERPRET=1``; else an error naming
+    the reason); ``False`` never (the PyTorch path)."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
-    for arg, v in (("graph", graph), ("bucket", bucket)):
+    for arg, v in (("graph", graph), ("bucket", bucket), ("fused", fused)):
         if v is not None and not isinstance(v, bool):
             fail(fn, arg, f"must be None, True or False, got {v!r}")
     if not isinstance(want_abs, bool):
         fail(fn, "want_abs", f"must be True or False, got {want_abs!r}")
     dev = q.device
+    explicit = fused is not None
+    if fused is None:
+        fused = fast_fused.default_on(dev)
+    elif fused:
+        ok, why = fast_fused.available(dev)
+        if not ok:
+            fail(fn, "fused", f"True needs the fused kernels: {why}")
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
         check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
@@ -693,10 +734,12 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         T, shapes = fast_buckets.padded_shapes(T, segments)
         K = sum(k for _, k in shapes)
     itemsize = table_dtype(segments, q).itemsize
+    if fused and not explicit:  # the default takes the fused kernels where their float64 table fits
+        fused = (sum(s.rows.shape[0] for s in segments) + 1 + T * H) * D * 8 <= fast_fused.TABLE64_BYTES
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
         sig = fast_buckets.flat_signature(q, sink, segments, bucket)
-        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs)
+        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs, fused)
         vq, vsegs = q, segments
 
         def flat():  # the (padded) call's tensors: built only to capture
@@ -707,12 +750,13 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
             return fast_buckets.write_padded(st, vq, sink, vsegs, written)
 
         def nbytes():
-            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(sh[0][0] for sh in sig[2::3]), sig, want_abs)
+            return _graph_bytes(spans, T, H, K, D, d_v, itemsize, sum(sh[0][0] for sh in sig[2::3]), sig, want_abs,
+                                fused)
 
         def issue(st):
             qs, ss = st[0], st[1]
             return _issue(qs, _static_segments(st, rules), rules, ss, sc, d_v, nan_policy, spans, pack=True,
-                          want_abs=want_abs)
+                          want_abs=want_abs, fused=fused)
 
         with fast_graphs.LOCK:
             hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, fill, always=graph is True)
@@ -732,5 +776,5 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if bucket:
         q, segments = fast_buckets.pad_call(q, segments)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
-    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs)
+    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs, fused=fused)
     return _complete(*args, iss, iss.host.tolist(), orig=orig, want_abs=want_abs)

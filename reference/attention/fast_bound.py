@@ -90,6 +90,11 @@ its 1-ulp variants).
 
 Assumes IEEE float64 GEMMs (every product and sum correctly rounded or fused; no reduced-precision
 float64 emulation) and denormals not flushed.
+
+The optional fused Triton kernels (``fast_fused``) compute steps 1-3 and 5 in another order (float64
+``tl.dot`` in blocks, two passes over the slots, no online rescaling) and steps 4-7 in one kernel;
+every step above holds for any order and fusion, so these coefficients apply to them unchanged
+(``fast_fused``'s docstring goes through the steps).
 """
 from __future__ import annotations
 

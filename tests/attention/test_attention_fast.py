@@ -293,19 +293,25 @@ def test_fast_within_bound_under_hypothesis(prob):
 
 
 def assert_pv_abs_matches_ordered(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None,
-                                  d_v=None):
+                                  d_v=None, fast_kw=None, device=None):
     """``want_abs=True`` leaves every output and bound as they were, and its ``pv_abs`` is the
     ordered oracle's softmax-weighted ``|V|`` (``ordered.run_ordered(want_abs=True)``'s ``A``, times the sink
-    factor): from a bfloat16 table an upper bound of it within ``bf16_abs_factor(K)`` (and the
+    factor; ``fast_kw``: more arguments of the fast calls, ``device``: where they run, compared on the
+    CPU): from a bfloat16 table an upper bound of it within ``bf16_abs_factor(K)`` (and the
     tiny ``out`` bound), from other tables within the ``out`` bound (the bound's steps 5-6 hold for
     ``|V|`` as for ``V``: same weights, same ``max |v|``); plus 2**-50 relative for this test's own
     sink factor."""
     from dsv4_numerics.reference.attention.fast import table_dtype
     from dsv4_numerics.reference.attention.ordered import AttentionMode, run_ordered
 
-    kw = dict(nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v)
-    a = fast_sparse_attention(q, segs, scale, sink, want_abs=True, **kw)
-    b = fast_sparse_attention(q, segs, scale, sink, **kw)
+    kw = dict(nan_policy=nan_policy, chunk_tokens=chunk_tokens, d_v=d_v, **(fast_kw or {}))
+    dev = torch.device("cpu") if device is None else device
+    dq, dsegs, dsink = q.to(dev), segments_on(segs, dev), None if sink is None else sink.to(dev)
+    a, b = (fast_sparse_attention(dq, dsegs, scale, dsink, want_abs=w, **kw) for w in (True, False))
+    if dev.type != "cpu":
+        a, b = (type(r)(r.out.cpu(), r.lse.cpu(), r.lse_with_sink.cpu(), r.max_logits.cpu(), r.n_valid.cpu(),
+                        {k: v.cpu() for k, v in r.bound.items()}, r.exact_logits,
+                        None if r.pv_abs is None else r.pv_abs.cpu()) for r in (a, b))
     assert b.pv_abs is None and a.pv_abs.shape == a.out.shape
     for name in BOUND_OUTPUTS:
         assert torch.equal(getattr(a, name).nan_to_num(7.0), getattr(b, name).nan_to_num(7.0)), name
