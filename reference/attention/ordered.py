@@ -35,7 +35,8 @@ Conventions (attention 7 "Conventions" 1-6, 2.3, 2.4, 2.7)
 
 Determinism (identical bits on CPU and GPU, run to run). Every value that defines bits is
 computed by IEEE float64 ``+ - * /`` (correctly rounded on every device; separate eager ops, so
-no FMA contraction), exact operations (gather, ``where``, ``max``, comparisons, integer bit
+no FMA contraction, except one ``addcmul_`` per loop step where the product is exact,
+``exact_product``, which gives the same sum fused or not), exact operations (gather, ``where``, ``max``, comparisons, integer bit
 logic, conversions) and ``detmath.det_exp``/``det_log`` (built from the same primitives), in a
 *fixed order*: the logit dot products are accumulated sequentially over ``d = 0 .. D-1`` with an
 elementwise multiply then add on ``[chunk, H, K]`` tensors; the row sum and ``P @ V`` are
@@ -43,7 +44,9 @@ accumulated sequentially over the slot axis ``k = 0 .. K-1`` (segments in list o
 No ``matmul``/``einsum``/``bmm``/``sum`` (whose reduction order depends on the device and BLAS)
 touches a result bit, and no tensor is divided by a Python scalar (PyTorch's CUDA kernel computes
 ``tensor / scalar`` as ``tensor * (1/scalar)``, which the CPU does not; all divisions here are
-tensor by tensor). Verified bit-identical CPU vs H200 by ``tests/attention/test_gpu.py``. Each token's result depends only on that token's inputs, so chunking and
+tensor by tensor). An installed loop backend (``set_loop_backend``; the judge's Triton one,
+``oracles.ordered_loops``) runs the three loops in one launch each with the same operations in the
+same order. Verified bit-identical CPU vs H200 by ``tests/attention/test_gpu.py``. Each token's result depends only on that token's inputs, so chunking and
 batch permutation give bit-identical per-token results. (Assumes denormals are not flushed,
 torch's default: ``torch.set_flush_denormal(True)`` would change tiny values on the CPU.)
 

@@ -48,7 +48,6 @@ Skips with the probe's reason where the kernel or a GPU is absent.
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 
@@ -227,16 +226,10 @@ def _fuzz(entry_name, record_property, strategy, make_case, judge_device: bool =
         n_examples[0] += 1
         assert res.verdict in ("pass", "skip"), f"{res.line()}\nparams: {case.params}"
 
-    # Every object alive now (torch, Triton, the staged engines' modules: millions) moves to the
-    # collector's permanent generation: a full collection scanned them all, about 0.5-0.7 s on one
-    # H200's host, once every few examples; the cases' own objects are still collected.
-    gc.collect()
-    gc.freeze()
     t0 = time.perf_counter()
     try:
         prop()
     finally:
-        gc.unfreeze()
         n = n_examples[0]
         rate = 60.0 * n / max(time.perf_counter() - t0, 1e-9)
         build, judge = spent["build"] / max(n, 1), spent["judge"] / max(n, 1)
