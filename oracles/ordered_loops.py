@@ -6,7 +6,8 @@ the slots ``k = 0 .. K-1`` (``seq_sum_last``, ``seq_pv``). Each step is one or t
 operations on the whole chunk, so on a GPU a call costs thousands of launches: 1.0-1.75 s of host
 time for one batch-128, top-2048 decode case of the same-precision (BF16_P) oracle on one H200.
 
-The Triton kernels here compute the same per-element recurrences in one launch per loop: every
+The Triton kernels here compute the same per-element recurrences in one launch per loop (one
+kernel for the two sums of products, one for the row sum): every
 output element is owned by one lane, which starts from ``+0`` and applies, in the same order, the
 same IEEE float64 operations as the PyTorch loop (a multiply rounded to float64, then an add
 rounded to float64; compiled with ``enable_fp_fusion=False`` so no multiply-add is contracted into
@@ -34,28 +35,29 @@ _MAX_GRID_Z = 65535  # CUDA's limit on the third grid dimension (tokens of a chu
 
 @functools.lru_cache(maxsize=1)
 def _kernels():
-    """The three Triton kernels (compiled on first use); raises ImportError without Triton."""
+    """The two Triton kernels (compiled on first use); raises ImportError without Triton."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def dots(q_ptr, g_ptr, o_ptr, H, K, D, sqc, sqh, sqd, sgc, sgk, sgd, soc, soh, sok,
-             BH: tl.constexpr, BK: tl.constexpr):
-        # o[c, h, k] = sum_{d = 0 .. D-1} q[c, h, d] * g[c, k, d], from +0, in order
+    def products(a_ptr, b_ptr, o_ptr, I, J, R, sac, sai, sar, sbc, sbr, sbj, soc, soi, soj,
+                 BI: tl.constexpr, BJ: tl.constexpr):
+        # o[c, i, j] = sum_{r = 0 .. R-1} a[c, i, r] * b[c, r, j], from +0, in order (the logits:
+        # a = q, b = the rows transposed, r = d; P @ V: a = p, b = v, r = k)
         c = tl.program_id(2).to(tl.int64)
-        hs = tl.program_id(0) * BH + tl.arange(0, BH)
-        ks = tl.program_id(1) * BK + tl.arange(0, BK)
-        hm = hs < H
-        km = ks < K
-        qp = q_ptr + c * sqc + hs.to(tl.int64) * sqh
-        gp = g_ptr + c * sgc + ks.to(tl.int64) * sgk
-        acc = tl.zeros([BH, BK], dtype=tl.float64)
-        for d in tl.range(0, D):
-            qd = tl.load(qp + d * sqd, mask=hm, other=0.0)
-            gd = tl.load(gp + d * sgd, mask=km, other=0.0)
-            acc = acc + qd[:, None] * gd[None, :]
-        op = o_ptr + c * soc + hs[:, None].to(tl.int64) * soh + ks[None, :].to(tl.int64) * sok
-        tl.store(op, acc, mask=hm[:, None] & km[None, :])
+        i_s = tl.program_id(0) * BI + tl.arange(0, BI)
+        j_s = tl.program_id(1) * BJ + tl.arange(0, BJ)
+        im = i_s < I
+        jm = j_s < J
+        ap = a_ptr + c * sac + i_s.to(tl.int64) * sai
+        bp = b_ptr + c * sbc + j_s.to(tl.int64) * sbj
+        acc = tl.zeros([BI, BJ], dtype=tl.float64)
+        for r in tl.range(0, R):
+            ar = tl.load(ap + r * sar, mask=im, other=0.0)
+            br = tl.load(bp + r * sbr, mask=jm, other=0.0)
+            acc = acc + ar[:, None] * br[None, :]
+        op = o_ptr + c * soc + i_s[:, None].to(tl.int64) * soi + j_s[None, :].to(tl.int64) * soj
+        tl.store(op, acc, mask=im[:, None] & jm[None, :])
 
     @triton.jit
     def row_sum(x_ptr, o_ptr, H, K, sxc, sxh, sxk, soc, soh, BH: tl.constexpr):
@@ -69,26 +71,7 @@ def _kernels():
             acc = acc + tl.load(xp + k * sxk, mask=hm, other=0.0)
         tl.store(o_ptr + c * soc + hs.to(tl.int64) * soh, acc, mask=hm)
 
-    @triton.jit
-    def pv(p_ptr, v_ptr, o_ptr, H, K, DV, spc, sph, spk, svc, svk, svj, soc, soh, soj,
-           BH: tl.constexpr, BJ: tl.constexpr):
-        # o[c, h, j] = sum_{k = 0 .. K-1} p[c, h, k] * v[c, k, j], from +0, in order
-        c = tl.program_id(2).to(tl.int64)
-        hs = tl.program_id(0) * BH + tl.arange(0, BH)
-        js = tl.program_id(1) * BJ + tl.arange(0, BJ)
-        hm = hs < H
-        jm = js < DV
-        pp = p_ptr + c * spc + hs.to(tl.int64) * sph
-        vp = v_ptr + c * svc + js.to(tl.int64) * svj
-        acc = tl.zeros([BH, BJ], dtype=tl.float64)
-        for k in tl.range(0, K):
-            pk = tl.load(pp + k * spk, mask=hm, other=0.0)
-            vk = tl.load(vp + k * svk, mask=jm, other=0.0)
-            acc = acc + pk[:, None] * vk[None, :]
-        op = o_ptr + c * soc + hs[:, None].to(tl.int64) * soh + js[None, :].to(tl.int64) * soj
-        tl.store(op, acc, mask=hm[:, None] & jm[None, :])
-
-    return triton, dots, row_sum, pv
+    return triton, products, row_sum
 
 
 def _block(n: int, cap: int) -> int:
@@ -99,23 +82,28 @@ def _block(n: int, cap: int) -> int:
     return b
 
 
+def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_r a[c, i, r] b[c, r, j]`` over ``r`` in order: ``[c, I, J]`` float64 (any strides)."""
+    triton, products, _ = _kernels()
+    c, I, R = a.shape
+    J = b.shape[2]
+    out = torch.empty(c, I, J, dtype=torch.float64, device=a.device)
+    BI, BJ = _block(I, 32), _block(J, 64)
+    grid = (triton.cdiv(I, BI), triton.cdiv(J, BJ), c)
+    products[grid](a, b, out, I, J, R, *a.stride(), *b.stride(), *out.stride(), BI=BI, BJ=BJ,
+                   enable_fp_fusion=False)
+    return out
+
+
 def scaled_logits_unscaled(qc: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """``sum_d qc[c, h, d] g[c, k, d]`` over ``d`` in order: ``[c, H, K]`` float64 (the ordered
     ``scaled_logits`` before its ``* scale``)."""
-    triton, dots, _, _ = _kernels()
-    c, H, D = qc.shape
-    K = g.shape[1]
-    out = torch.empty(c, H, K, dtype=torch.float64, device=qc.device)
-    BH, BK = _block(H, 32), _block(K, 64)
-    grid = (triton.cdiv(H, BH), triton.cdiv(K, BK), c)
-    dots[grid](qc, g, out, H, K, D, *qc.stride(), *g.stride(), *out.stride(), BH=BH, BK=BK,
-               enable_fp_fusion=False)
-    return out
+    return _products(qc, g.transpose(1, 2))
 
 
 def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     """``sum_k x[c, h, k]`` over ``k`` in order: ``[c, H]`` float64."""
-    triton, _, row_sum, _ = _kernels()
+    triton, _, row_sum = _kernels()
     c, H, K = x.shape
     out = torch.empty(c, H, dtype=torch.float64, device=x.device)
     BH = _block(H, 128)
@@ -125,14 +113,7 @@ def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
 
 def seq_pv(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``sum_k p[c, h, k] v[c, k, j]`` over ``k`` in order: ``[c, H, dv]`` float64."""
-    triton, _, _, pv = _kernels()
-    c, H, K = p.shape
-    dv = v.shape[2]
-    out = torch.empty(c, H, dv, dtype=torch.float64, device=p.device)
-    BH, BJ = _block(H, 32), _block(dv, 64)
-    grid = (triton.cdiv(H, BH), triton.cdiv(dv, BJ), c)
-    pv[grid](p, v, out, H, K, dv, *p.stride(), *v.stride(), *out.stride(), BH=BH, BJ=BJ, enable_fp_fusion=False)
-    return out
+    return _products(p, v)
 
 
 def backend(name: str, *args):
