@@ -109,9 +109,29 @@ def definition(tree: ast.Module, attr: str) -> str | None:
             names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
                      if isinstance(t, ast.Name)]
             if head in names and node.value is not None:
-                return f"= {ast.unparse(node.value)}"
+                return _kernel_launch(tree, node.value) or f"= {ast.unparse(node.value)}"
         if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == head for a in node.names):
             return f"from {'.' * node.level}{node.module or ''} import {head}"
+    return None
+
+
+def _kernel_launch(tree: ast.Module, value: ast.expr) -> str | None:
+    """``(params) [kernel of Cls]`` for a module-level kernel object ``X = Cls()`` whose class (in
+    the same file) launches a Triton function, ``kernel = staticmethod(fn)``: calling the object
+    passes ``fn``'s parameters, so they are what changes between releases (vLLM's
+    ``VllmTritonJitKernel`` objects); None for any other value."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+        return None
+    funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name == value.func.id):
+            continue
+        for sub in node.body:
+            if (isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "kernel" for t in sub.targets)
+                    and isinstance(sub.value, ast.Call) and isinstance(sub.value.func, ast.Name)
+                    and sub.value.func.id == "staticmethod" and sub.value.args
+                    and isinstance(sub.value.args[0], ast.Name) and sub.value.args[0].id in funcs):
+                return f"({_params(funcs[sub.value.args[0].id].args)}) [kernel of {node.name}]"
     return None
 
 

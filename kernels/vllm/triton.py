@@ -622,7 +622,7 @@ ENTRIES: list[KernelEntry] = [
         name="vllm_triton.dequantize_and_gather_k_cache",
         stage="gather",
         family="Triton",
-        source=f"{CACHE_UTILS}.dequantize_and_gather_k_cache",
+        source=f"{CACHE_UTILS}._DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL (the Triton branch of dequantize_and_gather_k_cache)",
         archs=_TRITON_ARCHS,
         dtypes=("uint8",),
         policies={"fp8": Fp8Flavour.E4M3FN.value, "ue8m0": Ue8m0Consumer.TRITON.value},
@@ -741,11 +741,11 @@ ENTRIES: list[KernelEntry] = [
 # The releases each entry is written for (``KernelEntry.releases``, set by ``registry.assemble``), from the op signatures (``python -m
 # dsv4_numerics.staging.survey``): ``use_fnuz`` from 0.24.0; the top-k builder's 0.27.0-0.28.0
 # ``output_buffers``; ``left_visible``/``max_image_tokens`` from 0.30.0; ``num_rows`` from 0.31.0;
-# ``quantize`` from 0.30.0. Two entries launch a module's kernel object rather than a public
-# function, whose launch arguments the survey does not compare; the GPU run of every release dated
-# them: the gather's ``_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL`` first exists in 0.30.0 (0.24.0-0.29.0
-# raised AttributeError), and the SWA index kernel gained ``replay_start_ptr`` in 0.31.0 (0.30.0's
-# takes 13 positional arguments, the adapter passes 14).
+# ``quantize`` from 0.30.0. Two entries launch a module's kernel object, whose launch arguments are
+# its Triton function's (the survey reads them through the object's class): the gather's
+# ``_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL`` first exists in 0.30.0, and the SWA index kernel gained
+# ``replay_start_ptr`` in 0.31.0 (on a GPU, 0.24.0-0.29.0 raised AttributeError and 0.30.0 a
+# TypeError before their ranges said so).
 RELEASE_RANGES = {
     "vllm_triton.quantize_and_insert_k_cache": "vllm>=0.24.0",
     "vllm_triton.quantize_and_insert_k_cache.fnuz": "vllm>=0.24.0",

@@ -65,6 +65,21 @@ def test_definition_reads_functions_methods_assignments_and_reexports():
     assert survey.definition(tree, "K.nothing") is None
 
 
+def test_definition_reads_a_kernel_objects_launch_arguments():
+    """A module-level kernel object (vLLM's ``VllmTritonJitKernel`` style: ``X = Cls()``, the class
+    holding ``kernel = staticmethod(fn)``) is called with ``fn``'s parameters: the survey compares
+    those, so a launch argument added in a release shows (0.31.0's ``replay_start_ptr``)."""
+    import ast
+
+    src = ("def _k(out_ptr, n, replay_start_ptr, BLOCK: tl.constexpr): pass\n"
+           "class SwaKernel(Base):\n    kernel = staticmethod(_k)\n    def dispatch(self, key): pass\n"
+           "_SWA_KERNEL = SwaKernel()\nOTHER = SwaKernel2()\n")
+    sig = survey.definition(ast.parse(src), "_SWA_KERNEL")
+    assert sig == "(out_ptr, n, replay_start_ptr, BLOCK) [kernel of SwaKernel]"
+    assert survey.param_names(sig) == ["out_ptr", "n", "replay_start_ptr", "BLOCK"]
+    assert survey.definition(ast.parse(src), "OTHER") == "= SwaKernel2()"  # a class defined elsewhere
+
+
 def test_survey_statuses_and_the_range_start(tmp_path, monkeypatch):
     mod = "vllm/models/deepseek_v4/common/ops/cache_utils.py"
     monkeypatch.setattr(survey, "targets", lambda package, exists: [
@@ -110,10 +125,6 @@ NARROWED = {
     "sglang.write_v4_paged_decode_indices": "the dsv4 package imports engine utilities before 0.5.21",
     "sglang.paged_prefill": "the dsv4 package imports engine utilities before 0.5.21",
     "sglang.store_jit.v41_interleaved": "KVLayout.V41_NEW from 0.5.23",
-    # kernel objects launched directly, whose launch arguments the survey does not see (a GPU run of
-    # every release raised on the older ones)
-    "vllm_triton.dequantize_and_gather_k_cache": "_DEQUANTIZE_AND_GATHER_K_CACHE_KERNEL from 0.30.0",
-    "vllm_triton.compute_swa_indices_and_lens": "the SWA index kernel's replay_start_ptr from 0.31.0",
     **{f"flashmla.v41{k}_sparse_decode.{a}": "its caches are packed by deepseek_v41's writers (0.30.0 on)"
        for k in ("", "_fp4") for a in ("sm90", "sm100")},
 }
