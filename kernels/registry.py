@@ -14,6 +14,7 @@ lazily (docs/architecture.md, the layers).
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -219,7 +220,9 @@ def declare_releases(entries: list[KernelEntry], ranges: dict[str, str]) -> list
     family module's ``RELEASE_RANGES``, applied by :func:`assemble`; an entry not named is returned
     as it is) and the release probe first in their probe: a staged
     release outside the range, or one whose staged folder records the entry's op file as missing,
-    is ``unavailable`` with that reason (``kernels.staged.release_reason``), never called."""
+    is ``unavailable`` with that reason (``kernels.staged.release_reason``), never called. An entry
+    without its own ``version`` gets ``kernels.staged.release_label_of`` of its distribution, so its
+    Results record the release they judged."""
     import dataclasses
 
     from dsv4_numerics.kernels import staged
@@ -237,7 +240,9 @@ def declare_releases(entries: list[KernelEntry], ranges: dict[str, str]) -> list
         def probe(spec=spec, source=e.source, inner=e.probe):
             return staged.release_reason(spec, source) or inner()
 
-        out.append(dataclasses.replace(e, releases=spec, probe=probe))
+        # every Result of the entry names the release it ran (kernel_version), unless the entry says itself
+        version = e.version or functools.partial(staged.release_label_of, staged.split_releases(spec)[0])
+        out.append(dataclasses.replace(e, releases=spec, probe=probe, version=version))
     return out
 
 
