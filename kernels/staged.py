@@ -190,17 +190,13 @@ def release_label_of(dist: str) -> str:
     """``"vllm 0.31.0 (staged)"``: the release of ``dist`` this process imports (``staged_release``),
     else the installed distribution's ``"vllm 0.33.0"``, else ``""`` (what a release-ranged entry's
     Results record as ``kernel_version``, so each Result names the release it judged)."""
+    from dsv4_numerics.kernels.probe import dist_version  # probe imports this module
+
     found = staged_release(dist) if dist in RELEASE_KEYS else None
     if found is not None:
         return f"{dist} {found[0]} (staged)"
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return ""
-    try:
-        return f"{dist} {version(dist)}"
-    except PackageNotFoundError:
-        return ""
+    have = dist_version(dist)
+    return f"{dist} {have}" if have else ""
 
 
 def source_targets(source: str) -> list[str]:

@@ -247,27 +247,20 @@ def test_ranged_entries_name_the_staged_release_in_their_results(tmp_path, monke
     """A release-ranged GPU entry's ``version`` (what every Result records as ``kernel_version``)
     names the release staged for it, so ``report merge`` / ``diff --base-release`` keep the
     releases' Results apart (a GPU run of every release once left them unlabelled)."""
+    from dsv4_numerics.kernels.probe import dist_version
     from dsv4_numerics.oracles.report import release_label
 
     e = registry.get("vllm_triton.combine_topk_swa_indices")
     s = registry.get("sglang.kv_norm_rope_store")
     monkeypatch.setenv(staged.ENV, str(_fake_release(tmp_path / "v31", "vllm_version", "0.31.0")))
     assert e.version() == "vllm 0.31.0 (staged)" and release_label(e.version()) == "vllm 0.31.0"
-    have = _installed("sglang")  # no SGLang folder staged: the installed distribution, if any
+    have = dist_version("sglang")  # no SGLang folder staged: the installed distribution, if any
     assert s.version() == (f"sglang {have}" if have else "")
     monkeypatch.setenv(staged.ENV, os.pathsep.join([str(tmp_path / "v31"),
                                                     str(_fake_release(tmp_path / "s22", "sglang_version", "0.5.22"))]))
     assert s.version() == "sglang 0.5.22 (staged)"
     assert registry.get("vllm_cpu.sparse_decode").version is not None  # an entry's own version is kept
 
-
-def _installed(dist: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return ""
 
 
 def test_ranged_entries_lists_the_gpu_entries():
