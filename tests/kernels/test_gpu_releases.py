@@ -262,7 +262,6 @@ def test_ranged_entries_name_the_staged_release_in_their_results(tmp_path, monke
     assert registry.get("vllm_cpu.sparse_decode").version is not None  # an entry's own version is kept
 
 
-
 def test_ranged_entries_lists_the_gpu_entries():
     names = releases.ranged_entries(["vllm", "sglang"])
     assert "vllm_triton.combine_topk_swa_indices" in names and "sglang.paged_decode" in names
