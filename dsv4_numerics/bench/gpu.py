@@ -265,6 +265,7 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
             fast_graphs.CACHE.clear()  # the graph's pool and static inputs count until here
             rec["fast_peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
             bench_fused(rec, inp, segs, ordered, iters)
+            bench_torch_passes(rec, inp, segs, ordered, iters)
             del ordered
             try:
                 rec["bmm_fp64_ms"], _ = cuda_median_ms(bmm_fp64_fn(inp, segs), 1, o_iters)
@@ -283,7 +284,8 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
                 rec["fast_ratio"] = rec["fast_ms"] / rec["flashmla_ms"]
                 rec["fast_eager_ratio"] = rec["fast_eager_ms"] / rec["flashmla_ms"]
                 rec["fast_judge_eager_ratio"] = rec["fast_judge_eager_ms"] / rec["flashmla_ms"]
-                for key in ("fused", "fused_eager", "fused_judge_eager", "fused_judge"):
+                for key in ("fused", "fused_eager", "fused_judge_eager", "fused_judge", "torch_passes",
+                            "torch_passes_eager", "torch_passes_judge_eager"):
                     if f"{key}_ms" in rec:  # absent where the fused kernels are not available
                         rec[f"{key}_ratio"] = rec[f"{key}_ms"] / rec["flashmla_ms"]
                 for key in ("fast_bucketed_first", "fast_judge_bucketed_first"):
@@ -324,6 +326,24 @@ def bench_fused(rec: dict, inp: dict, segs: list, ordered, iters: int) -> None:
         rec[f"{key}_vs_ordered"] = fast_vs_ordered(call(), ordered)
     fast_graphs.CACHE.clear()
     rec["fused_peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+
+
+def bench_torch_passes(rec: dict, inp: dict, segs: list, ordered, iters: int) -> None:
+    """The fast oracle's PyTorch passes (``passes=False``) beside the default call, which takes the
+    Triton passes (``reference.attention.fast_passes``) where Triton is importable: ``torch_passes_ms``
+    (replayed, as ``fast_ms``), ``torch_passes_eager_ms`` and ``torch_passes_judge_eager_ms``, each
+    checked against the ordered oracle (``torch_passes_*_vs_ordered``); ``fast_passes`` records
+    whether the plain keys ran the Triton passes."""
+    from dsv4_numerics.reference.attention import fast_passes
+
+    rec["fast_passes"] = fast_passes.default_on(inp["q"].device)
+    for key, kw in (("torch_passes", {}), ("torch_passes_eager", {"graph": False}),
+                    ("torch_passes_judge_eager", {"graph": False, "want_abs": True})):
+        call = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"], fused=False,  # noqa: E731
+                                             passes=False, **kw)
+        rec[f"{key}_ms"], _ = cuda_median_ms(call, 2, iters)
+        rec[f"{key}_vs_ordered"] = fast_vs_ordered(call(), ordered)
+    fast_graphs.CACHE.clear()
 
 
 def _first_tokens(segs, T: int) -> list:
@@ -430,7 +450,8 @@ def bench_writers(ns, warmup, iters, device, log):
 # the default call's report, graph=False's and the bucketed first calls' reports
 _FAST_REPS = ("fast_vs_ordered", "fast_eager_vs_ordered", "fast_bucketed_first_vs_ordered",
               "fast_judge_bucketed_first_vs_ordered", "fused_vs_ordered", "fused_eager_vs_ordered",
-              "fused_judge_eager_vs_ordered", "fused_judge_vs_ordered")
+              "fused_judge_eager_vs_ordered", "fused_judge_vs_ordered", "torch_passes_vs_ordered",
+              "torch_passes_eager_vs_ordered", "torch_passes_judge_eager_vs_ordered")
 
 
 def summarize(att, target_ratio=20.0, target_gib=2.0, writers=None) -> dict:
@@ -462,6 +483,16 @@ def summarize(att, target_ratio=20.0, target_gib=2.0, writers=None) -> dict:
             "judge_replayed": round(r["fused_judge_ratio"], 2) if "fused_judge_ratio" in r else None,
             "old_eager": round(r["fast_eager_ratio"], 2), "old_judge_eager": round(r["fast_judge_eager_ratio"], 2),
             "old_replayed": round(r["fast_ratio"], 2)} for r in at128},
+        # the default call (Triton passes where Triton is importable) beside the PyTorch passes
+        "passes_ratios_at_batch_128": {r["config"]: {
+            "triton_passes": r.get("fast_passes"),
+            "eager": round(r["fast_eager_ratio"], 2), "judge_eager": round(r["fast_judge_eager_ratio"], 2),
+            "replayed": round(r["fast_ratio"], 2),
+            "torch_eager": round(r["torch_passes_eager_ratio"], 2) if "torch_passes_eager_ratio" in r else None,
+            "torch_judge_eager": round(r["torch_passes_judge_eager_ratio"], 2)
+            if "torch_passes_judge_eager_ratio" in r else None,
+            "torch_replayed": round(r["torch_passes_ratio"], 2) if "torch_passes_ratio" in r else None}
+            for r in at128},
         "worst_fused_peak_extra_gib": round(max((r.get("fused_peak_extra_bytes", 0) for r in att), default=0) / GiB, 3),
         "fused_error": sorted({r["fused_error"] for r in att if "fused_error" in r}),
         "fast_bucketed_first_replayed_at_batch_128": {r["config"]: r.get("fast_bucketed_first_replayed")

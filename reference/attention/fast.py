@@ -57,7 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fast_buckets, fast_fused, fast_graphs
+from . import fast_buckets, fast_fused, fast_graphs, fast_passes
 from .fast_bound import (BF16_ABS_MAX_K, BIG, DELTA_MAX, F_LNL, F_LSE, F_SINK, F_X, delta_coefficient,
                          x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
 from .fast_rows import BF16_LUT, STAT_BYTES, STAT_PER_ELEM, STAT_PER_ELEM_BF16, row_stats, vmax_finite
@@ -208,11 +208,14 @@ def _flags(pending) -> list:
     -1-only columns (``[-1, 0]`` unless a slot breaks the rule). Issued after the heavy kernels:
     the host sync reads them."""
     lts, w, m1, zero = pending
-    flags = list(torch.aminmax(lts, dim=0))
+    # reductions along contiguous rows (on one H200 a dim-0 reduction of the strided [T, S] lengths
+    # and a one-output reduction of the [T, K] offsets took 9 and 7-14 us; these 4 and 7)
+    flags = list(torch.aminmax(lts.t().contiguous(), dim=1))
     if w is not None and w.shape[1]:
         if m1 is not None:
             w = torch.where(m1, w, zero)
-        flags += torch.aminmax(w.view(1, -1), dim=1)
+        lo, hi = torch.aminmax(w, dim=1)
+        flags += [lo.amin().view(1), hi.amax().view(1)]
     return flags
 
 
@@ -304,6 +307,30 @@ def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=Fa
     # so the max below needs no canonicalisation.
     torch.add(negmask, s, alpha=scale, out=s)
     return _softmax_tail(s, g, d_v, lonely, zero, canonical=True, want_abs=want_abs, gb=gb)
+
+
+def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=False):
+    """``_softmax_pv`` and ``_row_tests`` with the memory-bound passes in Triton (``fast_passes``):
+    the slot rows gathered straight to float64 (and ``|V|`` in the table's dtype for a bfloat16
+    ``pv_abs``), the cuBLAS logits, one softmax kernel (scale, mask, max, ``exp``, sum, the row
+    tests; ``bf16(p)`` for ``pv_abs``), the cuBLAS ``N = bmm(p, V)``. ``valid`` ``[c, K]`` bool,
+    ``fconst``: ``_constants``' float64 ``(scale, bf16_abs_factor(K))``, ``tests``: what
+    ``fast_passes.softmax`` takes to run the row tests. Returns ``(N, m, L, Na)`` as
+    ``_softmax_pv`` (but ``Na`` from a bfloat16 table: the bfloat16 ``bmm`` itself, which
+    ``fast_fused.finish`` converts and scales by ``bf16_abs_factor(K)``) and the row tests."""
+    c = qc.shape[0]
+    K = gflat.numel() // max(1, c)
+    bf16_abs = want_abs and table.dtype == torch.bfloat16 and K < BF16_ABS_MAX_K
+    g, ga = fast_passes.gather(table, gflat, c, d_v, bf16_abs)
+    s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
+    p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests)
+    v = g if d_v == g.shape[2] else g[:, :, :d_v]
+    N = torch.bmm(p, v)
+    if not want_abs:
+        return (N, m, L, None), rt
+    if bf16_abs:
+        return (N, m, L, torch.bmm(pb, ga)), rt
+    return (N, m, L, torch.bmm(p, v.abs_())), rt
 
 
 def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=None):
@@ -424,7 +451,7 @@ def _finish_any(parts, lonely, n_valid, sink, consts, fused: bool):
     """``_finish_parts``, or its one-kernel form ``fast_fused.finish`` (``fused``): the same steps,
     conventions and return value. ``consts``: ``_constants``' tuple."""
     if fused:
-        return fast_fused.finish(parts, n_valid, sink, consts[3])
+        return fast_fused.finish(parts, n_valid, sink, consts[3], consts[4])
     return _finish_parts(parts, lonely, sink, consts[0], consts[2][2])
 
 
@@ -487,7 +514,7 @@ class _Issued:
     keep: tuple
     packed: torch.Tensor | None = None
     pinned: torch.Tensor | None = None  # a replay's host vector in pinned memory (``fast_sparse_attention``)
-    fused: bool = False  # the fused kernels ran (``fast_fused``): the redone chunks finish with them too
+    finish_kernel: bool = False  # steps 4-7 ran as ``fast_fused.finish``: the redone chunks finish with it too
 
 
 def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
@@ -517,19 +544,25 @@ _FLOAT_BITS = {torch.float64: (torch.int64, 0x7FF0000000000000, 0x7FFFFFFFFFFFFF
 
 
 def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = False,
-           want_abs: bool = False, fused: bool = False) -> _Issued:
+           want_abs: bool = False, fused: bool = False, passes: bool = False) -> _Issued:
     """Every kernel of a call up to its one host sync, issued without reading a device value
     (so a CUDA graph can capture it), in the order that keeps the GPU busy from the first launch
     (an eager call's host issues ~60 kernels at ~10-25 us each; the GPU work is ~1 ms at
     production decode shapes): the table and its row statistics (a few long kernels, which the
     GPU runs while the host issues the slot layout), per chunk the GEMMs and softmax passes
     (``want_abs``: one more GEMM, ``p |V|``), the deferred validation flags, the exactness tests,
-    steps 4-7 and the bounds, and the host vector."""
+    steps 4-7 and the bounds, and the host vector. ``fused``: the chunks' heavy steps by
+    ``fast_fused``; ``passes``: the memory-bound passes by ``fast_passes`` (and steps 4-7 by
+    ``fast_fused.finish``)."""
     T, H, D = q.shape
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
     table, Nrows = _table(segments, q, nan_policy)
-    stats = row_stats(table, d_v)
+    passes = passes and not fused and K > 0
+    if passes and table.dtype == torch.bfloat16:
+        stats = fast_passes.row_stats(table, d_v)
+    else:
+        stats = row_stats(table, d_v)
     valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
     lonely = n_valid.view(T, 1, 1) == 0
     q0 = Nrows + 1
@@ -556,6 +589,10 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                                     want_abs, table16=table if table.dtype == torch.bfloat16 else None)
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
+    elif passes and fast_passes.gathers(table):
+        pz = [_softmax_pv_passes(table, flat(t0, t1), part(valid, t0, t1), part(q, t0, t1), consts[4], d_v,
+                                 (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs) for t0, t1 in spans]
+        heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
@@ -565,14 +602,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
         tests = [(z2, z2[:, :1], *yes, yes)]
-    elif fused:
+    elif fused or (passes and fast_passes.gathers(table)):
         tests = ftests
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)
                  for t0, t1 in spans]
     parts = [(*h[:3], *t[:2], h[3]) for h, t in zip(heavy, tests)]
     fused = fused and K > 0
-    res = _finish_any(parts, lonely, n_valid, sink, consts, fused)
+    res = _finish_any(parts, lonely, n_valid, sink, consts, fused or passes)
     # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
     # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
     # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
@@ -587,7 +624,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
     return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed,
-                   fused=fused)
+                   finish_kernel=fused or passes)
 
 
 def _owned(iss: _Issued) -> tuple:
@@ -644,7 +681,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
                     iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
                     _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
-        res = _finish_any(parts, iss.lonely, iss.n_valid, sink, iss.keep[0], iss.fused)
+        res = _finish_any(parts, iss.lonely, iss.n_valid, sink, iss.keep[0], iss.finish_kernel)
     n_ap = sum(n_ap)
     (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}
@@ -684,7 +721,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
                           bucket: bool | None = None, want_abs: bool = False,
-                          fused: bool | None = None) -> FastOracleOut:
+                          fused: bool | None = None, passes: bool | None = None) -> FastOracleOut:
     """Fast judging oracle (``fast_bound``: derivation of ``bound``). Arguments, validation
     and conventions as ``attention.sparse_attention`` (mode EXACT only). ``graph``: replay the
     device work as a CUDA graph (``fast_graphs``): ``None`` (default) once the same call signature
@@ -702,11 +739,16 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     importable, the float64 table within ``fast_fused.TABLE64_BYTES``; off otherwise: slower than
     this path at production decode batch 128 on an H200, ``fast_fused``'s "Speed");
     ``True`` always (a CUDA device, or the CPU under ``TRITON_INTERPRET=1``; else an error naming
-    the reason); ``False`` never (the PyTorch path)."""
+    the reason); ``False`` never (the PyTorch path). ``passes``: the memory-bound passes around the
+    cuBLAS GEMMs (row statistics, gather, softmax, steps 4-7) by Triton kernels (``fast_passes``; the
+    same bound): ``None`` (default) on a CUDA device where Triton is importable unless
+    ``DSV4_FAST_PASSES=torch``; ``True`` always (a CUDA device, or the CPU under
+    ``TRITON_INTERPRET=1``; else an error naming the reason); ``False`` never. Ignored where the fused
+    kernels run."""
     fn = "fast_sparse_attention"
     T, H, D, rules, sc, d_v = check_host(fn, q, segments, scale, sink, d_v, chunk_tokens)
     nan_policy = check_enum(fn, "nan_policy", NanPolicy, nan_policy)
-    for arg, v in (("graph", graph), ("bucket", bucket), ("fused", fused)):
+    for arg, v in (("graph", graph), ("bucket", bucket), ("fused", fused), ("passes", passes)):
         if v is not None and not isinstance(v, bool):
             fail(fn, arg, f"must be None, True or False, got {v!r}")
     if not isinstance(want_abs, bool):
@@ -719,6 +761,12 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         ok, why = fast_fused.available(dev)
         if not ok:
             fail(fn, "fused", f"True needs the fused kernels: {why}")
+    if passes is None:
+        passes = fast_passes.default_on(dev)
+    elif passes:
+        ok, why = fast_passes.available(dev)
+        if not ok:
+            fail(fn, "passes", f"True needs the Triton passes: {why}")
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
         check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values
@@ -739,7 +787,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
         sig = fast_buckets.flat_signature(q, sink, segments, bucket)
-        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs, fused)
+        key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs, fused, passes)
         vq, vsegs = q, segments
 
         def flat():  # the (padded) call's tensors: built only to capture
@@ -756,7 +804,7 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         def issue(st):
             qs, ss = st[0], st[1]
             return _issue(qs, _static_segments(st, rules), rules, ss, sc, d_v, nan_policy, spans, pack=True,
-                          want_abs=want_abs, fused=fused)
+                          want_abs=want_abs, fused=fused, passes=passes)
 
         with fast_graphs.LOCK:
             hit = fast_graphs.CACHE.replay(key, flat, nbytes, issue, fill, always=graph is True)
@@ -776,5 +824,5 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if bucket:
         q, segments = fast_buckets.pad_call(q, segments)
     args = (fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens)
-    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs, fused=fused)
+    iss = _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, want_abs=want_abs, fused=fused, passes=passes)
     return _complete(*args, iss, iss.host.tolist(), orig=orig, want_abs=want_abs)

@@ -90,13 +90,14 @@ import torch
 
 from .fast_bound import BF16_ABS_MAX_K
 
-__all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES"]
+__all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES",
+           "interpreting", "triton_importable", "interpreter_index_shim"]
 
 TABLE64_BYTES = 2**29  # the default path takes the fused kernels only where the float64 table fits this
 ENV = "DSV4_FUSED_JUDGE"  # "1": the fast oracle's default (fused=None) takes the fused kernels
 # (BH heads, BK slots, BD dims) of the logits kernel; (BH, BK, BV d_v columns) of the PV kernel;
 # warps of each; (BH, BV) of the finishing kernel and its warps
-BLOCKS = {"logits": (32, 64, 32, 4), "pv": (64, 16, 128, 8), "finish": (32, 128, 4)}
+BLOCKS = {"logits": (32, 64, 32, 4), "pv": (64, 16, 128, 8), "finish": (8, 64, 8)}
 
 
 def interpreting() -> bool:
@@ -105,7 +106,7 @@ def interpreting() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
-def _triton_importable() -> bool:
+def triton_importable() -> bool:
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
@@ -118,10 +119,10 @@ def available(device: torch.device) -> tuple[bool, str]:
     """``(usable, reason)`` of the fused kernels on ``device``: Triton importable, and a CUDA device
     (or the CPU under ``TRITON_INTERPRET=1``)."""
     if device.type not in ("cuda", "cpu"):
-        return False, f"the fused kernels run on CUDA devices (got {device.type})"
+        return False, f"the Triton kernels run on CUDA devices (got {device.type})"
     if device.type == "cpu" and not interpreting():
-        return False, "the fused kernels run on the CPU only under TRITON_INTERPRET=1"
-    if not _triton_importable():
+        return False, "the Triton kernels run on the CPU only under TRITON_INTERPRET=1"
+    if not triton_importable():
         return False, "Triton is not importable"
     return True, ""
 
@@ -131,10 +132,10 @@ def default_on(device: torch.device) -> bool:
     ``DSV4_FUSED_JUDGE=1`` asks for them, on a CUDA device with Triton importable. Off by default:
     on one H200 they are slower than the PyTorch path at production decode batch 128 (module
     docstring, "Speed")."""
-    return device.type == "cuda" and os.environ.get(ENV, "0") == "1" and _triton_importable()
+    return device.type == "cuda" and os.environ.get(ENV, "0") == "1" and triton_importable()
 
 
-def _interpreter_index_shim() -> None:
+def interpreter_index_shim() -> None:
     """Triton's CPU interpreter holds a scalar argument as a one-element 1-D NumPy array, and NumPy 2
     refuses ``int()`` of such an array, so a loop bounded by a runtime argument (``range(0, K, BK)``)
     fails there. Make the interpreter's ``__index__`` read the one element (the compiled kernels are
@@ -158,7 +159,7 @@ def kernels():
     """``(triton, logits_kernel, pv_kernel, finish_kernel)`` (``fast_fused_kernels``, compiled per signature on
     first launch). Imports Triton."""
     if interpreting():
-        _interpreter_index_shim()
+        interpreter_index_shim()
     import triton
 
     from . import fast_fused_kernels as fk
@@ -220,13 +221,21 @@ def table64(table: torch.Tensor) -> torch.Tensor:
 
 
 def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20: torch.Tensor,
-           blocks: dict | None = None):
+           fconst: torch.Tensor, blocks: dict | None = None):
     """``fast._finish_parts`` as one kernel launch (``fast_fused_kernels.finish_kernel``): steps 4-7,
     the bounds and the division of ``N`` (and ``Na``) in place, with ``fast._finish``'s conventions
     and return value. ``parts``: per chunk ``(N, m, L, x, vmax, Na)`` (several: concatenated first,
     as ``fast._finish_parts`` does), ``n_valid`` ``[T]``, ``coef20``: ``fast._constants``' float64
-    ``[20]`` coefficients."""
+    ``[20]`` coefficients, ``fconst``: its float64 ``(scale, bf16_abs_factor(K))``. A bfloat16
+    ``Na`` (``fast_passes``: the bfloat16 ``bmm`` of ``bf16(p)`` and ``|V|``) is converted to float64
+    and multiplied by ``bf16_abs_factor(K)`` before its division, as the PyTorch path does (in the
+    kernel where every chunk's is bfloat16; a chunk redone with the ordered logits brings a float64
+    one, and then the bfloat16 ones are converted first)."""
     triton, _, _, finish_kernel = kernels()
+    nas = {p[5].dtype for p in parts if p[5] is not None}
+    if len(nas) > 1:  # mixed: every Na as the PyTorch path's float64 value
+        parts = [(*p[:5], p[5].to(torch.float64).mul_(fconst[1]) if p[5].dtype == torch.bfloat16 else p[5])
+                 for p in parts]
     if len(parts) == 1:
         N, m, L, x, vmax, Na = parts[0]
     else:
@@ -236,10 +245,12 @@ def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20
     lse = torch.empty(T, H, dtype=torch.float64, device=dev)
     lws = torch.empty(T, H, dtype=torch.float64, device=dev)
     bnd = torch.empty(4, T, H, dtype=torch.float64, device=dev)
+    na16 = Na is not None and Na.dtype == torch.bfloat16
+    pv = torch.empty(N.shape, dtype=torch.float64, device=dev) if na16 else Na
     bh, bv, w = dict(BLOCKS, **(blocks or {}))["finish"]
     finish_kernel[(T, triton.cdiv(H, bh))](
-        N, Na if Na is not None else N, m, L, x.contiguous(), vmax.contiguous(), n_valid, sink.contiguous() if sink is not None else m,
-        coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None, WANT_ABS=Na is not None,
-        INTERP=interpreting(), BH=bh, BV=bv, num_warps=w)
+        N, Na if Na is not None else N, pv if na16 else N, fconst, m, L, x.contiguous(), vmax.contiguous(), n_valid,
+        sink.contiguous() if sink is not None else m, coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None,
+        WANT_ABS=Na is not None, NA_BF16=na16, INTERP=interpreting(), BH=bh, BV=bv, num_warps=w)
     b_lse, b_lws, b_max, b_out = bnd.unbind(0)
-    return (N, lse, lws, m.view(T, H), Na), (b_lse, b_lws, b_max, b_out.view(T, H, 1))
+    return (N, lse, lws, m.view(T, H), pv), (b_lse, b_lws, b_max, b_out.view(T, H, 1))

@@ -7,18 +7,26 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["logits_kernel", "pv_kernel"]
+__all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits_to_f32"]
 
 
 @triton.jit
-def _nanmax(a, b):
+def bf16_bits_to_f32(b):
+    """The float32 value of bfloat16 bits ``b`` (int32, low 16 bits): the bits shifted into a float32
+    (exact for every value, subnormals included; Triton's CPU interpreter converts bfloat16
+    subnormals wrongly, the compiled conversion does not)."""
+    return (b << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def nanmax(a, b):
     """Elementwise max that propagates NaN, as ``torch.amax`` does (``tl.maximum`` may drop it): a
     NaN statistic must reach ``fast._row_tests``, which then sends the token's rows to the ordered path."""
     return tl.where((a != a) | (b != b), float("nan"), tl.maximum(a, b))
 
 
 @triton.jit
-def _nanmax_all(a):
+def nanmax_all(a):
     """``max`` over a 1-D block, NaN if any element is NaN."""
     nan = tl.sum((a != a).to(tl.int32), axis=0) > 0
     return tl.where(nan, float("nan"), tl.max(a, axis=0))
@@ -56,18 +64,18 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, 
         tl.store(S + (t.to(tl.int64) * H + hh)[:, None] * K + kk[None, :], s, mask=hm[:, None] & km[None, :])
         m = tl.maximum(m, tl.max(s, axis=1))
         if HAS_STATS:
-            sn = _nanmax(sn, tl.load(stats + g, mask=km, other=float("-inf")))
-            sb = _nanmax(sb, tl.load(stats + R + g, mask=km, other=float("-inf")))
-            sv = _nanmax(sv, tl.load(stats + 2 * R + g, mask=km, other=float("-inf")))
+            sn = nanmax(sn, tl.load(stats + g, mask=km, other=float("-inf")))
+            sb = nanmax(sb, tl.load(stats + R + g, mask=km, other=float("-inf")))
+            sv = nanmax(sv, tl.load(stats + 2 * R + g, mask=km, other=float("-inf")))
     m = tl.where(m == 0.0, 0.0, m)  # -0 -> +0, as the ordered oracle's max
     tl.store(M + t * H + hh, m, mask=hm)
     if HAS_STATS:
-        nk = _nanmax_all(sn)
-        bk = _nanmax_all(sb)
+        nk = nanmax_all(sn)
+        bk = nanmax_all(sb)
         if hb == 0:
             tl.store(KS + t, nk)
             tl.store(KS + T + t, bk)
-            tl.store(KS + 2 * T + t, _nanmax_all(sv))
+            tl.store(KS + 2 * T + t, nanmax_all(sv))
         # fast._row_tests for these heads, in the statistics' dtype: exact = alpha + beta < exact_bits,
         # fast = n_q max n_k < (exact ? le : la) (False where NaN), x = exact ? 0 : n_q max n_k
         la = tl.load(LIM)
@@ -141,14 +149,16 @@ def pv_kernel(tab, tab16, gidx, S, M, N, L, NA, zrow, FC, H, K, D, DV,
 
 
 @triton.jit
-def finish_kernel(N, NA, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
-                  HAS_SINK: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr,
+def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
+                  HAS_SINK: tl.constexpr, WANT_ABS: tl.constexpr, NA_BF16: tl.constexpr, INTERP: tl.constexpr,
                   BH: tl.constexpr, BV: tl.constexpr):
     """``fast._finish`` for one token's block of heads: steps 4-7, the bounds (``B = cb + cs |sink|
     + cl ln L + ce |lse| + cx x``, NaN and +inf set to 0, -inf to the most negative float64, as
     ``nan_to_num_`` does) and ``N`` (and ``Na``) divided in place by ``L`` or ``L + L e`` (1 on
     lonely rows). ``BND`` ``[4, T, H]``: ``lse``, ``lse_with_sink``, ``max_logits``, ``out / V_j``
-    times ``V_j``."""
+    times ``V_j``. ``NA_BF16``: ``NA`` is the bfloat16 ``bmm`` of ``bf16(p)`` and ``|V|``; ``PV``
+    gets ``float64(NA) * FC[1]`` (``bf16_abs_factor``) divided as ``N`` (the PyTorch path's two
+    roundings, in its order), else ``NA`` is float64 and divided in place."""
     t = tl.program_id(0)
     hb = tl.program_id(1)
     hh = hb * BH + tl.arange(0, BH)
@@ -204,4 +214,9 @@ def finish_kernel(N, NA, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
         p = (t.to(tl.int64) * H + hh)[:, None] * DV + vv[None, :]
         tl.store(N + p, tl.load(N + p, mask=msk, other=0.0) / den[:, None], mask=msk)
         if WANT_ABS:
-            tl.store(NA + p, tl.load(NA + p, mask=msk, other=0.0) / den[:, None], mask=msk)
+            if NA_BF16:
+                b16 = tl.load(NA + p, mask=msk, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+                na = bf16_bits_to_f32(b16).to(tl.float64) * tl.load(FC + 1)
+                tl.store(PV + p, na / den[:, None], mask=msk)
+            else:
+                tl.store(NA + p, tl.load(NA + p, mask=msk, other=0.0) / den[:, None], mask=msk)

@@ -10,7 +10,7 @@ import torch
 __all__: list[str] = []
 
 _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
-_NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
+NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
 STAT_BYTES = 2**30  # temporaries of one piece of the row statistics
 STAT_PER_ELEM = 56  # bytes per table element of the statistics temporaries (float64 copy, int64 bits, ...)
 STAT_PER_ELEM_BF16 = 14  # bfloat16 tables: int32 lookup index, int16 lookup result, float32 norm input
@@ -35,18 +35,18 @@ def _lsb_exp(x: torch.Tensor) -> torch.Tensor:
 def _lsb_exp_bf16_bits(x: torch.Tensor) -> torch.Tensor:
     """int32 lsb exponent of each bfloat16 ``x`` read from its 16 bits: a finite bf16 is
     ``sig * 2**(ef - 134)`` (normal: ``sig = 0x80 | man``, ``ef >= 1``) or ``man * 2**-133``
-    (subnormal); ``_NO_LSB_BF16`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
+    (subnormal); ``NO_LSB_BF16`` for zeros, garbage for NaN/Inf (excluded by the caller)."""
     b = x.view(torch.int16).to(torch.int32) & 0x7FFF
     ef = b >> 7
     sig = torch.where(ef > 0, (b & 0x7F) | 0x80, b)
     _, e = torch.frexp((sig & (-sig)).to(torch.float32))  # a power of two <= 2**7 (exact)
     lsb = e - 1 + torch.clamp(ef, min=1) - 134
-    return torch.where(sig == 0, _NO_LSB_BF16, lsb)
+    return torch.where(sig == 0, NO_LSB_BF16, lsb)
 
 
 def _bf16_lut(dev: torch.device) -> torch.Tensor:
     """int16 ``[2**16]``: ``-lsb`` of each bfloat16 bit pattern (as uint16; ``_lsb_exp_bf16_bits``,
-    ``-_NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
+    ``-NO_LSB_BF16`` for zeros, garbage for NaN/Inf). Built once per device."""
     lut = BF16_LUT.get(dev)
     if lut is None:
         pat = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)

@@ -85,7 +85,7 @@ def test_fused_within_bound_exact_logits_and_lonely_rows(sink, chunk):
     assert bool((f.lse.cpu()[lonely] == -math.inf).all())
     # the PyTorch path gives the same bits where both are exact, and the same pv_abs within 1.2%
     u = fast_sparse_attention(q.to(DEV), segs_on(segs), 512**-0.5, on(SINKS[sink]), chunk_tokens=chunk,
-                              want_abs=True, fused=False, graph=False)
+                              want_abs=True, fused=False, passes=False, graph=False)
     assert torch.equal(u.max_logits, f.max_logits)
     assert u.exact_logits == f.exact_logits  # the same row tests, in the logits kernel
     for name in ("lse", "lse_with_sink", "max_logits", "out"):  # the same bounds up to their evaluation's rounding

@@ -1,0 +1,165 @@
+"""Triton kernels for the fast oracle's memory-bound passes, around cuBLAS's float64 GEMMs.
+
+On a GPU the fast oracle's PyTorch path (``fast._softmax_pv``) spends most of its time outside the
+two float64 ``bmm`` calls: at production decode shapes, batch 128 on one H200 (h64 top-512 / h128
+top-1024), the GEMMs took 0.23 / 0.66 ms of a 1.05 / 2.20 ms call; the rest was one-operation
+passes over large tensors -- the table's row statistics (six kernels, 0.19 / 0.30 ms), the gather
+and its bfloat16-to-float64 conversion (0.22 / 0.39 ms, the conversion through PyTorch's
+non-vectorised cast kernel), the softmax's mask, max, subtract, ``exp`` and sum (five passes over
+the ``[c, H, K]`` float64 logits, 0.07 / 0.32 ms), ``|V|`` and ``bf16(p)`` for ``pv_abs``, and
+steps 4-7 in about twenty small kernels. Each kernel here does one of those jobs in one pass:
+
+* ``row_stats`` (bfloat16 tables): ``fast_rows.row_stats`` in one read of the table.
+* ``gather``: the chunk's slot rows as float64 straight from the table's dtype (and ``|V|`` in that
+  dtype for ``pv_abs``), one read of the rows and one write.
+* ``softmax``: the scaled, masked logits' max, ``p = exp(s - m)`` written over the logits, ``L =
+  sum p`` (and ``bf16(p)`` for ``pv_abs``), two reads of the logits and one write.
+* steps 4-7 and the bounds: ``fast_fused.finish`` (one launch; its analysis is in ``fast_fused``).
+
+The GEMMs stay cuBLAS's (``N = bmm(p, V)``; ``pv_abs``: the bfloat16 ``bmm`` of ``bf16(p)`` and
+``|V|``, as in the PyTorch path).
+
+Why ``fast_bound``'s bound holds unchanged (its steps; nothing is widened):
+
+- Row statistics (step 1's test and ``x``): the bfloat16 squares are exact in float64 and summed
+  there in any order, then rounded once to float32: within ``(D - 1) 2**-53 + 2**-24`` relative of
+  the exact sum, inside the ``g32_D`` that ``norm_factor`` allows for any float32-or-wider order;
+  ``sqrt_rn`` and ``+ floor`` round once each, as ``row_stats`` states. The lsb exponent is read from
+  the 16 bits exactly (the power of two ``sig & -sig`` converted to float32, its exponent field).
+  ``log2 n - lsb`` is evaluated in float64 (libdevice's ``log2``) and rounded once to float32:
+  within ``2**-15`` of its exact value for every finite bfloat16 row, inside ``exact_bits``' ``2**-12``
+  margin. ``max |x_j|`` is exact (NaN where a value is NaN).
+- Gather: a bfloat16, float16 or float32 value converts to float64 exactly.
+- Logits (step 1): cuBLAS's ``bmm`` as before, then ``fl(scale s) + 0`` once (no FMA contraction:
+  the kernel is compiled with ``enable_fp_fusion=False``, so a ``-0`` logit turns ``+0`` as the
+  PyTorch path's mask addition does and the max equals the ordered oracle's on exact rows).
+- Step 2: one float64 subtraction and libdevice's ``exp`` (``__nv_exp``, within 2 ulps: ``eps_e``;
+  NumPy's under the interpreter). Step 3: ``L`` summed in float64, a tree inside blocks of ``BK``
+  slots and the blocks in sequence: an order the step's ``g_K`` covers. The max is final before any
+  ``exp`` (no online rescale).
+- ``pv_abs``: ``bf16(p)`` from float64 through float32 (RNE twice), as PyTorch's conversion does, so
+  ``bf16_abs_factor`` applies as before.
+
+Rows whose logits must be the ordered oracle's (NaN/Inf, extreme magnitudes) are found by the same
+row tests; their chunk is recomputed by ``fast._chunk_ordered`` (PyTorch) as before.
+
+Where: on a CUDA device with Triton importable, by default (``fast_sparse_attention(passes=None)``);
+``DSV4_FAST_PASSES=torch`` keeps the PyTorch passes; on the CPU only under ``TRITON_INTERPRET=1``
+with ``passes=True`` (the tests). Triton is imported on the first call that uses them, never at the
+fast oracle's import. Speed and memory: the performance page (``python -m dsv4_numerics.bench.gpu``
+times both paths side by side); the tensors are those of the PyTorch path (the gathered float64
+rows, the logits, ``|V|`` and ``bf16(p)`` for ``pv_abs``), within ``fast.peak_bytes_estimate_fast``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
+
+__all__ = ["ENV", "BLOCKS", "available", "default_on", "kernels", "row_stats", "gather", "softmax"]
+
+ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
+# (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel
+BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "softmax": (8, 256, 8)}
+_GATHER_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def default_on(device: torch.device) -> bool:
+    """Whether ``fast_sparse_attention(passes=None)`` takes these kernels: a CUDA device, Triton
+    importable, and ``DSV4_FAST_PASSES`` not ``torch``."""
+    return (device.type == "cuda" and os.environ.get(ENV, "").strip().lower() != "torch"
+            and triton_importable())
+
+
+@functools.lru_cache(maxsize=1)
+def kernels():
+    """``(triton, fast_passes_kernels)`` (compiled per signature on first launch). Imports Triton."""
+    if interpreting():
+        interpreter_index_shim()
+    import triton
+
+    from . import fast_passes_kernels as pk
+
+    return triton, pk
+
+
+def _block(n: int, cap: int) -> int:
+    """A power of two ``>= min(n, cap)`` (at least 16): a block size for ``n`` elements."""
+    return max(16, min(cap, 1 << max(0, n - 1).bit_length()))
+
+
+def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``fast_rows.row_stats`` of a contiguous 2-D bfloat16 table ``[N, D]``: ``[3, N]`` float32
+    (norm, ``log2 n - lsb``, ``max |x_j|`` over ``j < d_v``), one kernel launch."""
+    triton, pk = kernels()
+    N, D = rows.shape
+    st = torch.empty(3, N, dtype=torch.float32, device=rows.device)
+    if N == 0:
+        return st
+    br, bd, w = BLOCKS["stats"]
+    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # as fast_rows.row_stats: a power of two
+    pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=interpreting(), BR=br,
+                                                    BD=_block(D, bd), num_warps=w)
+    return st
+
+
+def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs: bool):
+    """``(g, ga)``: the chunk's slot rows ``table[gflat]`` as float64 ``[c, K, D]`` (exact) and, with
+    ``want_abs``, ``|table[gflat, :d_v]|`` in the table's dtype ``[c, K, d_v]`` (else None). ``table``
+    contiguous ``[R, D]`` of a dtype in ``_GATHER_DTYPES``, ``gflat`` ``[c*K]`` int64 rows in range."""
+    triton, pk = kernels()
+    S = gflat.numel()
+    D = table.shape[1]
+    g = torch.empty(S, D, dtype=torch.float64, device=table.device)
+    ga = torch.empty(S, d_v, dtype=table.dtype, device=table.device) if want_abs else None
+    if S:
+        br, bd, w = BLOCKS["gather"]
+        pk.gather_kernel[(triton.cdiv(S, br),)](table, gflat, g, ga if want_abs else g, S, D, d_v,
+                                                IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br,
+                                                BD=_block(D, bd), num_warps=w)
+    return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
+
+
+def gathers(table: torch.Tensor) -> bool:
+    """Whether ``gather`` takes this table's dtype."""
+    return table.dtype in _GATHER_DTYPES
+
+
+def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb: bool, tests=None):
+    """Steps 1-3's elementwise part on raw logits ``s`` ``[c, H, K]`` float64 contiguous (the
+    ``bmm`` of q and the rows; consumed: ``p`` is written over it): ``(p, m, L, pb, rt)`` with
+    ``m``, ``L`` ``[c, H, 1]`` float64, ``pb`` ``bf16(p)`` ``[c, H, K]`` (``want_pb``, else None).
+    ``valid`` ``[c, K]`` bool, ``fconst`` ``fast._constants``' float64 ``(scale, ...)`` tensor.
+    ``tests``: ``(stats, gidx, q0, lim4)`` -- the table's ``row_stats`` ``[3, R]``, the chunk's
+    ``[c, K]`` int64 table rows, the table row of the chunk's first q row, ``fast._constants``'
+    ``(la, le, 0, exact_bits)`` -- to compute ``fast._row_tests`` in the same kernel: ``rt`` is
+    then its ``(x, vmax, exact, fast, both)``, else None."""
+    triton, pk = kernels()
+    c, H, K = s.shape
+    dev = s.device
+    m = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
+    L = torch.empty_like(m)
+    pb = torch.empty(c, H, K, dtype=torch.bfloat16, device=dev) if want_pb else None
+    rt = None
+    if tests is not None:
+        stats, gidx, q0, lim4 = tests
+        x = torch.empty(c, H, 1, dtype=stats.dtype, device=dev)
+        ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev)
+        both = torch.empty(2, c, H, 1, dtype=torch.uint8, device=dev)
+        targs = (gidx, stats, stats.shape[1], lim4, x, ks, both, q0)
+    else:
+        targs = (s, s, 0, s, s, s, s, 0)
+    bh, bk, w = BLOCKS["softmax"]
+    pk.softmax_kernel[(c, triton.cdiv(H, bh))](s, valid.view(torch.uint8), m, L, pb if want_pb else s, fconst, H, K,
+                                               *targs, c, WANT_PB=want_pb, TESTS=tests is not None,
+                                               INTERP=interpreting(), BH=bh, BK=_block(K, bk), num_warps=w,
+                                               enable_fp_fusion=False)
+    if tests is not None:
+        b = both.view(torch.bool)
+        exact, fast = b.unbind(0)
+        rt = (x, ks[2], exact, fast, b)
+    return s, m, L, pb, rt

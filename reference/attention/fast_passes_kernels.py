@@ -1,0 +1,169 @@
+"""The Triton kernels of ``fast_passes`` (imported only by ``fast_passes.kernels()``, never at the
+fast oracle's import: this module imports Triton). What they compute and why the fast oracle's bound
+holds for them: ``fast_passes``' docstring."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from . import fast_rows
+from .fast_fused_kernels import bf16_bits_to_f32, nanmax, nanmax_all
+
+__all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel"]
+
+NO_LSB_BF16 = tl.constexpr(fast_rows.NO_LSB_BF16)  # the lsb exponent of a zero value ("none")
+
+
+@triton.jit
+def _f32_to_bf16_rne(x):
+    """bfloat16 of finite, non-NaN float32 ``x``, rounded to nearest even from the bits (what the
+    compiled conversion does; Triton's CPU interpreter truncates)."""
+    b = x.to(tl.int32, bitcast=True)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """``fast_rows.row_stats`` of ``BR`` rows of a bfloat16 table ``X`` ``[N, D]`` into ``ST`` ``[3,
+    N]`` float32: the squares summed in float64 (exact: 16 significant bits each; the sum rounds)
+    and rounded once to float32, ``sqrt_rn`` and ``+ floor`` (one rounding each); the largest ``-lsb``
+    over the row from the 16 bits; ``log2 n + (-lsb)`` evaluated in float64, rounded once; ``max
+    |x_j|`` over ``j < DV`` (NaN if any of those is NaN, as ``torch.linalg.vector_norm`` gives)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = r < N
+    ss = tl.zeros([BR], dtype=tl.float64)
+    neg = tl.full([BR], -NO_LSB_BF16, dtype=tl.int32)
+    vmax = tl.zeros([BR], dtype=tl.float32)
+    nans = tl.zeros([BR], dtype=tl.int32)
+    for d0 in range(0, D, BD):
+        dd = d0 + tl.arange(0, BD)
+        msk = rm[:, None] & (dd < D)[None, :]
+        x = tl.load(X + r[:, None].to(tl.int64) * D + dd[None, :], mask=msk, other=0.0)
+        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        xf = bf16_bits_to_f32(bits)
+        x64 = xf.to(tl.float64)
+        ss += tl.sum(x64 * x64, axis=1)
+        b = bits & 0x7FFF
+        ef = b >> 7
+        sig = tl.where(ef > 0, (b & 0x7F) | 0x80, b)
+        low = sig & (-sig)  # the least significant set bit, a power of two <= 2**7 (0 for a zero)
+        e = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # log2(low), exact
+        nl = tl.where(sig == 0, -NO_LSB_BF16, 134 - e - tl.maximum(ef, 1))  # -lsb
+        neg = tl.maximum(neg, tl.max(tl.where(msk, nl, -NO_LSB_BF16), axis=1))
+        a = tl.abs(xf)
+        vm = msk & (dd < DV)[None, :]
+        nans += tl.sum((vm & (a != a)).to(tl.int32), axis=1)
+        vmax = tl.maximum(vmax, tl.max(tl.where(vm, a, 0.0), axis=1))
+    n = tl.sqrt_rn(ss.to(tl.float32)) + floor
+    if INTERP:
+        lg = tl.log2(n.to(tl.float64))
+    else:
+        lg = libdevice.log2(n.to(tl.float64))
+    beta = (lg + neg.to(tl.float64)).to(tl.float32)
+    vmax = tl.where(nans > 0, float("nan"), vmax)
+    tl.store(ST + r, n, mask=rm)
+    tl.store(ST + N + r, beta, mask=rm)
+    tl.store(ST + 2 * N + r, vmax, mask=rm)
+
+
+@triton.jit
+def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl.constexpr, BR: tl.constexpr,
+                  BD: tl.constexpr):
+    """``G[i] = float64(TAB[IDX[i]])`` for ``BR`` slots (exact), and with ``WANT_ABS`` ``GA[i] =
+    |TAB[IDX[i], :DV]|`` in the table's dtype (``IS_BF16``: converted and made positive from the
+    bits)."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = r < S
+    src = tl.load(IDX + r, mask=rm, other=0).to(tl.int64)
+    dst = r.to(tl.int64)
+    for d0 in range(0, D, BD):
+        dd = d0 + tl.arange(0, BD)
+        msk = rm[:, None] & (dd < D)[None, :]
+        x = tl.load(TAB + src[:, None] * D + dd[None, :], mask=msk, other=0.0)
+        if IS_BF16:
+            bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            x64 = bf16_bits_to_f32(bits).to(tl.float64)
+            xa = (bits & 0x7FFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        else:
+            x64 = x.to(tl.float64)
+            xa = tl.abs(x)
+        tl.store(G + dst[:, None] * D + dd[None, :], x64, mask=msk)
+        if WANT_ABS:
+            tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
+
+
+@triton.jit
+def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c,
+                   WANT_PB: tl.constexpr, TESTS: tl.constexpr, INTERP: tl.constexpr, BH: tl.constexpr,
+                   BK: tl.constexpr):
+    """Steps 1-3's elementwise part for ``BH`` heads of one token: ``s = fl(scale s) + 0`` on valid
+    slots (a ``-0`` turns ``+0``), ``-inf`` on invalid ones; ``m = max s``; ``p = exp(s - m)`` (``m``
+    replaced by 0 on a lonely row, whose logits are all ``-inf``: ``p = 0``) written over ``S``;
+    ``L = sum p``; with ``WANT_PB`` ``bf16(p)`` (through float32, RNE twice) into ``PB``. Two passes
+    over the row (the max is final before any ``exp``), compiled without FMA contraction.
+
+    ``TESTS``: also ``fast._row_tests`` for these heads from the table's statistics ``ST`` ``[3, R]``
+    gathered at the slots' table rows ``GIDX`` ``[c, K]`` (their NaN-propagating max per token) and
+    q's rows ``q0 + t H + h``: ``X`` ``[c, H]`` (``exact ? 0 : n_q max n_k``, the statistics' dtype),
+    ``BOTH`` ``[2, c, H]`` (exact, fast) and, from the first block of heads, ``KS`` ``[3, c]`` (the
+    maxima; ``KS[2]`` is the token's ``max |v|``). ``LIM``: ``(la, le, 0, exact_bits)``."""
+    t = tl.program_id(0).to(tl.int64)
+    scale = tl.load(SC)  # float64 (a Python float would arrive as float32)
+    hh = tl.program_id(1) * BH + tl.arange(0, BH)
+    hm = hh < H
+    row = (t * H + hh) * K
+    mx = tl.full([BH], float("-inf"), dtype=tl.float64)
+    if TESTS:
+        sn = tl.full([BK], float("-inf"), ST.dtype.element_ty)
+        sb = tl.full([BK], float("-inf"), ST.dtype.element_ty)
+        sv = tl.full([BK], float("-inf"), ST.dtype.element_ty)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        ok = tl.load(VALID + t * K + kk, mask=km, other=0) != 0
+        s = tl.load(S + row[:, None] + kk[None, :], mask=hm[:, None] & km[None, :], other=0.0)
+        s = tl.where(ok[None, :], s * scale + 0.0, float("-inf"))
+        mx = tl.maximum(mx, tl.max(s, axis=1))
+        if TESTS:
+            g = tl.load(GIDX + t * K + kk, mask=km, other=0)
+            sn = nanmax(sn, tl.load(ST + g, mask=km, other=float("-inf")))
+            sb = nanmax(sb, tl.load(ST + R + g, mask=km, other=float("-inf")))
+            sv = nanmax(sv, tl.load(ST + 2 * R + g, mask=km, other=float("-inf")))
+    if TESTS:  # fast._row_tests, in the statistics' dtype
+        nk = nanmax_all(sn)
+        bk = nanmax_all(sb)
+        if tl.program_id(1) == 0:
+            tl.store(KS + t, nk)
+            tl.store(KS + c + t, bk)
+            tl.store(KS + 2 * c + t, nanmax_all(sv))
+        qrow = q0 + t * H + hh
+        nq = tl.load(ST + qrow, mask=hm, other=0.0)
+        aq = tl.load(ST + R + qrow, mask=hm, other=0.0)
+        nqb = nq * nk
+        exact = (aq + bk) < tl.load(LIM + 3)
+        fast = nqb < tl.where(exact, tl.load(LIM + 1), tl.load(LIM))
+        o = t * H + hh
+        tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
+        tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
+        tl.store(BOTH + c * H + o, fast.to(tl.uint8), mask=hm)
+    shift = tl.where(mx == float("-inf"), 0.0, mx)
+    acc = tl.zeros([BH], dtype=tl.float64)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        msk = hm[:, None] & km[None, :]
+        ok = tl.load(VALID + t * K + kk, mask=km, other=0) != 0
+        s = tl.load(S + row[:, None] + kk[None, :], mask=msk, other=0.0)
+        s = tl.where(ok[None, :], s * scale + 0.0, float("-inf"))
+        if INTERP:  # Triton's CPU interpreter: NumPy's float64 exp
+            p = tl.exp(s - shift[:, None])
+        else:  # libdevice's float64 exp (__nv_exp), the function torch's CUDA exp calls
+            p = libdevice.exp(s - shift[:, None])
+        p = tl.where(km[None, :], p, 0.0)
+        acc += tl.sum(p, axis=1)
+        tl.store(S + row[:, None] + kk[None, :], p, mask=msk)
+        if WANT_PB:
+            tl.store(PB + row[:, None] + kk[None, :], _f32_to_bf16_rne(p.to(tl.float32)), mask=msk)
+    tl.store(M + t * H + hh, mx, mask=hm)
+    tl.store(L + t * H + hh, acc, mask=hm)

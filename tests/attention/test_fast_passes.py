@@ -1,0 +1,244 @@
+"""The fast oracle's Triton passes (``reference.attention.fast_passes``): each kernel against the
+PyTorch pass it replaces on adversarial values (zeros, signed zeros, subnormals, NaN, Inf, values
+near the format's limits), and the fast oracle with them within its bound of the ordered oracle
+under the ordered oracle's conventions (lonely rows, sinks, non-finite rows, chunking, float64 and
+mixed tables, ``pv_abs``). On a CUDA device the compiled kernels run; on the CPU Triton's
+interpreter (``TRITON_INTERPRET=1``, set by ``test_attention_fused`` before the kernels are first
+imported). Every test that runs the kernels skips where Triton is not installed."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from dsv4_numerics.reference.attention import fast_passes, fast_rows
+from dsv4_numerics.reference.attention.fast import fast_sparse_attention
+from dsv4_numerics.reference.attention.fast_bound import exact_bits, norm_factor
+from dsv4_numerics.reference.attention.ordered import Segment, sparse_attention
+from dsv4_numerics.reference.errors import InputError
+from dsv4_numerics.reference.policies import NanPolicy
+
+from .test_attention_fast import assert_matches_ordered, problems
+from .test_attention_fused import DEV, HAS_TRITON, SINKS, decode_like, needs_triton, on, segs_on
+
+
+def passes_vs_ordered(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None, d_v=None,
+                      want_abs=False):
+    """The fast oracle with the Triton passes (on ``DEV``) against the ordered oracle (CPU)."""
+    o = sparse_attention(q, segs, scale, sink, nan_policy=nan_policy, d_v=d_v)
+    f = fast_sparse_attention(q.to(DEV), segs_on(segs), scale, on(sink), nan_policy=nan_policy,
+                              chunk_tokens=chunk_tokens, d_v=d_v, want_abs=want_abs, passes=True, fused=False,
+                              graph=False)
+    return f, o, assert_matches_ordered(f, o)
+
+
+def adversarial_bf16(rows=40, dims=96, seed=0):
+    """bfloat16 rows over the whole exponent range with zeros, -0, subnormals, NaN, +-Inf and
+    values whose float32 squares overflow or underflow."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, dims, generator=g) * torch.logspace(-45, 37, dims)).to(torch.bfloat16)
+    x[0] = 0.0
+    x[1] = -0.0
+    x[2, :5] = math.nan
+    x[3, 3] = math.inf
+    x[4, 7] = -math.inf
+    x[5] = torch.tensor(1e-39).to(torch.bfloat16)  # subnormal
+    x[6, 0] = 3e38  # square overflows float32
+    x[7] = torch.tensor(2.0**-130).to(torch.bfloat16)  # squares underflow float32
+    x[8, 60] = math.nan  # NaN beyond d_v: the norm sees it, max |v| does not
+    return x
+
+
+@needs_triton
+@pytest.mark.parametrize("d_v", [96, 64, 1])
+def test_row_stats_kernel_is_the_pytorch_pass(d_v):
+    x = adversarial_bf16().to(DEV)
+    a, b = fast_rows.row_stats(x, d_v), fast_passes.row_stats(x, d_v)
+    fin = torch.isfinite(a[0])
+    assert torch.equal(fin, torch.isfinite(b[0]))  # the same rows go to the ordered path
+    assert torch.equal(torch.isnan(a[0]), torch.isnan(b[0]))
+    # the norm: both upper bounds within norm_factor; the two evaluations agree to float32 roundings
+    exact = x.double().pow(2).sum(1).sqrt()
+    assert bool((exact[fin] <= norm_factor(x.shape[1]) * b[0][fin].double()).all())
+    assert bool(((a[0][fin] - b[0][fin]).abs() <= 2.0**-20 * a[0][fin]).all())
+    # log2 n - lsb within the exactness test's margin (the same value up to roundings)
+    assert bool(((a[1][fin] - b[1][fin]).abs() <= 2.0**-12).all())
+    assert torch.equal(a[2].isnan(), b[2].isnan())  # max |v|: exact, NaN where a value is
+    assert torch.equal(a[2].nan_to_num(), b[2].nan_to_num())
+    assert exact_bits(x.shape[1]) > 0
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("want_abs", [False, True])
+def test_gather_kernel_is_the_exact_conversion(dtype, want_abs):
+    t = adversarial_bf16(50, 80, seed=3).to(dtype).to(DEV)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, t.shape[0], (3 * 11,), generator=g).to(DEV)
+    got, ga = fast_passes.gather(t, idx, 3, 48, want_abs)
+    want = t.index_select(0, idx).double().view(3, 11, 80)
+    assert got.shape == want.shape and got.dtype == torch.float64
+    same = ~want.isnan()
+    assert torch.equal(got[same].view(torch.int64), want[same].view(torch.int64))  # bits, signed zeros included
+    assert torch.equal(got.isnan(), want.isnan())
+    if want_abs:
+        a = t.index_select(0, idx)[:, :48].abs().view(3, 11, 48)
+        assert ga.dtype == dtype and torch.equal(ga.nan_to_num(), a.nan_to_num())
+    else:
+        assert ga is None
+
+
+@needs_triton
+@pytest.mark.parametrize("K", [1, 7, 300])
+def test_softmax_kernel_against_the_pytorch_passes(K):
+    g = torch.Generator().manual_seed(K)
+    c, H = 3, 5
+    s = torch.randn(c, H, K, generator=g, dtype=torch.float64) * 30
+    s[0, 0, 0] = -0.0  # a -0 logit turns +0 (the max of a row of zeros is +0)
+    s[1, 1] = 0.0
+    s[1, 1, -1] = -0.0
+    valid = torch.rand(c, K, generator=g) > 0.3
+    valid[2] = False  # a lonely token
+    valid[1, :] = True
+    scale = 0.0883883476483184
+    fconst = torch.tensor([scale, 1.0], dtype=torch.float64)
+    ref = torch.where(valid.unsqueeze(1), torch.zeros(()), torch.full((), -math.inf, dtype=torch.float64)) + scale * s
+    m_ref = ref.amax(dim=2, keepdim=True)
+    p_ref = (ref - torch.where(m_ref == -math.inf, torch.zeros(()), m_ref)).exp()
+    p, m, L, pb, _ = fast_passes.softmax(s.clone().to(DEV), valid.to(DEV), fconst.to(DEV), True)
+    assert torch.equal(m.cpu(), m_ref) and not bool(torch.signbit(m.cpu()[1, 1]))  # the max is exact, +0
+    assert torch.equal(m.cpu()[2], torch.full((H, 1), -math.inf, dtype=torch.float64))
+    assert bool(((p.cpu() - p_ref).abs() <= 2.0**-48 * p_ref).all())  # exp within eps_e
+    assert torch.equal(p.cpu()[2], torch.zeros(H, K, dtype=torch.float64))  # lonely: p = 0, L = 0
+    L_ref = p_ref.sum(dim=2, keepdim=True)
+    assert bool(((L.cpu() - L_ref).abs() <= (K + 2) * 2.0**-48 * L_ref).all())
+    assert torch.equal(pb.cpu(), p.cpu().to(torch.bfloat16))
+
+
+@needs_triton
+@pytest.mark.parametrize("sink", list(SINKS))
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+def test_passes_within_bound_exact_logits_and_lonely_rows(sink, chunk):
+    q, segs = decode_like()
+    f, o, _ = passes_vs_ordered(q, segs, 512**-0.5, SINKS[sink], chunk_tokens=chunk, want_abs=True)
+    assert f.exact_logits == 1.0
+    assert torch.equal(f.max_logits.cpu(), o.max_logits)  # exact rows: the ordered bits
+    lonely = o.n_valid == 0
+    assert bool(lonely.any())
+    assert torch.equal(f.out.cpu()[lonely], torch.zeros_like(o.out[lonely]))
+    assert bool((f.lse.cpu()[lonely] == -math.inf).all())
+    u = fast_sparse_attention(q.to(DEV), segs_on(segs), 512**-0.5, on(SINKS[sink]), chunk_tokens=chunk,
+                              want_abs=True, fused=False, passes=False, graph=False)
+    assert torch.equal(u.max_logits, f.max_logits) and u.exact_logits == f.exact_logits
+    fin = torch.isfinite(u.pv_abs)
+    assert torch.equal(fin, torch.isfinite(f.pv_abs))
+    assert torch.allclose(u.pv_abs[fin], f.pv_abs[fin], rtol=1e-6, atol=1e-300)  # the same bf16 GEMM inputs
+
+
+@needs_triton
+@pytest.mark.parametrize("nan_policy", [NanPolicy.PROPAGATE, NanPolicy.SCRUB])
+@pytest.mark.parametrize("poison", ["nan_row", "inf_row", "inf_q", "huge"])
+@pytest.mark.parametrize("chunk", [None, 1])  # 1: the redone chunk's float64 pv_abs beside bfloat16 ones
+def test_passes_non_finite_and_extreme_rows_follow_the_ordered_conventions(nan_policy, poison, chunk):
+    q, segs = decode_like(seed=1)
+    r1 = segs[0].rows.clone()
+    used = segs[0].idx[0, : int(segs[0].length[0])]
+    used = used[used >= 0]
+    unused = torch.ones(r1.shape[0], dtype=torch.bool)
+    unused[segs[0].idx[segs[0].idx >= 0].long()] = False
+    r1[unused] = math.nan
+    if poison == "nan_row" and used.numel():
+        r1[int(used[0]), 3] = math.nan
+    elif poison == "inf_row" and used.numel():
+        r1[int(used[0]), 5] = -math.inf
+    elif poison == "inf_q":
+        q = q.clone()
+        q[1, 2, 7] = math.inf
+    elif poison == "huge" and used.numel():
+        r1[int(used[0])] = r1[int(used[0])] * 2.0**100
+    segs = [Segment(r1, segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+    f, o, _ = passes_vs_ordered(q, segs, 64**-0.5, SINKS["infinite"], nan_policy=nan_policy, want_abs=True,
+                                chunk_tokens=chunk)
+    u = fast_sparse_attention(q.to(DEV), segs_on(segs), 64**-0.5, on(SINKS["infinite"]), nan_policy=nan_policy,
+                              want_abs=True, chunk_tokens=chunk, fused=False, passes=False, graph=False)
+    fin = torch.isfinite(u.pv_abs)
+    assert torch.equal(fin, torch.isfinite(f.pv_abs))
+    assert torch.allclose(u.pv_abs[fin], f.pv_abs[fin], rtol=1e-6, atol=1e-300)
+
+
+@needs_triton
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_row_tests_in_the_softmax_kernel_are_the_pytorch_tests(seed):
+    from dsv4_numerics.reference.attention import fast
+
+    q, segs = decode_like(seed=seed)
+    if seed == 1:  # rows beyond the exactness test and a NaN row: every branch of the tests
+        r = segs[0].rows.clone()
+        r[0] = r[0] * 2.0**60
+        r[1, 2] = math.nan
+        segs = [Segment(r, segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+    q, segs = q.to(DEV), segs_on(segs)
+    T, H, D = q.shape
+    table, nrows = fast._table(segs, q, NanPolicy.PROPAGATE)
+    stats = fast_rows.row_stats(table, D)
+    valid, gidx, *_ = fast._layout(segs, [s.rule for s in segs], T, DEV)
+    K = gidx.shape[1]
+    consts = fast._constants(K, D, 0.125, False, stats.dtype, DEV)
+    lims = consts[1]
+    want = fast._row_tests(stats, gidx.view(-1), slice(nrows + 1, nrows + 1 + T * H), T, lims)
+    s = torch.zeros(T, H, K, dtype=torch.float64, device=DEV)
+    *_, got = fast_passes.softmax(s, valid, consts[4], False, (stats, gidx, nrows + 1, lims[4]))
+    for name, a, b in zip(("x", "vmax", "exact", "fast"), want[:4], got[:4]):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert torch.equal(a.isnan(), b.isnan()) if a.is_floating_point() else True, name
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) if a.is_floating_point() else torch.equal(a, b), name
+
+
+@needs_triton
+def test_passes_float64_and_mixed_tables_and_d_v():
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 3, 48, generator=g, dtype=torch.float64)
+    rows = torch.randn(40, 48, generator=g, dtype=torch.float64) * 3
+    idx = torch.randint(0, 40, (3, 37), generator=g)
+    f, _, _ = passes_vs_ordered(q, [Segment(rows, idx)], 0.125, torch.tensor([0.5, -math.inf, math.inf]), d_v=20,
+                                want_abs=True)
+    assert f.exact_logits < 0.5 and f.pv_abs.shape == (3, 3, 20)
+    passes_vs_ordered(q.to(torch.bfloat16), [Segment(rows.float(), idx)], 0.125, None, want_abs=True)
+
+
+@needs_triton
+@settings(max_examples=25, deadline=None)
+@given(problems())
+def test_passes_within_bound_under_hypothesis(prob):
+    q, segs, scale, sink, nan, d_v, chunk = prob
+    passes_vs_ordered(q, segs, scale, sink, nan, chunk_tokens=chunk, d_v=d_v)
+
+
+def test_passes_option_is_validated_and_on_by_default_on_cuda(monkeypatch):
+    q, segs = decode_like()
+    monkeypatch.delenv(fast_passes.ENV, raising=False)
+    assert not fast_passes.default_on(torch.device("cpu"))
+    assert fast_passes.default_on(torch.device("cuda")) == HAS_TRITON
+    monkeypatch.setenv(fast_passes.ENV, "torch")
+    assert not fast_passes.default_on(torch.device("cuda"))
+    with pytest.raises(InputError, match="passes"):
+        fast_sparse_attention(q, segs, 0.1, passes="yes")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(InputError, match="passes.*Triton"):
+        fast_sparse_attention(q, segs, 0.1, passes=True)
+
+
+def test_the_fast_oracle_does_not_import_triton_for_the_passes():
+    code = ("import sys; import dsv4_numerics.reference.attention.fast_passes; "
+            "import dsv4_numerics.reference.attention.fast as f, torch; "
+            "q = torch.zeros(1, 1, 8, dtype=torch.bfloat16); "
+            "s = f.Segment(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(1, 2, dtype=torch.int32)); "
+            "f.fast_sparse_attention(q, [s], 0.5); "
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
