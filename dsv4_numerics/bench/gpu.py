@@ -454,7 +454,7 @@ _FAST_REPS = ("fast_vs_ordered", "fast_eager_vs_ordered", "fast_bucketed_first_v
               "torch_passes_eager_vs_ordered", "torch_passes_judge_eager_vs_ordered")
 
 
-def summarize(att, target_ratio=20.0, target_gib=2.0, writers=None) -> dict:
+def summarize(att, target_ratio=10.0, target_gib=2.0, writers=None) -> dict:
     at128 = [r for r in att if r["batch"] == 128 and "ratio" in r]
     worst_mem = max((r["oracle_peak_extra_bytes"] for r in att), default=0)
     worst_fast = max((r.get("fast_peak_extra_bytes", 0) for r in att), default=0)

@@ -19,7 +19,9 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 Results do not depend on the chunk size beyond the bound.
 
 Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
-work at production decode h64/top-512, batch 128): ~60 kernels per call (two segments with lengths
+work at production decode h64/top-512, batch 128, on this PyTorch path; ~0.6 ms with the Triton
+passes of ``fast_passes``, the default on a CUDA device, which also issue about half the kernels):
+~60 kernels per call (two segments with lengths
 and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
