@@ -719,6 +719,19 @@ def _graph_bytes(spans, T: int, H: int, K: int, D: int, d_v: int, itemsize: int,
             + stats + T * ((3 if want_abs else 2) * H * d_v + 12 * H) * 8 + (rows * D * 8 if fused else 0))
 
 
+def _triton_option(fn: str, arg: str, value: bool | None, default_on, what: str, dev: torch.device) -> bool:
+    """A Triton backend option of ``fast_sparse_attention`` resolved: ``None`` -> ``default_on(dev)``;
+    ``True`` needs Triton on ``dev`` (``fast_fused.available``), else an error naming ``arg`` and
+    the reason."""
+    if value is None:
+        return default_on(dev)
+    if value:
+        ok, why = fast_fused.available(dev)
+        if not ok:
+            fail(fn, arg, f"True needs {what}: {why}")
+    return value
+
+
 def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: torch.Tensor | None = None,
                           d_v: int | None = None, nan_policy: NanPolicy | str = NanPolicy.PROPAGATE,
                           chunk_tokens: int | None = None, graph: bool | None = None,
@@ -757,18 +770,8 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
         fail(fn, "want_abs", f"must be True or False, got {want_abs!r}")
     dev = q.device
     explicit = fused is not None
-    if fused is None:
-        fused = fast_fused.default_on(dev)
-    elif fused:
-        ok, why = fast_fused.available(dev)
-        if not ok:
-            fail(fn, "fused", f"True needs the fused kernels: {why}")
-    if passes is None:
-        passes = fast_passes.default_on(dev)
-    elif passes:
-        ok, why = fast_passes.available(dev)
-        if not ok:
-            fail(fn, "passes", f"True needs the Triton passes: {why}")
+    fused = _triton_option(fn, "fused", fused, fast_fused.default_on, "the fused kernels", dev)
+    passes = _triton_option(fn, "passes", passes, fast_passes.default_on, "the Triton passes", dev)
     K = sum(s.idx.shape[1] for s in segments)
     if T == 0:
         check_common(fn, q, segments, scale, sink, d_v, chunk_tokens)  # sink values

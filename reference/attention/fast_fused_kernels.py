@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits_to_f32"]
+__all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits_to_f32", "row_tests"]
 
 
 @triton.jit
@@ -30,6 +30,23 @@ def nanmax_all(a):
     """``max`` over a 1-D block, NaN if any element is NaN."""
     nan = tl.sum((a != a).to(tl.int32), axis=0) > 0
     return tl.where(nan, float("nan"), tl.max(a, axis=0))
+
+
+@triton.jit
+def row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, o, TH):
+    """``fast._row_tests`` for a block of heads, in the statistics' dtype, stored at ``o``: exact =
+    alpha + beta < exact_bits, fast = n_q max n_k < (exact ? le : la) (False where NaN), x = exact ?
+    0 : n_q max n_k. ``stats`` ``[3, R]``, ``qrow`` the heads' q rows of the table (``hm`` their
+    mask), ``nk`` / ``bk`` the token's maxima of the slots' norm and ``log2 n - lsb``, ``LIM`` ``(la,
+    le, 0, exact_bits)``, ``BOTH`` ``[2, TH]`` (exact, fast)."""
+    nq = tl.load(stats + qrow, mask=hm, other=0.0)
+    aq = tl.load(stats + R + qrow, mask=hm, other=0.0)
+    nqb = nq * nk
+    exact = (aq + bk) < tl.load(LIM + 3)
+    fast = nqb < tl.where(exact, tl.load(LIM + 1), tl.load(LIM))
+    tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
+    tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
+    tl.store(BOTH + TH + o, fast.to(tl.uint8), mask=hm)
 
 
 @triton.jit
@@ -76,20 +93,7 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, 
             tl.store(KS + t, nk)
             tl.store(KS + T + t, bk)
             tl.store(KS + 2 * T + t, nanmax_all(sv))
-        # fast._row_tests for these heads, in the statistics' dtype: exact = alpha + beta < exact_bits,
-        # fast = n_q max n_k < (exact ? le : la) (False where NaN), x = exact ? 0 : n_q max n_k
-        la = tl.load(LIM)
-        le = tl.load(LIM + 1)
-        ebits = tl.load(LIM + 3)
-        nq = tl.load(stats + qrow, mask=hm, other=0.0)
-        aq = tl.load(stats + R + qrow, mask=hm, other=0.0)
-        nqb = nq * nk
-        exact = (aq + bk) < ebits
-        fast = nqb < tl.where(exact, le, la)
-        o = t * H + hh
-        tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
-        tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
-        tl.store(BOTH + T * H + o, fast.to(tl.uint8), mask=hm)
+        row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, t * H + hh, T * H)
 
 
 @triton.jit

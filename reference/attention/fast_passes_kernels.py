@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import fast_rows
-from .fast_fused_kernels import bf16_bits_to_f32, nanmax, nanmax_all
+from .fast_fused_kernels import bf16_bits_to_f32, nanmax, nanmax_all, row_tests
 
 __all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel"]
 
@@ -137,16 +137,7 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
             tl.store(KS + t, nk)
             tl.store(KS + c + t, bk)
             tl.store(KS + 2 * c + t, nanmax_all(sv))
-        qrow = q0 + t * H + hh
-        nq = tl.load(ST + qrow, mask=hm, other=0.0)
-        aq = tl.load(ST + R + qrow, mask=hm, other=0.0)
-        nqb = nq * nk
-        exact = (aq + bk) < tl.load(LIM + 3)
-        fast = nqb < tl.where(exact, tl.load(LIM + 1), tl.load(LIM))
-        o = t * H + hh
-        tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
-        tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
-        tl.store(BOTH + c * H + o, fast.to(tl.uint8), mask=hm)
+        row_tests(ST, R, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H)
     shift = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([BH], dtype=tl.float64)
     for k0 in range(0, K, BK):

@@ -67,6 +67,37 @@ def decode_like(T=4, H=5, D=64, n1=40, n2=30, k1=16, k2=24, seed=0, dtype=torch.
     return q, [Segment(r1, i1, l1, IndexRule.MINUS1_ONLY), Segment(r2, i2, l2, IndexRule.MINUS1_ONLY)]
 
 
+def poisoned(poison: str):
+    """``decode_like(seed=1)`` with its unused rows NaN-poisoned (they never reach a result) and one
+    ``poison``: a NaN or -Inf in a used row, an Inf in q, or a used row scaled by ``2**100`` (logits
+    far beyond the exactness test: the ordered logits)."""
+    q, segs = decode_like(seed=1)
+    r1 = segs[0].rows.clone()
+    used = segs[0].idx[0, : int(segs[0].length[0])]
+    used = used[used >= 0]
+    unused = torch.ones(r1.shape[0], dtype=torch.bool)
+    unused[segs[0].idx[segs[0].idx >= 0].long()] = False
+    r1[unused] = math.nan
+    if poison == "nan_row" and used.numel():
+        r1[int(used[0]), 3] = math.nan
+    elif poison == "inf_row" and used.numel():
+        r1[int(used[0]), 5] = -math.inf
+    elif poison == "inf_q":
+        q = q.clone()
+        q[1, 2, 7] = math.inf
+    elif poison == "huge" and used.numel():
+        r1[int(used[0])] = r1[int(used[0])] * 2.0**100
+    return q, [Segment(r1, segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+
+
+def float64_problem():
+    """``(q, rows, idx)``: float64 q and rows of 53-bit values (approximate logits), one segment."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(3, 3, 48, generator=g, dtype=torch.float64)
+    rows = torch.randn(40, 48, generator=g, dtype=torch.float64) * 3
+    return q, rows, torch.randint(0, 40, (3, 37), generator=g)
+
+
 SINKS = {"none": None, "finite": torch.tensor([0.5, -1.0, 2.0, 0.0, 3.0]),
          "infinite": torch.tensor([math.inf, -math.inf, 0.25, math.inf, -2.0])}
 
@@ -108,32 +139,13 @@ def test_fused_results_do_not_depend_on_the_chunking():
 @pytest.mark.parametrize("nan_policy", [NanPolicy.PROPAGATE, NanPolicy.SCRUB])
 @pytest.mark.parametrize("poison", ["nan_row", "inf_row", "inf_q", "huge"])
 def test_fused_non_finite_and_extreme_rows_follow_the_ordered_conventions(nan_policy, poison):
-    q, segs = decode_like(seed=1)
-    r1 = segs[0].rows.clone()
-    used = segs[0].idx[0, : int(segs[0].length[0])]
-    used = used[used >= 0]
-    unused = torch.ones(r1.shape[0], dtype=torch.bool)
-    unused[segs[0].idx[segs[0].idx >= 0].long()] = False
-    r1[unused] = math.nan  # NaN-poisoned unused rows never reach a result
-    if poison == "nan_row" and used.numel():
-        r1[int(used[0]), 3] = math.nan
-    elif poison == "inf_row" and used.numel():
-        r1[int(used[0]), 5] = -math.inf
-    elif poison == "inf_q":
-        q = q.clone()
-        q[1, 2, 7] = math.inf
-    elif poison == "huge" and used.numel():  # logits far beyond the exactness test: ordered logits
-        r1[int(used[0])] = r1[int(used[0])] * 2.0**100
-    segs = [Segment(r1, segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+    q, segs = poisoned(poison)
     fused_vs_ordered(q, segs, 64**-0.5, SINKS["infinite"], nan_policy=nan_policy, want_abs=True)
 
 
 @needs_triton
 def test_fused_float64_and_mixed_tables_and_d_v():
-    g = torch.Generator().manual_seed(7)
-    q = torch.randn(3, 3, 48, generator=g, dtype=torch.float64)
-    rows = torch.randn(40, 48, generator=g, dtype=torch.float64) * 3
-    idx = torch.randint(0, 40, (3, 37), generator=g)
+    q, rows, idx = float64_problem()
     f, _, _ = fused_vs_ordered(q, [Segment(rows, idx)], 0.125, torch.tensor([0.5, -math.inf, math.inf]), d_v=20,
                                want_abs=True)
     assert f.exact_logits < 0.5 and f.pv_abs.shape == (3, 3, 20)  # 53-bit values: approximate logits

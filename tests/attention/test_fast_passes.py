@@ -24,7 +24,8 @@ from dsv4_numerics.reference.errors import InputError
 from dsv4_numerics.reference.policies import NanPolicy
 
 from .test_attention_fast import assert_matches_ordered, problems
-from .test_attention_fused import DEV, HAS_TRITON, SINKS, decode_like, needs_triton, on, segs_on
+from .test_attention_fused import (DEV, HAS_TRITON, SINKS, decode_like, float64_problem, needs_triton, on, poisoned,
+                                   segs_on)
 
 
 def passes_vs_ordered(q, segs, scale, sink=None, nan_policy=NanPolicy.PROPAGATE, chunk_tokens=None, d_v=None,
@@ -144,23 +145,7 @@ def test_passes_within_bound_exact_logits_and_lonely_rows(sink, chunk):
 @pytest.mark.parametrize("poison", ["nan_row", "inf_row", "inf_q", "huge"])
 @pytest.mark.parametrize("chunk", [None, 1])  # 1: the redone chunk's float64 pv_abs beside bfloat16 ones
 def test_passes_non_finite_and_extreme_rows_follow_the_ordered_conventions(nan_policy, poison, chunk):
-    q, segs = decode_like(seed=1)
-    r1 = segs[0].rows.clone()
-    used = segs[0].idx[0, : int(segs[0].length[0])]
-    used = used[used >= 0]
-    unused = torch.ones(r1.shape[0], dtype=torch.bool)
-    unused[segs[0].idx[segs[0].idx >= 0].long()] = False
-    r1[unused] = math.nan
-    if poison == "nan_row" and used.numel():
-        r1[int(used[0]), 3] = math.nan
-    elif poison == "inf_row" and used.numel():
-        r1[int(used[0]), 5] = -math.inf
-    elif poison == "inf_q":
-        q = q.clone()
-        q[1, 2, 7] = math.inf
-    elif poison == "huge" and used.numel():
-        r1[int(used[0])] = r1[int(used[0])] * 2.0**100
-    segs = [Segment(r1, segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+    q, segs = poisoned(poison)
     f, o, _ = passes_vs_ordered(q, segs, 64**-0.5, SINKS["infinite"], nan_policy=nan_policy, want_abs=True,
                                 chunk_tokens=chunk)
     u = fast_sparse_attention(q.to(DEV), segs_on(segs), 64**-0.5, on(SINKS["infinite"]), nan_policy=nan_policy,
@@ -201,10 +186,7 @@ def test_row_tests_in_the_softmax_kernel_decide_as_the_pytorch_tests(seed):
 
 @needs_triton
 def test_passes_float64_and_mixed_tables_and_d_v():
-    g = torch.Generator().manual_seed(7)
-    q = torch.randn(3, 3, 48, generator=g, dtype=torch.float64)
-    rows = torch.randn(40, 48, generator=g, dtype=torch.float64) * 3
-    idx = torch.randint(0, 40, (3, 37), generator=g)
+    q, rows, idx = float64_problem()
     f, _, _ = passes_vs_ordered(q, [Segment(rows, idx)], 0.125, torch.tensor([0.5, -math.inf, math.inf]), d_v=20,
                                 want_abs=True)
     assert f.exact_logits < 0.5 and f.pv_abs.shape == (3, 3, 20)
