@@ -259,7 +259,8 @@ def later_wins(runs_placed: list[tuple[Run, list[Placed], list[Placed]]]
                   ((*k[0], k[1]) not in later_rows and (*k[0], k[1], r.case) not in later_cases)]
         keep_w = [(k, w) for k, w in rws if not k[0][2] or (*k[0], k[1]) not in later_rows]
         judged_later = {x[:3] for x in later_rows}
-        deps = [d for d in run.departures if (d.get("entry"), d.get("stage", ""), d.get("release", "")) not in judged_later]
+        deps = [d for d in run.departures
+                if (d.get("entry"), d.get("stage", ""), d.get("release", "")) not in judged_later]
         later_rows |= {(*k[0], k[1]) for k, _w in rws if k[0][2]}
         later_cases |= {(*k[0], k[1], r.case) for k, r in res if k[0][2]}
         out.append((replace(run, departures=deps), keep_r, keep_w))

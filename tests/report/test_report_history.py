@@ -165,10 +165,12 @@ def two_runs_of_one_release(tmp_path):
     judged 0.31.0 again (case a passes, with other bytes) and 0.32.0."""
     old = check_report(tmp_path / "old.json",
                        [res(DEC, "a", "pass", "0.30.0"), res(DEC, "a", "fail", "0.31.0", ulps=9.0, digest="x")],
-                       [row(DEC, "decode", "pass", "0.30.0"), row(DEC, "decode", "fail", "0.31.0")], meta(ARCH, device="cpu"))
+                       [row(DEC, "decode", "pass", "0.30.0"), row(DEC, "decode", "fail", "0.31.0")],
+                       meta(ARCH, device="cpu"))
     new = check_report(tmp_path / "new.json",
                        [res(DEC, "a", "pass", "0.31.0", digest="y"), res(DEC, "a", "pass", "0.32.0", digest="y")],
-                       [row(DEC, "decode", "pass", "0.31.0"), row(DEC, "decode", "pass", "0.32.0")], meta(ARCH, device="cpu"))
+                       [row(DEC, "decode", "pass", "0.31.0"), row(DEC, "decode", "pass", "0.32.0")],
+                       meta(ARCH, device="cpu"))
     return old, new
 
 
