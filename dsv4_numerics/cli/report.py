@@ -20,6 +20,10 @@ def add_parser(sub) -> None:
     m.add_argument("--json", metavar="OUT", help="write the matrix (schema dsv4-numerics/matrix/1)")
     m.add_argument("--html", metavar="OUT", help="write the self-contained HTML page")
     m.add_argument("--title", default="dsv4-numerics matrix", help="the page's title")
+    m.add_argument("--later-wins", action="store_true",
+                   help="where two reports judged the same release, the later one's rows and Results for that "
+                        "(entry, stage, arch, release) replace the earlier one's (default: both kept, differences "
+                        "listed as conflicts)")
     d = rs.add_parser("diff", help="what changed from BASE to NEW; exit 1 on a regression",
                       description="Compare two runs (reports or merged matrices) cell by cell: verdict changes, "
                                   "entries that became unavailable or lost cases, headroom / worst-ulps drift beyond "
@@ -57,7 +61,7 @@ def run_merge(args) -> int:
     for flag, out in (("--json", args.json), ("--html", args.html)):
         if out:
             check_writable(out, flag)
-    m = report_merge.merge_reports(args.reports)
+    m = report_merge.merge_reports(args.reports, later=args.later_wins)
     print(report_merge.format_matrix(m))
     if args.json:
         store.atomic_write_bytes(args.json, (json.dumps(m, indent=1, allow_nan=False) + "\n").encode())

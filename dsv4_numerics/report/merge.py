@@ -20,7 +20,8 @@ Output (``merge_reports``; ``--json`` writes it), schema ``dsv4-numerics/matrix/
      "conflicts":   [{"entry", "stage", "release", "arch", "case", "verdicts": {run label: verdict}}],
      "departures":  [{"entry", "stage", "release", "policy", "value", "counterfactual", "what",
                       "status", "judged", "failing_without", "run"}],   # check reports' departures
-     "summary": {verdict: number of cells}}
+     "summary": {verdict: number of cells},
+     "later_wins": bool}                              # merged with --later-wins
 
     CELL = {"verdict": "pass" | "fail" | "error" | "skip" | "unavailable",
             "cases": int,            # distinct cases seen (pass/fail/error/skip)
@@ -50,12 +51,20 @@ each run's verdict -- nothing is overwritten. The same holds within one run (a c
 twice); where the cell's Results were judged under different policy sets, each verdict is
 labelled with its run and policies. An (entry, stage) that passes on one
 architecture and fails or errors on another is listed in ``divergences``.
+
+The same release judged in two reports (a release re-judged by a newer version of the suite) is,
+by default, one cell holding both, its differences listed as conflicts. With ``--later-wins``
+(``merge_runs(..., later=True)``, always for ``report history``) the reports are read in the
+order given and the later one's judgement replaces the earlier's (:func:`later_wins`): a check
+report's row of an (entry, stage, arch, release) stands for the whole entry and replaces what
+earlier reports held there; a Result replaces earlier Results of its case only. The matrix's
+``later_wins`` records which rule made it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -230,27 +239,72 @@ def result_arch(r: Result, run_arch: str) -> str:
     return getattr(r, "arch", "") or _recorded_arch(r.entry) or run_arch
 
 
-def merge_runs(runs: list[Run]) -> dict[str, Any]:
-    """The matrix of ``runs`` (module docstring)."""
+Placed = tuple[tuple[tuple[str, str, str], str], Any]  # (((entry, stage, release), arch), Result or check row)
+
+
+def later_wins(runs_placed: list[tuple[Run, list[Placed], list[Placed]]]
+               ) -> list[tuple[Run, list[Placed], list[Placed]]]:
+    """Runs with their placed Results and check rows (:func:`placed`), where a later report
+    replaces an earlier one's judgement of the same release: for a release-labelled (entry, stage,
+    arch, release), a later check report's row replaces every earlier report's row and Results
+    there (a check judges the whole entry), and a later report's Result of a case replaces earlier
+    reports' Results of that case (the shards of a split pytest run share no case, so they add
+    up). An earlier report's departures of an (entry, stage, release) that a later check report
+    judged are dropped too. What carries no release (fixtures, unlabelled Results) is all kept."""
+    later_rows: set[tuple] = set()     # (entry, stage, release, arch) a later check row judged
+    later_cases: set[tuple] = set()    # (entry, stage, release, arch, case) a later Result judged
+    out = []
+    for run, res, rws in reversed(runs_placed):
+        keep_r = [(k, r) for k, r in res if not k[0][2] or
+                  ((*k[0], k[1]) not in later_rows and (*k[0], k[1], r.case) not in later_cases)]
+        keep_w = [(k, w) for k, w in rws if not k[0][2] or (*k[0], k[1]) not in later_rows]
+        judged_later = {x[:3] for x in later_rows}
+        deps = [d for d in run.departures
+                if (d.get("entry"), d.get("stage", ""), d.get("release", "")) not in judged_later]
+        later_rows |= {(*k[0], k[1]) for k, _w in rws if k[0][2]}
+        later_cases |= {(*k[0], k[1], r.case) for k, r in res if k[0][2]}
+        out.append((replace(run, departures=deps), keep_r, keep_w))
+    return out[::-1]
+
+
+def placed(run: Run) -> tuple[list[Placed], list[Placed]]:
+    """A run's Results and check rows with the ((entry, stage, release), arch) merge places them
+    under (mutation-suite Results left out)."""
+    seen: dict[tuple[str, str, str], str] = {}
+    res = []
+    for r in run.results:
+        if r.family == MUTANT_FAMILY:
+            continue
+        key = (r.entry, r.stage, release_label(r.kernel_version))
+        arch = result_arch(r, run.arch)
+        seen.setdefault(key, arch)
+        res.append(((key, arch), r))
+    rws = []
+    for row in run.rows:
+        key = (row.get("entry", "?"), row.get("stage", "?"), row.get("release", "") or "")
+        rws.append(((key, seen.get(key) or _recorded_arch(key[0]) or run.arch), row))
+    return res, rws
+
+
+def merge_runs(runs: list[Run], later: bool = False) -> dict[str, Any]:
+    """The matrix of ``runs`` (module docstring); with ``later``, a later report's judgement of
+    a release replaces an earlier one's (:func:`later_wins`) instead of standing beside it."""
+    runs_placed = [(run, *placed(run)) for run in runs]
+    if later:
+        runs_placed = later_wins(runs_placed)
     archs: list[str] = []
     pairs: dict[tuple[str, str], dict[str, list[tuple[str, Result]]]] = {}
     rows: dict[tuple[str, str], dict[str, list[tuple[str, dict]]]] = {}
     mutants = {"caught": 0, "escaped": 0}
     departures: list[dict[str, Any]] = []
-    for run in runs:
-        seen: dict[tuple[str, str, str], str] = {}
-        for r in run.results:
-            if r.family == MUTANT_FAMILY:  # the mutation suite's deliberately wrong kernels: not matrix rows
+    for run, res, rws in runs_placed:
+        for r in run.results:  # the mutation suite's deliberately wrong kernels: not matrix rows
+            if r.family == MUTANT_FAMILY:
                 mutants["caught" if r.verdict in BAD else "escaped"] += 1
-                continue
-            arch = result_arch(r, run.arch)
-            key = (r.entry, r.stage, release_label(r.kernel_version))
-            seen.setdefault(key, arch)
+        for (key, arch), r in res:
             archs.append(arch)
             pairs.setdefault(key, {}).setdefault(arch, []).append((run.label, r))
-        for row in run.rows:
-            key = (row.get("entry", "?"), row.get("stage", "?"), row.get("release", "") or "")
-            arch = seen.get(key) or _recorded_arch(key[0]) or run.arch
+        for (key, arch), row in rws:
             archs.append(arch)
             rows.setdefault(key, {}).setdefault(arch, []).append((run.label, row))
         departures += [dict(d, run=run.label) for d in run.departures]
@@ -279,18 +333,21 @@ def merge_runs(runs: list[Run]) -> dict[str, Any]:
                                 "failing": failing})
     return jsonable({"schema": MATRIX_SCHEMA, "runs": [r.describe() for r in runs], "archs": archs, "rows": out_rows,
                      "divergences": divergences, "conflicts": conflicts, "summary": summary, "mutants": mutants,
-                     "departures": departures})
+                     "departures": departures, "later_wins": later})
 
 
-def merge_reports(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND) -> dict[str, Any]:
-    """Load the reports at ``paths`` and merge them (module docstring); errors name ``command``
+def merge_reports(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND,
+                  later: bool = False) -> dict[str, Any]:
+    """Load the reports at ``paths`` and merge them (module docstring; ``later``: a later report
+    replaces an earlier one's judgement of a release, :func:`later_wins`); errors name ``command``
     (:func:`load_run`)."""
-    return merge_runs(load_runs(paths, command))
+    return merge_runs(load_runs(paths, command), later)
 
 
-def load_matrix(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND) -> dict[str, Any]:
+def load_matrix(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAND,
+                later: bool = False) -> dict[str, Any]:
     """A merged matrix: one ``--json`` output of ``report merge`` as it is, or the merge of the
-    reports at ``paths``; errors name ``command`` (:func:`load_run`)."""
+    reports at ``paths`` (``later``: :func:`later_wins`); errors name ``command`` (:func:`load_run`)."""
     if len(paths) == 1:
         p = Path(paths[0])
         if p.is_file():
@@ -300,7 +357,7 @@ def load_matrix(paths: list[str | Path], command: tuple[str, str] = MERGE_COMMAN
                 d = None
             if isinstance(d, dict) and d.get("schema") == MATRIX_SCHEMA:
                 return d
-    return merge_reports(paths, command)
+    return merge_reports(paths, command, later)
 
 
 def format_matrix(m: dict[str, Any], width: int = 160) -> str:
@@ -341,5 +398,5 @@ def num(v: Any) -> float:
     return float(v)
 
 
-__all__ = ["MATRIX_SCHEMA", "Run", "format_matrix", "load_matrix", "load_run", "load_runs", "merge_reports",
-           "merge_runs", "num"]
+__all__ = ["MATRIX_SCHEMA", "Run", "format_matrix", "later_wins", "load_matrix", "load_run", "load_runs",
+           "merge_reports", "merge_runs", "num", "placed"]

