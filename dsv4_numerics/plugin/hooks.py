@@ -259,6 +259,9 @@ def pytest_addoption(parser):
     group.addoption("--dsv4-repro", action="store", default=None, metavar="DIR",
                     help="write a minimal standalone reproducer (dsv4_numerics.repro) of every case that judge "
                          "fails inside a test, into DIR/<test id>/<case>/")
+    group.addoption("--dsv4-failures", action="store", default=None, metavar="PATH",
+                    help="append each failed test's id and first error line to PATH as it fails (tab-separated), "
+                         "so a run stopped by a time limit still names its failures")
     group.addoption("--dsv4-pin-gpus", action="store_true", default=False,
                     help="pin each xdist worker gwK to visible GPU K %% n via CUDA_VISIBLE_DEVICES "
                          "(env DSV4_PIN_GPUS=1; DSV4_NO_GPU_PINNING=1 turns it off)")
@@ -470,6 +473,7 @@ def pytest_runtest_logreport(report):
             st.outcomes.setdefault(report.nodeid, []).append(cat)
             if report.failed and report.nodeid not in st.longrepr:
                 st.longrepr[report.nodeid] = _first_line(report)
+                _log_failure(st.config, report.nodeid, st.longrepr[report.nodeid])
     if report.skipped and report.when in ("setup", "call"):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
@@ -484,6 +488,16 @@ def pytest_runtest_logreport(report):
             if k == RESULT_PROPERTY:
                 st.results.append(Result.from_dict(json.loads(v)))
                 st.results_of.setdefault(report.nodeid, []).append(st.results[-1])
+
+
+def _log_failure(config, nodeid: str, line: str) -> None:
+    """Append ``nodeid<TAB>line`` to ``--dsv4-failures`` (in the xdist controller, or a run without
+    xdist: each failure once), flushed at once."""
+    path = config.getoption("--dsv4-failures", default=None)
+    if not path or hasattr(config, "workerinput"):
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(f"{nodeid}\t{line}\n")
 
 
 def _first_line(report) -> str:

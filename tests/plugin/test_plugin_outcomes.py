@@ -74,10 +74,15 @@ def _counts(stdout: str) -> dict[str, int]:
 @pytest.mark.slow  # scheduled first under xdist (root conftest): one of the suite's longest tests
 def test_report_counts_equal_pytests_and_failures_are_never_lost(tmp_path):
     write_suite(tmp_path, SUITE)
-    r = run_pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2")
+    r = run_pytest(tmp_path, "--dsv4-report", "r.json", "-n", "2", "--dsv4-failures", "failures.txt")
     assert r.returncode == 1, r.stdout + r.stderr
     pytest_counts = _counts(r.stdout)
     assert pytest_counts == {"passed": 4, "failed": 3, "skipped": 1}, r.stdout
+    # --dsv4-failures: each failed test once, as it failed, with its first error line
+    logged = dict(ln.split("\t", 1) for ln in (tmp_path / "failures.txt").read_text().splitlines())
+    assert sorted(k.split("::")[1] for k in logged) == ["test_assert_fails", "test_fails_after_passing_results",
+                                                       "test_worker_crashes_after_judging"], logged
+    assert "the test's own check failed" in logged["test_outcomes.py::test_fails_after_passing_results"]
     d = json.loads((tmp_path / "r.json").read_text())
     meta = d["meta"]
     assert meta["tests"] == pytest_counts and meta["exitstatus"] == 1
