@@ -97,9 +97,13 @@ def _cells(m: dict[str, Any], side: str = "base") -> dict[tuple[str, str, str], 
         for a, c in r["cells"].items():
             key = (r["entry"], r["stage"], a)
             if key in out and rel[key] != r.get("release", ""):
+                both = (rel[key] or "none", r.get("release") or "none")
+                fix = (f"choose one with --{side}-release" if "none" not in both else
+                       "rows without a release label (a report written before Results carried their release) "
+                       "cannot be told apart by --base-release / --new-release: leave that report out of "
+                       f"{side.upper()}, or judge its releases again")
                 raise InputError(f"report diff: {side.upper()} holds {r['entry']} [{r['stage']}] @{a} of several releases "
-                                 f"({rel[key] or 'none'}, {r.get('release') or 'none'}): choose one with "
-                                 f"--{side}-release")
+                                 f"({both[0]}, {both[1]}): {fix}")
             out[key], rel[key] = c, r.get("release", "")
     return out
 

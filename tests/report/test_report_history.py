@@ -84,6 +84,12 @@ def test_diff_between_two_releases_of_one_matrix(releases_report, capsys):
     assert [(c.kind, c.entry, c.regression) for c in changes] == [("ulps", DEC, True)]
     with pytest.raises(InputError, match="--new-release '0.99.0' names no release"):
         report_diff.select_release(m, "0.99.0", "new")
+    # rows without a release label beside a chosen release: the message says what to do instead
+    unlabelled = dict(m, rows=m["rows"] + [dict(r, release="") for r in m["rows"] if r["entry"] == DEC][:1])
+    picked = report_diff.select_release(unlabelled, "0.31.0", "base")
+    with pytest.raises(InputError, match=r"several releases \(.*none.*\): rows without a release label .* "
+                                         r"leave that report out of BASE"):
+        report_diff.diff_matrices(picked, n)
     from dsv4_numerics.cli import main
 
     assert main(["report", "diff", releases_report, releases_report, "--base-release", "0.30.0",
