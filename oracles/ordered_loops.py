@@ -29,6 +29,8 @@ import os
 
 import torch
 
+from dsv4_numerics.reference.attention.fast_passes import block
+
 ENV = "DSV4_ORDERED_LOOPS"
 _MAX_GRID_Z = 65535  # CUDA's limit on the third grid dimension (tokens of a chunk)
 
@@ -74,21 +76,13 @@ def _kernels():
     return triton, products, row_sum
 
 
-def _block(n: int, cap: int) -> int:
-    """The power of two covering ``n`` (at least 16, at most ``cap``)."""
-    b = 16
-    while b < n and b < cap:
-        b *= 2
-    return b
-
-
 def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``sum_r a[c, i, r] b[c, r, j]`` over ``r`` in order: ``[c, I, J]`` float64 (any strides)."""
     triton, products, _ = _kernels()
     c, I, R = a.shape
     J = b.shape[2]
     out = torch.empty(c, I, J, dtype=torch.float64, device=a.device)
-    BI, BJ = _block(I, 32), _block(J, 64)
+    BI, BJ = block(I, 32), block(J, 64)
     grid = (triton.cdiv(I, BI), triton.cdiv(J, BJ), c)
     products[grid](a, b, out, I, J, R, *a.stride(), *b.stride(), *out.stride(), BI=BI, BJ=BJ,
                    enable_fp_fusion=False)
@@ -106,7 +100,7 @@ def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     triton, _, row_sum = _kernels()
     c, H, K = x.shape
     out = torch.empty(c, H, dtype=torch.float64, device=x.device)
-    BH = _block(H, 128)
+    BH = block(H, 128)
     row_sum[(triton.cdiv(H, BH), c)](x, out, H, K, *x.stride(), *out.stride(), BH=BH, enable_fp_fusion=False)
     return out
 

@@ -61,7 +61,7 @@ import torch
 
 from . import fast_buckets, fast_fused, fast_graphs, fast_passes
 from .fast_bound import (BF16_ABS_MAX_K, BIG, DELTA_MAX, F_LNL, F_LSE, F_SINK, F_X, delta_coefficient,
-                         x_factor, bf16_abs_factor, bound_coefficients, exact_bits)
+                         x_factor, bf16_abs_factor, bf16_abs_gemm, bound_coefficients, exact_bits)
 from .fast_rows import BF16_LUT, STAT_BYTES, STAT_PER_ELEM, STAT_PER_ELEM_BF16, row_stats, vmax_finite
 from .ordered import Segment, check_common, check_host, scaled_logits
 from ..errors import check_enum, check_int, fail
@@ -287,7 +287,7 @@ def _gather(table, gflat, c, want_abs=False):
     the flat ``[c*K]`` table rows ``gflat``, then converted: exact) and, for ``pv_abs``
     (``want_abs``) from a bfloat16 table, the gathered bfloat16 rows themselves (else None)."""
     gt = table.index_select(0, gflat).view(c, -1, table.shape[1])
-    keep = want_abs and gt.dtype == torch.bfloat16 and gt.shape[1] < BF16_ABS_MAX_K
+    keep = want_abs and bf16_abs_gemm(gt.dtype, gt.shape[1])
     return gt.to(torch.float64), (gt if keep else None)
 
 
@@ -320,9 +320,8 @@ def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=Fal
     ``fast_passes.softmax`` takes to run the row tests. Returns ``(N, m, L, Na)`` as
     ``_softmax_pv`` (but ``Na`` from a bfloat16 table: the bfloat16 ``bmm`` itself, which
     ``fast_fused.finish`` converts and scales by ``bf16_abs_factor(K)``) and the row tests."""
-    c = qc.shape[0]
-    K = gflat.numel() // max(1, c)
-    bf16_abs = want_abs and table.dtype == torch.bfloat16 and K < BF16_ABS_MAX_K
+    c, K = valid.shape
+    bf16_abs = want_abs and bf16_abs_gemm(table.dtype, K)
     g, ga = fast_passes.gather(table, gflat, c, d_v, bf16_abs)
     s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
     p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests)
@@ -561,6 +560,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     K = sum(s.idx.shape[1] for s in segments)
     table, Nrows = _table(segments, q, nan_policy)
     passes = passes and not fused and K > 0
+    passes_heavy = passes and fast_passes.gathers(table)  # else the PyTorch heavy steps, Triton finish
     if passes and table.dtype == torch.bfloat16:
         stats = fast_passes.row_stats(table, d_v)
     else:
@@ -591,7 +591,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                                     want_abs, table16=table if table.dtype == torch.bfloat16 else None)
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
-    elif passes and fast_passes.gathers(table):
+    elif passes_heavy:
         pz = [_softmax_pv_passes(table, flat(t0, t1), part(valid, t0, t1), part(q, t0, t1), consts[4], d_v,
                                  (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs) for t0, t1 in spans]
         heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
@@ -604,7 +604,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
         tests = [(z2, z2[:, :1], *yes, yes)]
-    elif fused or (passes and fast_passes.gathers(table)):
+    elif fused or passes_heavy:
         tests = ftests
     else:
         tests = [_row_tests(stats, flat(t0, t1), slice(q0 + t0 * H, q0 + t1 * H), t1 - t0, lims)

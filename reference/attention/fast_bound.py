@@ -102,7 +102,7 @@ import math
 
 import torch
 
-__all__ = ["bound_coefficients", "bf16_abs_factor", "exact_bits", "norm_factor"]
+__all__ = ["bound_coefficients", "bf16_abs_factor", "bf16_abs_gemm", "exact_bits", "norm_factor"]
 
 _U = 2.0**-53
 _U32 = 2.0**-24  # float32 unit roundoff (row statistics of a bfloat16 table)
@@ -190,6 +190,12 @@ def delta_coefficient(D: int, scale: float) -> float:
     """``cd`` with ``delta <= cd x`` for the computed ``x`` (``x_factor`` included)."""
     ck = scale * (2.0 * _gamma(D) + 4.0 * _U)
     return (2.0 * ck * (1 + 2 * _U) + 4.0 * _U * scale * (1.0 + 2.0**-40) + 4.0 * _U * ck) * x_factor(D)
+
+
+def bf16_abs_gemm(dtype: torch.dtype, K: int) -> bool:
+    """Whether ``pv_abs`` is the bfloat16 GEMM of ``bf16(p)`` and ``|V|`` (times ``bf16_abs_factor(K)``):
+    a bfloat16 table and fewer than ``BF16_ABS_MAX_K`` slots; else the float64 ``p |V|``."""
+    return dtype == torch.bfloat16 and K < BF16_ABS_MAX_K
 
 
 def bf16_abs_factor(K: int) -> float:

@@ -88,7 +88,7 @@ import os
 
 import torch
 
-from .fast_bound import BF16_ABS_MAX_K
+from .fast_bound import bf16_abs_gemm
 
 __all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES",
            "interpreting", "triton_importable", "interpreter_index_shim"]
@@ -200,7 +200,7 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     bh, bk, bv, w2 = bl["pv"]
     n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
     L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
-    abs_bf16 = want_abs and table16 is not None and K < BF16_ABS_MAX_K
+    abs_bf16 = want_abs and table16 is not None and bf16_abs_gemm(table16.dtype, K)
     na = torch.empty_like(n) if want_abs else n
     bv = min(bv, triton.next_power_of_2(d_v))
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](

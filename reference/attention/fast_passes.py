@@ -60,7 +60,7 @@ import torch
 
 from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
 
-__all__ = ["ENV", "BLOCKS", "available", "default_on", "kernels", "row_stats", "gather", "softmax"]
+__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathers", "kernels", "row_stats", "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
 # (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel
@@ -87,8 +87,9 @@ def kernels():
     return triton, pk
 
 
-def _block(n: int, cap: int) -> int:
-    """A power of two ``>= min(n, cap)`` (at least 16): a block size for ``n`` elements."""
+def block(n: int, cap: int) -> int:
+    """A Triton block size for ``n`` elements: the power of two covering ``n``, at least 16, at most
+    ``cap`` (a power of two >= 16)."""
     return max(16, min(cap, 1 << max(0, n - 1).bit_length()))
 
 
@@ -103,7 +104,7 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     br, bd, w = BLOCKS["stats"]
     floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # as fast_rows.row_stats: a power of two
     pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=interpreting(), BR=br,
-                                                    BD=_block(D, bd), num_warps=w)
+                                                    BD=block(D, bd), num_warps=w)
     return st
 
 
@@ -120,7 +121,7 @@ def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs:
         br, bd, w = BLOCKS["gather"]
         pk.gather_kernel[(triton.cdiv(S, br),)](table, gflat, g, ga if want_abs else g, S, D, d_v,
                                                 IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br,
-                                                BD=_block(D, bd), num_warps=w)
+                                                BD=block(D, bd), num_warps=w)
     return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
 
 
@@ -156,7 +157,7 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     bh, bk, w = BLOCKS["softmax"]
     pk.softmax_kernel[(c, triton.cdiv(H, bh))](s, valid.view(torch.uint8), m, L, pb if want_pb else s, fconst, H, K,
                                                *targs, c, WANT_PB=want_pb, TESTS=tests is not None,
-                                               INTERP=interpreting(), BH=bh, BK=_block(K, bk), num_warps=w,
+                                               INTERP=interpreting(), BH=bh, BK=block(K, bk), num_warps=w,
                                                enable_fp_fusion=False)
     if tests is not None:
         b = both.view(torch.bool)
