@@ -7,7 +7,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-__all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits_to_f32", "row_tests"]
+__all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits", "bf16_bits_to_f32",
+           "row_tests"]
+
+
+@triton.jit
+def bf16_bits(x):
+    """The 16 bits of bfloat16 ``x`` as int32 (``0 .. 0xFFFF``)."""
+    return x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
 
 
 @triton.jit
@@ -219,8 +226,8 @@ def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, 
         tl.store(N + p, tl.load(N + p, mask=msk, other=0.0) / den[:, None], mask=msk)
         if WANT_ABS:
             if NA_BF16:
-                b16 = tl.load(NA + p, mask=msk, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-                na = bf16_bits_to_f32(b16).to(tl.float64) * tl.load(FC + 1)
+                na16 = bf16_bits(tl.load(NA + p, mask=msk, other=0.0))
+                na = bf16_bits_to_f32(na16).to(tl.float64) * tl.load(FC + 1)
                 tl.store(PV + p, na / den[:, None], mask=msk)
             else:
                 tl.store(NA + p, tl.load(NA + p, mask=msk, other=0.0) / den[:, None], mask=msk)

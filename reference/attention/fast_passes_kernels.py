@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import fast_rows
-from .fast_fused_kernels import bf16_bits_to_f32, nanmax, nanmax_all, row_tests
+from .fast_fused_kernels import bf16_bits, bf16_bits_to_f32, nanmax, nanmax_all, row_tests
 
 __all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel"]
 
@@ -40,7 +40,7 @@ def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.c
         dd = d0 + tl.arange(0, BD)
         msk = rm[:, None] & (dd < D)[None, :]
         x = tl.load(X + r[:, None].to(tl.int64) * D + dd[None, :], mask=msk, other=0.0)
-        bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        bits = bf16_bits(x)
         xf = bf16_bits_to_f32(bits)
         x64 = xf.to(tl.float64)
         ss += tl.sum(x64 * x64, axis=1)
@@ -82,7 +82,7 @@ def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl
         msk = rm[:, None] & (dd < D)[None, :]
         x = tl.load(TAB + src[:, None] * D + dd[None, :], mask=msk, other=0.0)
         if IS_BF16:
-            bits = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+            bits = bf16_bits(x)
             x64 = bf16_bits_to_f32(bits).to(tl.float64)
             xa = (bits & 0x7FFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
         else:
