@@ -225,27 +225,36 @@ def test_bench_summary_puts_the_fused_ratios_beside_the_pytorch_paths():
 
 
 @needs_triton
-@pytest.mark.slow  # ~35 s per stage under Triton's CPU interpreter
+@pytest.mark.slow  # ~35 s per stage and backend under Triton's CPU interpreter
+@pytest.mark.parametrize("backend", ["fused", "passes"])
 @pytest.mark.parametrize("stage", ["decode", "prefill"])
-def test_matrix_verdicts_identical_under_both_modes_with_the_fused_kernels(stage, monkeypatch):
+def test_matrix_verdicts_identical_under_both_modes_with_the_triton_kernels(stage, backend, monkeypatch):
     """The both-modes verdict check (``test_attention_fast``) with the fast oracle's default taking
-    the fused kernels (as ``DSV4_FUSED_JUDGE=1`` does on a GPU; here on ``DEV``): the reference
-    entry's verdicts on the smallest default cases are the ordered oracle's."""
+    Triton kernels on ``DEV`` (the fast oracle judging there, as ``run_entry(device=...)`` has it):
+    the fused kernels (as ``DSV4_FUSED_JUDGE=1`` asks on a GPU) or the Triton passes (the default
+    on a CUDA device): the reference entry's verdicts on the smallest default cases are the ordered
+    oracle's, and the kernels ran."""
     from dsv4_numerics.oracles import matrix
-    from dsv4_numerics.reference.attention import fast_fused
+    from dsv4_numerics.reference.attention import fast_fused, fast_passes
     from dsv4_numerics.reference.cases import default_cases
 
     from ..mutants import reference_entry
 
     calls = []
-    real = fast_fused.softmax_pv
-    monkeypatch.setattr(fast_fused, "default_on", lambda dev: True)
-    monkeypatch.setattr(fast_fused, "softmax_pv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    if backend == "fused":
+        real = fast_fused.softmax_pv
+        monkeypatch.setattr(fast_fused, "default_on", lambda dev: dev == DEV)
+        monkeypatch.setattr(fast_fused, "softmax_pv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    else:
+        real = fast_passes.softmax
+        monkeypatch.setattr(fast_fused, "default_on", lambda dev: False)
+        monkeypatch.setattr(fast_passes, "default_on", lambda dev: dev == DEV)
+        monkeypatch.setattr(fast_passes, "softmax", lambda *a, **k: calls.append(1) or real(*a, **k))
     cases = sorted(default_cases(stage), key=lambda c: c.inputs["q"].numel())[:2]
     e = reference_entry(stage, memo={})
-    ordered = matrix.run_entry(e, cases=cases, oracle_mode="ordered")
-    fast = matrix.run_entry(e, cases=cases, oracle_mode="fast")
+    ordered = matrix.run_entry(e, cases=cases, device=DEV, oracle_mode="ordered")
+    fast = matrix.run_entry(e, cases=cases, device=DEV, oracle_mode="fast")
     assert [(r.case, r.verdict, r.rule) for r in ordered] == [(r.case, r.verdict, r.rule) for r in fast]
     assert all(r.details["oracle"]["mode"] == "fast" for r in fast if r.verdict in ("pass", "fail"))
     assert sum(r.verdict in ("pass", "fail") for r in fast) == len(cases)
-    assert calls  # the fused kernels judged
+    assert calls  # the Triton kernels judged
