@@ -159,7 +159,7 @@ def pv_kernel(tab, tab16, gidx, S, M, N, L, NA, zrow, FC, H, K, D, DV,
         tl.store(L + t * H + hh, lsum, mask=hm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
                   HAS_SINK: tl.constexpr, WANT_ABS: tl.constexpr, NA_BF16: tl.constexpr, INTERP: tl.constexpr,
                   BH: tl.constexpr, BV: tl.constexpr):

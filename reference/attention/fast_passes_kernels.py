@@ -1,6 +1,13 @@
 """The Triton kernels of ``fast_passes`` (imported only by ``fast_passes.kernels()``, never at the
 fast oracle's import: this module imports Triton). What they compute and why the fast oracle's bound
-holds for them: ``fast_passes``' docstring."""
+holds for them: ``fast_passes``' docstring.
+
+Arguments that change with every call's shape -- row counts, the table row of the chunk's first q
+row, the chunk's token count -- are not specialised (``do_not_specialize``): Triton otherwise
+compiles a variant of a kernel for each divisibility class of each such integer, and a fuzz at
+production shapes, whose every example has new counts, recompiled the softmax kernel three times
+in 30 examples (1.1 s, a third of the run). The head count, slot count and row width stay
+specialised: they set the rows' alignment, hence vectorised loads."""
 from __future__ import annotations
 
 import triton
@@ -23,7 +30,7 @@ def _f32_to_bf16_rne(x):
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     """``fast_rows.row_stats`` of ``BR`` rows of a bfloat16 table ``X`` ``[N, D]`` into ``ST`` ``[3,
     N]`` float32: the squares summed in float64 (exact: 16 significant bits each; the sum rounds)
@@ -67,7 +74,7 @@ def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.c
     tl.store(ST + 2 * N + r, vmax, mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S"])
 def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl.constexpr, BR: tl.constexpr,
                   BD: tl.constexpr):
     """``G[i] = float64(TAB[IDX[i]])`` for ``BR`` slots (exact), and with ``WANT_ABS`` ``GA[i] =
@@ -93,7 +100,7 @@ def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl
             tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R", "q0", "c"])
 def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c,
                    WANT_PB: tl.constexpr, TESTS: tl.constexpr, INTERP: tl.constexpr, BH: tl.constexpr,
                    BK: tl.constexpr):
