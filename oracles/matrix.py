@@ -43,6 +43,7 @@ from dsv4_numerics.reference.cases import Case, default_cases
 from dsv4_numerics.reference.errors import InputError, UnsupportedCase
 
 from . import stages as st
+from .digest import outputs_digest
 from .report import Result, Verdict
 from .tolerances import Tolerances
 
@@ -102,25 +103,6 @@ def expected_outputs(spec: Any, stage: str, case: Case, policies: dict, cache: d
     if cache is not None:
         cache[key] = exp
     return exp
-
-
-def outputs_digest(outputs: dict) -> str:
-    """sha256 (hex) of a kernel's outputs: each output's name, dtype, shape and bytes, by name.
-    Two runs with the same digest wrote the same bytes (``report history`` dates byte changes
-    between releases with it)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name in sorted(outputs):
-        t = outputs[name]
-        h.update(name.encode())
-        if isinstance(t, torch.Tensor):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        else:
-            h.update(repr(t).encode())
-    return h.hexdigest()
 
 
 class _CaseDecided(Exception):
@@ -282,4 +264,4 @@ def run_entry(entry: Any, cases: Iterable[Case] | None = None, device: str | tor
     return out
 
 
-__all__ = ["device_arch", "expected_outputs", "outputs_digest", "run_entry"]
+__all__ = ["device_arch", "expected_outputs", "run_entry"]

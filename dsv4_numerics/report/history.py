@@ -17,7 +17,9 @@ What counts as a change from one judged release to the next (:func:`changes`):
 ``appeared``  the entry was unavailable (or not run) and is judged now: an op that appeared;
 ``vanished``  the entry was judged and is unavailable now;
 ``verdict``   the verdict changed (pass -> fail, ...);
-``bytes``     a case judged on both releases wrote different output bytes (its digest differs);
+``bytes``     a case judged on both releases wrote different output bytes (its digest differs;
+              digests of the two kinds, bytes and device fingerprints, ``oracles.digest``,
+              are not compared);
 ``policies``  the declared policies the row is judged under differ (a policy now explains it;
               compared where both releases have per-case Results: a check row alone, from a
               report whose Results carry no release, names no policies);
@@ -37,6 +39,7 @@ import math
 from typing import Any
 
 from dsv4_numerics.kernels.staged import release_key
+from dsv4_numerics.oracles.digest import same_kind
 
 JUDGED = ("pass", "fail", "error")
 ABSENT = ("unavailable", "skip", None)
@@ -75,8 +78,9 @@ def changes(prev: dict[str, Any], cur: dict[str, Any]) -> list[str]:
     elif pv != cv and not (pv in ABSENT and cv in ABSENT):
         out.append(f"verdict {pv} -> {cv}")
     if pv in JUDGED and cv in JUDGED:
-        both = sorted(set(prev["digests"]) & set(cur["digests"]))
-        moved = [c for c in both if prev["digests"][c] != cur["digests"][c]]
+        pd, cd = prev["digests"], cur["digests"]
+        both = sorted(c for c in set(pd) & set(cd) if same_kind(pd[c], cd[c]))  # comparable digests only
+        moved = [c for c in both if pd[c] != cd[c]]
         if moved:
             out.append(f"bytes of {len(moved)}/{len(both)} cases ({', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''})")
         if prev["policies"] is not None and cur["policies"] is not None and prev["policies"] != cur["policies"]:

@@ -62,13 +62,13 @@ from ..indices.slots import compute_global_topk_indices_and_lens
 from ..indices.window import build_c128a_topk_metadata, compute_swa_indices_and_lens
 from ..pipeline.layer import COMPRESS_ROPE_THETA, MAIN_ROPE_THETA, YARN_CONFIG, LayerSpec
 from ..pipeline.rope import cos_sin_cache
+from ..hashing import mix32, mix32_int
 from ..policies import IndexRule
 from .attention import LAYER_RATIOS, CASE_SCALE
 
 __all__ = ["device_decode_case", "device_prefill_case", "decode_stages", "prefill_stages", "STAGES",
            "PREFILL_STAGES"]
 
-_M32 = 0xFFFFFFFF
 _WRITE_ROWS = 1 << 15  # rows generated and written per insert call (bounds the writer's temporaries)
 # streams of the hash (one per kind of value)
 _S_SWA_BT, _S_COMP_BT, _S_TOPK, _S_SWA_ROWS, _S_COMP_ROWS, _S_Q, _S_SINK, _S_KV = range(8)
@@ -78,33 +78,13 @@ STAGES = ("swa_block_table", "comp_block_table", "local_topk", "swa_rows", "comp
 PREFILL_STAGES = ("local_topk", "kv", "indices", "topk_length", "q", "sink", "positions")
 
 
-def _mix_int(x: int) -> int:
-    """``_mix`` on a Python integer (the hash key of a seed and a stream)."""
-    x &= _M32
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & _M32
-    x ^= x >> 15
-    x = (x * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer on int64 values in ``[0, 2**32)``; both multipliers are below
-    ``2**31``, so no product reaches ``2**63`` (no overflow, the same bits on every device)."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
-
-
 def _bits(seed: int, stream: int, n: int, device, start: int = 0) -> torch.Tensor:
     """int64 ``[n]`` of 32-bit hash values: elements ``start .. start + n - 1`` of stream
     ``stream`` of ``seed`` (``start + n <= 2**32``)."""
-    k1 = _mix_int(seed * 0x9E3779B1 + stream * 0x85EBCA77 + 0x165667B1)
-    k2 = _mix_int(k1 ^ 0x27D4EB2F)
+    k1 = mix32_int(seed * 0x9E3779B1 + stream * 0x85EBCA77 + 0x165667B1)
+    k2 = mix32_int(k1 ^ 0x27D4EB2F)
     c = torch.arange(start, start + n, device=device, dtype=torch.int64)
-    return _mix(_mix(c ^ k1) ^ k2)
+    return mix32(mix32(c ^ k1) ^ k2)
 
 
 def _bf16(bits: torch.Tensor, e_lo: int, e_hi: int, e_shift: torch.Tensor | int = 0,

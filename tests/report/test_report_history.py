@@ -120,6 +120,16 @@ def test_history_names_a_verdict_and_a_policy_change():
     assert H.changes(prev, dict(prev)) == []
 
 
+def test_history_compares_digests_of_one_kind_only():
+    """A case digested from its bytes on one release and fingerprinted on the GPU on the next
+    (``oracles.digest``: the device judge) cannot say whether the bytes moved: no ``bytes``
+    change; two digests of one kind still can."""
+    prev = {"verdict": "pass", "judged": 2, "worst_ulps": 0.0, "policies": [], "note": "",
+            "digests": {"a": "1f", "b": "2f", "c": "fp1:3f"}}
+    cur = dict(prev, digests={"a": "fp1:9f", "b": "2e", "c": "fp1:3e"})
+    assert H.changes(prev, cur) == ["bytes of 2/2 cases (b, c)"]
+
+
 def test_departures_dated_first_present_and_first_gone(releases_report):
     h = H.history(report_merge.merge_reports([releases_report]))
     (d,) = h["departures"]
