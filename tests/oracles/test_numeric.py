@@ -136,6 +136,11 @@ def test_bad_arguments_raise_input_error():
         nm.compare([1.0], T(1.0), atol=0.0, rtol=0.0, cos_tol=0.0)
     with pytest.raises(InputError, match="argument 'fmt'"):
         nm.ulp(T(1.0), "fp7")
+    ref = torch.arange(1.0, 13.0).view(4, 3)
+    with pytest.raises(InputError, match="argument 'allow'.*must broadcast to the reference's shape"):
+        nm.compare(ref, ref, atol=0.0, rtol=0.0, cos_tol=0.0, allow=torch.zeros(2, 3))
+    for shape in ((3,), (4, 1), (1, 1), (2, 4, 3)):  # broadcasting's rule, as torch.broadcast_shapes has it
+        assert nm.compare(ref, ref, atol=0.0, rtol=0.0, cos_tol=0.0, allow=torch.zeros(shape)).passed
 
 
 def test_ulp_known_values():
