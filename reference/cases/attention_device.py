@@ -57,12 +57,12 @@ from ..caches.model1 import empty_cache, insert
 from ..cases import Case
 from ..constants import C4_RATIO, C128A_TOPK_ALIGN, HEAD_DIM, production_page_stride
 from ..errors import check_int, fail
+from ..hashing import mix32, mix32_int
 from ..indices.prefill import combine_topk_swa_indices
 from ..indices.slots import compute_global_topk_indices_and_lens
 from ..indices.window import build_c128a_topk_metadata, compute_swa_indices_and_lens
 from ..pipeline.layer import COMPRESS_ROPE_THETA, MAIN_ROPE_THETA, YARN_CONFIG, LayerSpec
 from ..pipeline.rope import cos_sin_cache
-from ..hashing import mix32, mix32_int
 from ..policies import IndexRule
 from .attention import LAYER_RATIOS, CASE_SCALE
 
