@@ -139,25 +139,27 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
     """Per column of the concatenated segments (``[K]`` int64 on ``dev``): position in its
     segment, its segment's ``N - 1``, the segment's first table row; the -1-only columns as a
     ``[K]`` bool mask where the rules are mixed (else None); 0-dim int64 ``sum N`` (the zero row's
-    index), ``0`` and ``-1``; and per segment a ``[1, 1]`` int64 ``K_s``, the length of a segment
-    without lengths. Built on the host, copied once, kept for the next call with the same layout
+    index), ``0`` and ``-1``; per segment a ``[1, 1]`` int64 ``K_s``, the length of a segment
+    without lengths; and all of it as one int64 tensor ``[5, K + 3 + S]`` whose first ``K`` columns
+    hold per column its position, ``N_s - 1``, first table row, whether it is -1-only and its
+    segment number (``fast_passes.layout``'s column constants). Built on the host, copied once, kept for the next call with the same layout
     (at most ``_COLUMNS_MAX`` layouts)."""
     key = (Ks, Ns, rules, dev)
     hit = _COLUMNS.get(key)
     if hit is not None:
         return hit
     K, S, cols, off = sum(Ks), len(Ks), [], 0
-    for k, N, r in zip(Ks, Ns, rules):
+    for i, (k, N, r) in enumerate(zip(Ks, Ns, rules)):
         cols.append(torch.stack([torch.arange(k), torch.full((k,), N - 1), torch.full((k,), off),
-                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY))]))
+                                 torch.full((k,), int(r == IndexRule.MINUS1_ONLY)), torch.full((k,), i)]))
         off += N
-    tail = torch.tensor([[sum(Ns), 0, -1, *Ks]] + [[0] * (3 + S)] * 3)  # row 0: the scalars, then the K_s
+    tail = torch.tensor([[sum(Ns), 0, -1, *Ks]] + [[0] * (3 + S)] * 4)  # row 0: the scalars, then the K_s
     ci = torch.cat(cols + [tail], dim=1).to(dev)
-    pos, nmax, offcol, m1 = ci[:, :K].unbind(0)
+    pos, nmax, offcol, m1, _ = ci[:, :K].unbind(0)
     mixed = len(set(r == IndexRule.MINUS1_ONLY for r in rules)) > 1
     scalars = ci[0, K:].unbind(0)
     hit = (pos, nmax, offcol, m1.bool() if mixed else None, *scalars[:3],
-           tuple(t.view(1, 1) for t in scalars[3:]))
+           tuple(t.view(1, 1) for t in scalars[3:]), ci)
     if len(_COLUMNS) >= _COLUMNS_MAX:
         _COLUMNS.pop(next(iter(_COLUMNS)))
     _COLUMNS[key] = hit
@@ -175,13 +177,14 @@ def _layout(segments, rules, T: int, dev: torch.device):
     Several segments: one ``cat`` gives the indices ``[T, K]``, each slot's length (its segment's,
     broadcast over its columns) ``[T, K]`` and the lengths ``[T, S]`` (a segment without lengths
     reads ``K_s``; ``cat`` promotes the integer dtypes, exactly). With a -1-only segment the
-    in-prefix offset from the segment's range, ``w = idx - clamp(idx, 0, N_s - 1)`` (0 in range,
-    ``idx < 0`` below it, ``> 0`` above it), is set to ``-1`` outside the prefix: a slot is valid
+    in-prefix offset from the segment's range, ``w = idx - c0`` with ``c0`` the nearest index in
+    ``[0, N_s - 1]``, 0 below the range (0 in range, ``idx < 0`` below it, ``> 0`` above it; an empty
+    segment has no range: ``idx`` below, ``idx + 1`` above), is set to ``-1`` outside the prefix: a slot is valid
     iff ``w == 0``, and the -1-only rule holds iff every ``w`` of a -1-only column lies in ``[-1,
     0]`` (one ``aminmax``, ``_flags``)."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     cols = _column_constants(Ks, tuple(s.rows.shape[0] for s in segments), tuple(rules), dev)
-    pos, nmax, offcol, m1, zrow, zero, minus1, kcol = cols
+    pos, nmax, offcol, m1, zrow, zero, minus1, kcol = cols[:8]
     lens = [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, kcol)]
     if len(segments) == 1:
         idx, lcol = segments[0].idx, lens[0]  # [T, 1] broadcast over the columns
@@ -191,7 +194,9 @@ def _layout(segments, rules, T: int, dev: torch.device):
         both = torch.cat([s.idx for s in segments] + [ln.expand(T, k) for ln, k in zip(lens, Ks)] + lens, dim=1)
         idx, lcol, lts = both.split_with_sizes((K, K, len(segments)), dim=1)
     in_prefix = pos < lcol
-    c0 = idx.clamp(zero, nmax)
+    # the nearest index in [0, N_s - 1], 0 below the range: an empty segment (N_s - 1 = -1) then
+    # gives w = idx below it (-1 allowed, -2 not) and idx + 1 >= 1 above it, and no valid slot
+    c0 = torch.where(idx < 0, zero, idx.clamp(zero, nmax))
     if any(r == IndexRule.MINUS1_ONLY for r in rules):
         w = torch.where(in_prefix, idx - c0, minus1)
         valid = w == 0  # in the prefix and in [0, N_s)
@@ -199,6 +204,48 @@ def _layout(segments, rules, T: int, dev: torch.device):
         w, valid = None, in_prefix & (idx == c0)
     gidx = torch.where(valid, idx + offcol, zrow)  # int64 (offcol is)
     return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, w, m1, zero), cols
+
+
+_HV_INIT: dict = {}  # ``_layout_passes``: the host vector's neutral values per layout
+_HV_BIG = 2**62
+
+
+def _layout_passes(segments, rules, T: int, dev: torch.device, sink, chunks: int):
+    """``_layout`` and ``_flags`` as one Triton kernel launch (``fast_passes.layout``) that also
+    starts the host vector ``_issue`` reads with its one sync: ``valid`` ``[T, K]`` uint8 (1:
+    valid), ``gidx``, ``n_valid`` and ``cols`` as ``_layout`` returns them, ``host`` the int64 host vector in ``_complete``'s layout -- the lengths' minima and
+    maxima per segment, the -1-only range offsets' minimum and maximum (with a -1-only segment),
+    two counts per chunk (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), the
+    sink's bits -- copied from ``init``, a kept tensor of their neutral values, and written by the
+    kernels; ``at``: the first chunk's counts' index. Returns ``(valid, gidx, n_valid, host, cols,
+    at, init)``. ``K > 0``."""
+    Ks = tuple(s.idx.shape[1] for s in segments)
+    Ns = tuple(s.rows.shape[0] for s in segments)
+    cols = _column_constants(Ks, Ns, tuple(rules), dev)
+    S, K = len(segments), sum(Ks)
+    has_w = any(r == IndexRule.MINUS1_ONLY for r in rules)
+    ns = 0 if sink is None else sink.numel()
+    key = (S, has_w, chunks, ns, dev)
+    init = _HV_INIT.get(key)
+    if init is None:
+        if len(_HV_INIT) >= _COLUMNS_MAX:
+            _HV_INIT.pop(next(iter(_HV_INIT)))
+        init = _HV_INIT[key] = torch.tensor([_HV_BIG] * S + [-_HV_BIG] * S + [0] * (2 * has_w + 2 * chunks + ns),
+                                            dtype=torch.int64).to(dev)
+    host = init.clone()
+    if S == 1:
+        s0 = segments[0]
+        idx = s0.idx if s0.idx.stride(1) == 1 else s0.idx.contiguous()
+        lens, at = (s0.length, (s0.length.stride(0), 0)) if s0.length is not None else (cols[7][0], (0, 0))
+    else:
+        lens_l = [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, cols[7])]
+        idx = lens = torch.cat([s.idx for s in segments] + lens_l, dim=1)  # cat promotes the integer dtypes
+        at = (K + S, K)
+    counts = 2 * S + 2 * has_w
+    sink_bits = None if sink is None else sink.view(_FLOAT_BITS[sink.dtype][0])
+    valid, gidx, n_valid = fast_passes.layout(idx, K, lens, at, cols[8], S, sum(Ns), host, 2 * S if has_w else None,
+                                              sink_bits, counts + 2 * chunks)
+    return valid, gidx, n_valid, host, cols, counts, init
 
 
 def _flags(pending) -> list:
@@ -311,20 +358,21 @@ def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=Fa
     return _softmax_tail(s, g, d_v, lonely, zero, canonical=True, want_abs=want_abs, gb=gb)
 
 
-def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=False):
+def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=False, counts=None):
     """``_softmax_pv`` and ``_row_tests`` with the memory-bound passes in Triton (``fast_passes``):
     the slot rows gathered straight to float64 (and ``|V|`` in the table's dtype for a bfloat16
     ``pv_abs``), the cuBLAS logits, one softmax kernel (scale, mask, max, ``exp``, sum, the row
     tests; ``bf16(p)`` for ``pv_abs``), the cuBLAS ``N = bmm(p, V)``. ``valid`` ``[c, K]`` bool,
     ``fconst``: ``_constants``' float64 ``(scale, bf16_abs_factor(K))``, ``tests``: what
-    ``fast_passes.softmax`` takes to run the row tests. Returns ``(N, m, L, Na)`` as
+    ``fast_passes.softmax`` takes to run the row tests, ``counts``: where it adds their counts (or
+    None). Returns ``(N, m, L, Na)`` as
     ``_softmax_pv`` (but ``Na`` from a bfloat16 table: the bfloat16 ``bmm`` itself, which
     ``fast_fused.finish`` converts and scales by ``bf16_abs_factor(K)``) and the row tests."""
     c, K = valid.shape
     bf16_abs = want_abs and bf16_abs_gemm(table.dtype, K)
     g, ga = fast_passes.gather(table, gflat, c, d_v, bf16_abs)
     s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
-    p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests)
+    p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests, counts)
     v = g if d_v == g.shape[2] else g[:, :, :d_v]
     N = torch.bmm(p, v)
     if not want_abs:
@@ -506,7 +554,7 @@ class _Issued:
     valid: torch.Tensor
     gidx: torch.Tensor
     n_valid: torch.Tensor
-    lonely: torch.Tensor
+    lonely: torch.Tensor | None  # None where the layout kernel ran: ``n_valid == 0``
     table: torch.Tensor
     tests: list
     parts: list
@@ -565,8 +613,12 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         stats = fast_passes.row_stats(table, d_v)
     else:
         stats = row_stats(table, d_v)
-    valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
-    lonely = n_valid.view(T, 1, 1) == 0
+    if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
+        v8, gidx, n_valid, hv, cols, at, hv_init = _layout_passes(segments, rules, T, dev, sink, len(spans))
+        valid, lonely = v8.view(torch.bool), None
+    else:
+        valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
+        lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
     q0 = Nrows + 1
     sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
     consts = _constants(K, D, sc, sink is not None, sdt, dev)
@@ -592,14 +644,15 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     elif passes_heavy:
-        pz = [_softmax_pv_passes(table, flat(t0, t1), part(valid, t0, t1), part(q, t0, t1), consts[4], d_v,
-                                 (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs) for t0, t1 in spans]
+        pz = [_softmax_pv_passes(table, flat(t0, t1), part(v8, t0, t1), part(q, t0, t1), consts[4], d_v,
+                                 (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs, (hv, at + 2 * i))
+              for i, (t0, t1) in enumerate(spans)]
         heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
     else:
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
-    checks = _flags(pending)
+    checks = None if passes_heavy else _flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
@@ -617,15 +670,19 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
     # rows with proven-exact logits and its count of rows that keep the fast logits, [the sink
     # values' bits (a view: a NaN is an error, read from its bits)]
-    vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
-    if sink is not None:
-        vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
-    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), BF16_LUT.get(dev))
+    if passes_heavy:  # written by the layout and softmax kernels
+        host = hv
+    else:
+        vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
+        if sink is not None:
+            vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
+        host = torch.cat(vals)
+    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), BF16_LUT.get(dev), hv_init)
     packed = None
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
-    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, torch.cat(vals), keep, packed,
+    return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, host, keep, packed,
                    finish_kernel=fused or passes)
 
 
@@ -675,15 +732,16 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     if any(redo):
         coef, _, (zero, _, one) = iss.keep[0][:3]
         vfin = vmax_finite(iss.table, d_v)
+        lonely = iss.lonely if iss.lonely is not None else iss.n_valid.view(T, 1, 1) == 0
         single = nc == 1
         parts = list(iss.parts)
         for i, (t0, t1) in enumerate(spans):
             if redo[i]:
                 parts[i], approx = _chunk_ordered(
                     iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
-                    _part(iss.lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
+                    _part(lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
-        res = _finish_any(parts, iss.lonely, iss.n_valid, sink, iss.keep[0], iss.finish_kernel)
+        res = _finish_any(parts, lonely, iss.n_valid, sink, iss.keep[0], iss.finish_kernel)
     n_ap = sum(n_ap)
     (out, lse, lws, m, pv), (b_lse, b_lws, b_max, b_out) = res
     bound = {"out": b_out.expand(T, H, out.shape[2]), "lse": b_lse, "lse_with_sink": b_lws, "max_logits": b_max}

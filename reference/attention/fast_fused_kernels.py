@@ -40,12 +40,14 @@ def nanmax_all(a):
 
 
 @triton.jit
-def row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, o, TH):
+def row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, o, TH, HV, COUNT: tl.constexpr):
     """``fast._row_tests`` for a block of heads, in the statistics' dtype, stored at ``o``: exact =
     alpha + beta < exact_bits, fast = n_q max n_k < (exact ? le : la) (False where NaN), x = exact ?
     0 : n_q max n_k. ``stats`` ``[3, R]``, ``qrow`` the heads' q rows of the table (``hm`` their
     mask), ``nk`` / ``bk`` the token's maxima of the slots' norm and ``log2 n - lsb``, ``LIM`` ``(la,
-    le, 0, exact_bits)``, ``BOTH`` ``[2, TH]`` (exact, fast)."""
+    le, 0, exact_bits)``, ``BOTH`` ``[2, TH]`` (exact, fast). ``COUNT``: also add the block's counts
+    of exact and of fast rows to the int64 ``HV[0]`` and ``HV[1]`` (integer atomics: the totals do
+    not depend on the order)."""
     nq = tl.load(stats + qrow, mask=hm, other=0.0)
     aq = tl.load(stats + R + qrow, mask=hm, other=0.0)
     nqb = nq * nk
@@ -54,6 +56,9 @@ def row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, o, TH):
     tl.store(X + o, tl.where(exact, 0.0, nqb).to(X.dtype.element_ty), mask=hm)
     tl.store(BOTH + o, exact.to(tl.uint8), mask=hm)
     tl.store(BOTH + TH + o, fast.to(tl.uint8), mask=hm)
+    if COUNT:
+        tl.atomic_add(HV, tl.sum((exact & hm).to(tl.int64), axis=0))
+        tl.atomic_add(HV + 1, tl.sum((fast & hm).to(tl.int64), axis=0))
 
 
 @triton.jit
@@ -100,7 +105,7 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, 
             tl.store(KS + t, nk)
             tl.store(KS + T + t, bk)
             tl.store(KS + 2 * T + t, nanmax_all(sv))
-        row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, t * H + hh, T * H)
+        row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, t * H + hh, T * H, X, False)
 
 
 @triton.jit

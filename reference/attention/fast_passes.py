@@ -59,12 +59,15 @@ import os
 import torch
 
 from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
+from .triton_launch import launch
 
-__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathers", "kernels", "row_stats", "softmax"]
+__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathers", "kernels", "layout", "row_stats",
+           "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
-# (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel
-BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "softmax": (8, 256, 8)}
+# (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel;
+# (slots, warps) of the layout kernel
+BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "softmax": (8, 256, 8), "layout": (256, 4)}
 _GATHER_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
@@ -103,8 +106,8 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
         return st
     br, bd, w = BLOCKS["stats"]
     floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # as fast_rows.row_stats: a power of two
-    pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=interpreting(), BR=br,
-                                                    BD=block(D, bd), num_warps=w)
+    launch(pk.row_stats_bf16_kernel, (triton.cdiv(N, br),), rows, st, N, D, d_v, floor, INTERP=interpreting(),
+           BR=br, BD=block(D, bd), num_warps=w)
     return st
 
 
@@ -119,9 +122,8 @@ def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs:
     ga = torch.empty(S, d_v, dtype=table.dtype, device=table.device) if want_abs else None
     if S:
         br, bd, w = BLOCKS["gather"]
-        pk.gather_kernel[(triton.cdiv(S, br),)](table, gflat, g, ga if want_abs else g, S, D, d_v,
-                                                IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br,
-                                                BD=block(D, bd), num_warps=w)
+        launch(pk.gather_kernel, (triton.cdiv(S, br),), table, gflat, g, ga if want_abs else g, S, D, d_v,
+               IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br, BD=block(D, bd), num_warps=w)
     return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
 
 
@@ -130,7 +132,34 @@ def gathers(table: torch.Tensor) -> bool:
     return table.dtype in _GATHER_DTYPES
 
 
-def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb: bool, tests=None):
+def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: torch.Tensor, S: int, zrow: int,
+           hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int):
+    """``fast._layout`` and ``fast._flags`` in one kernel launch (``fast_passes_kernels.layout_kernel``):
+    ``(valid, gidx, n_valid)`` -- ``[T, K]`` uint8 (1: valid), ``[T, K]`` int64 table rows (``zrow``
+    for invalid slots), ``[T]`` int32 -- with the validation flags written into the int64 host vector
+    ``hv`` (which holds their neutral values): the lengths' per-segment minima ``hv[0:S]`` and maxima
+    ``hv[S:2S]``, and where ``hv_w`` is not None the -1-only columns' range offsets' minimum and maximum
+    at ``hv[hv_w]``, ``hv[hv_w + 1]``; ``sink_bits`` (the sink viewed as the integer dtype of its width,
+    or None) copied to ``hv[hv_sink:]``. ``idx``: the slot indices, its first ``K`` columns ``[T, K]``
+    (row-strided), ``lens`` with ``lens_at = (row stride, first column)``: each token's ``S`` lengths,
+    ``cc``: ``[5, K']`` int64 column constants, ``K' >= K`` (``fast._column_constants``)."""
+    triton, pk = kernels()
+    T = idx.shape[0]
+    dev = idx.device
+    valid = torch.empty(T, K, dtype=torch.uint8, device=dev)
+    gidx = torch.empty(T, K, dtype=torch.int64, device=dev)
+    nv = torch.empty(T, dtype=torch.int32, device=dev)
+    bk, w = BLOCKS["layout"]
+    ns = 0 if sink_bits is None else sink_bits.numel()
+    launch(pk.layout_kernel, (T,), idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv,
+           hv, sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns,
+           HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
+           BS=max(2, triton.next_power_of_2(S)), num_warps=w)
+    return valid, gidx, nv
+
+
+def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb: bool, tests=None,
+            counts: tuple | None = None):
     """Steps 1-3's elementwise part on raw logits ``s`` ``[c, H, K]`` float64 contiguous (the
     ``bmm`` of q and the rows; consumed: ``p`` is written over it): ``(p, m, L, pb, rt)`` with
     ``m``, ``L`` ``[c, H, 1]`` float64, ``pb`` ``bf16(p)`` ``[c, H, K]`` (``want_pb``, else None).
@@ -138,7 +167,9 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     ``tests``: ``(stats, gidx, q0, lim4)`` -- the table's ``row_stats`` ``[3, R]``, the chunk's
     ``[c, K]`` int64 table rows, the table row of the chunk's first q row, ``fast._constants``'
     ``(la, le, 0, exact_bits)`` -- to compute ``fast._row_tests`` in the same kernel: ``rt`` is
-    then its ``(x, vmax, exact, fast, both)``, else None."""
+    then its ``(x, vmax, exact, fast, both)``, else None. ``counts`` (with ``tests``): ``(hv, o)``,
+    the chunk's counts of rows with proven-exact logits and of rows that keep the fast logits added
+    to the int64 ``hv[o]`` and ``hv[o + 1]``. ``valid``: bool, or uint8 (1: valid)."""
     triton, pk = kernels()
     c, H, K = s.shape
     dev = s.device
@@ -154,11 +185,12 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
         targs = (gidx, stats, stats.shape[1], lim4, x, ks, both, q0)
     else:
         targs = (s, s, 0, s, s, s, s, 0)
+    hv, hvo = counts if counts is not None else (s, 0)
+    v8 = valid if valid.dtype == torch.uint8 else valid.view(torch.uint8)
     bh, bk, w = BLOCKS["softmax"]
-    pk.softmax_kernel[(c, triton.cdiv(H, bh))](s, valid.view(torch.uint8), m, L, pb if want_pb else s, fconst, H, K,
-                                               *targs, c, WANT_PB=want_pb, TESTS=tests is not None,
-                                               INTERP=interpreting(), BH=bh, BK=block(K, bk), num_warps=w,
-                                               enable_fp_fusion=False)
+    launch(pk.softmax_kernel, (c, triton.cdiv(H, bh)), s, v8, m, L, pb if want_pb else s, fconst, H, K, *targs, c,
+           hv, hvo, WANT_PB=want_pb, TESTS=tests is not None, COUNT=counts is not None and tests is not None,
+           INTERP=interpreting(), BH=bh, BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
     if tests is not None:
         b = both.view(torch.bool)
         exact, fast = b.unbind(0)

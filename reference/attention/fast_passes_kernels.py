@@ -17,7 +17,7 @@ from triton.language.extra import libdevice
 from . import fast_rows
 from .fast_fused_kernels import bf16_bits, bf16_bits_to_f32, nanmax, nanmax_all, row_tests
 
-__all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel"]
+__all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel", "layout_kernel"]
 
 NO_LSB_BF16 = tl.constexpr(fast_rows.NO_LSB_BF16)  # the lsb exponent of a zero value ("none")
 
@@ -100,10 +100,10 @@ def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl
             tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
 
 
-@triton.jit(do_not_specialize=["R", "q0", "c"])
-def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c,
-                   WANT_PB: tl.constexpr, TESTS: tl.constexpr, INTERP: tl.constexpr, BH: tl.constexpr,
-                   BK: tl.constexpr):
+@triton.jit(do_not_specialize=["R", "q0", "c", "hvo"])
+def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c, HV, hvo,
+                   WANT_PB: tl.constexpr, TESTS: tl.constexpr, COUNT: tl.constexpr, INTERP: tl.constexpr,
+                   BH: tl.constexpr, BK: tl.constexpr):
     """Steps 1-3's elementwise part for ``BH`` heads of one token: ``s = fl(scale s) + 0`` on valid
     slots (a ``-0`` turns ``+0``), ``-inf`` on invalid ones; ``m = max s``; ``p = exp(s - m)`` (``m``
     replaced by 0 on a lonely row, whose logits are all ``-inf``: ``p = 0``) written over ``S``;
@@ -114,7 +114,9 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
     gathered at the slots' table rows ``GIDX`` ``[c, K]`` (their NaN-propagating max per token) and
     q's rows ``q0 + t H + h``: ``X`` ``[c, H]`` (``exact ? 0 : n_q max n_k``, the statistics' dtype),
     ``BOTH`` ``[2, c, H]`` (exact, fast) and, from the first block of heads, ``KS`` ``[3, c]`` (the
-    maxima; ``KS[2]`` is the token's ``max |v|``). ``LIM``: ``(la, le, 0, exact_bits)``."""
+    maxima; ``KS[2]`` is the token's ``max |v|``). ``LIM``: ``(la, le, 0, exact_bits)``. ``COUNT`` (with
+    ``TESTS``): the chunk's counts of exact and of fast rows added to the int64 ``HV[hvo]`` and
+    ``HV[hvo + 1]``."""
     t = tl.program_id(0).to(tl.int64)
     scale = tl.load(SC)  # float64 (a Python float would arrive as float32)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -144,7 +146,7 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
             tl.store(KS + t, nk)
             tl.store(KS + c + t, bk)
             tl.store(KS + 2 * c + t, nanmax_all(sv))
-        row_tests(ST, R, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H)
+        row_tests(ST, R, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H, HV + hvo, COUNT)
     shift = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([BH], dtype=tl.float64)
     for k0 in range(0, K, BK):
@@ -165,3 +167,63 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
             tl.store(PB + row[:, None] + kk[None, :], _f32_to_bf16_rne(p.to(tl.float32)), mask=msk)
     tl.store(M + t * H + hh, mx, mask=hm)
     tl.store(L + t * H + hh, acc, mask=hm)
+
+
+@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS"])
+def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
+                  HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
+    """``fast._layout`` and ``fast._flags`` for one token ``t`` (program 0 of axis 0), in one pass
+    over its ``K`` slot indices: ``IDX`` ``[T, K]`` (row stride ``sit``), the lengths ``[T, S]`` at
+    ``LENS + l0`` (row stride ``slt``, 0 for one length shared by every token; a segment without
+    lengths holds its ``K_s``), ``CC`` ``[5, K]`` int64 column constants (row stride ``scc``: the
+    position in the segment, the segment's ``N_s - 1``, its first table row, whether it is -1-only,
+    its segment number). Writes ``VALID`` ``[T, K]`` (uint8), ``GIDX`` ``[T, K]`` (int64:
+    the table row, ``zrow`` for an invalid slot), ``NV`` ``[T]`` (int32 count of valid slots) and,
+    by integer atomics (order-free), into the int64 host vector ``HV``: the lengths' minima
+    ``HV[0:S]`` and maxima ``HV[S:2S]``, and with ``HAS_M1`` the minimum and maximum of the
+    -1-only columns' range offsets at ``HV[hv_w]``, ``HV[hv_w + 1]`` (``HV`` holds the neutral
+    values before the launch). A slot is valid iff it lies in its segment's prefix and ``0 <= idx
+    <= N_s - 1``; its range offset is ``idx`` below the range, ``idx - (N_s - 1)`` above it, 0 in it
+    and -1 outside the prefix (``fast._layout``). ``HAS_SINK``: program 0 also copies the ``NS`` sink
+    values' bits (``SINK``: the sink viewed as the integer dtype of its width), sign-extended, to
+    ``HV[hv_sink:]``."""
+    t = tl.program_id(0).to(tl.int64)
+    ss = tl.arange(0, BS)
+    sm = ss < S
+    lens = tl.load(LENS + t * slt + l0 + ss, mask=sm, other=0).to(tl.int64)
+    tl.atomic_min(HV + ss, lens, mask=sm)
+    tl.atomic_max(HV + S + ss, lens, mask=sm)
+    cnt = tl.zeros([BK], dtype=tl.int32)
+    wlo = tl.zeros([BK], dtype=tl.int64)
+    whi = tl.zeros([BK], dtype=tl.int64)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        idx = tl.load(IDX + t * sit + kk, mask=km, other=0).to(tl.int64)
+        pos = tl.load(CC + kk, mask=km, other=0)
+        nmax = tl.load(CC + scc + kk, mask=km, other=0)
+        off = tl.load(CC + 2 * scc + kk, mask=km, other=0)
+        seg = tl.load(CC + 4 * scc + kk, mask=km, other=0)
+        lcol = tl.load(LENS + t * slt + l0 + seg, mask=km, other=0).to(tl.int64)
+        inp = pos < lcol
+        lo = tl.where(idx < 0, idx, 0)
+        hi = tl.where(idx > nmax, idx - nmax, 0)
+        w = tl.where(inp, lo + hi, -1)
+        ok = km & (w == 0)
+        tl.store(VALID + t * K + kk, ok.to(tl.uint8), mask=km)
+        tl.store(GIDX + t * K + kk, tl.where(ok, idx + off, zrow), mask=km)
+        cnt += ok.to(tl.int32)
+        if HAS_M1:
+            m1 = km & (tl.load(CC + 3 * scc + kk, mask=km, other=0) != 0)
+            wlo = tl.minimum(wlo, tl.where(m1, w, 0))
+            whi = tl.maximum(whi, tl.where(m1, w, 0))
+    tl.store(NV + t, tl.sum(cnt, axis=0))
+    if HAS_M1:
+        tl.atomic_min(HV + hv_w, tl.min(wlo, axis=0))
+        tl.atomic_max(HV + hv_w + 1, tl.max(whi, axis=0))
+    if HAS_SINK:
+        if t == 0:
+            for h0 in range(0, NS, BK):
+                hh = h0 + tl.arange(0, BK)
+                b = tl.load(SINK + hh, mask=hh < NS, other=0)
+                tl.store(HV + hv_sink + hh, b.to(tl.int64), mask=hh < NS)

@@ -120,6 +120,94 @@ def test_softmax_kernel_against_the_pytorch_passes(K):
     assert torch.equal(pb.cpu(), p.cpu().to(torch.bfloat16))
 
 
+def layout_problem(case: str, seed: int):
+    """Segments whose indices cover every class the layout tells apart: valid, -1, -2 and below,
+    at and past ``N_s``, past the segment's length, with lengths of 0, ``K_s`` and in between (some
+    tokens' lengths out of ``[0, K_s]``: the flags must report them), an empty segment
+    (``N_s = 0``), a segment without lengths, int32 and int64 indices, mixed rules."""
+    from dsv4_numerics.reference.policies import IndexRule
+
+    g = torch.Generator().manual_seed(seed)
+    T, D = 6, 8
+    specs = {"one": [(9, 5, True, "m1")], "one-nolen": [(9, 5, False, "any")],
+             "two": [(9, 5, True, "m1"), (4, 7, True, "m1")], "mixed": [(9, 5, True, "m1"), (4, 7, False, "any")],
+             "empty": [(0, 3, True, "m1"), (6, 4, True, "any")], "three": [(5, 2, False, "any"), (0, 4, True, "any"),
+                                                                          (7, 9, True, "m1")]}[case]
+    segs = []
+    for i, (N, K, has_len, rule) in enumerate(specs):
+        idx = torch.randint(-3, N + 3, (T, K), generator=g)
+        idx = idx.to(torch.int32) if i % 2 == 0 else idx
+        length = torch.randint(-1, K + 2, (T,), generator=g, dtype=torch.int32) if has_len else None
+        rows = torch.randn(N, D, generator=g).to(torch.bfloat16)
+        r = IndexRule.MINUS1_ONLY if rule == "m1" else IndexRule.ANY_OUT_OF_RANGE_INVALID
+        segs.append(Segment(rows, idx, length, r))
+    return segs, T
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["one", "one-nolen", "two", "mixed", "empty", "three"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("sink_dtype", [None, torch.float32, torch.bfloat16])
+def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
+    """``fast._layout_passes`` (one Triton kernel) against ``fast._layout`` and ``fast._flags``:
+    the same validity, table rows and counts, and the same host-vector flags (lengths' minima and
+    maxima per segment, the -1-only range offsets' extremes where the rule applies), the sink's bits."""
+    from dsv4_numerics.reference.attention import fast
+
+    segs, T = layout_problem(case, seed)
+    segs = segs_on(segs)
+    rules = [sg.rule for sg in segs]
+    sink = None if sink_dtype is None else torch.tensor([0.5, -math.inf, math.nan, -0.0]).to(sink_dtype).to(DEV)
+    v_ref, g_ref, n_ref, pending, _ = fast._layout(segs, rules, T, DEV)
+    flags = [f.cpu() for f in fast._flags(pending)]
+    v8, gidx, nv, hv, _, at, _ = fast._layout_passes(segs, rules, T, DEV, sink, 2)
+    assert torch.equal(v8.view(torch.bool).cpu(), v_ref.cpu())
+    assert torch.equal(gidx.cpu(), g_ref.cpu())
+    assert torch.equal(nv.cpu(), n_ref.cpu())
+    host = hv.cpu().tolist()
+    S = len(segs)
+    assert host[:S] == flags[0].tolist() and host[S:2 * S] == flags[1].tolist()
+    if len(flags) > 2:  # -1-only offsets: the PyTorch pass sets the other columns to 0, as the kernel's neutral values
+        assert at == 2 * S + 2 and host[2 * S:2 * S + 2] == [int(flags[2]), int(flags[3])]
+    else:
+        assert at == 2 * S
+    assert host[at:at + 4] == [0, 0, 0, 0]  # the counts, added by the softmax kernel
+    if sink is None:
+        assert len(host) == at + 4
+    else:
+        bits = sink.cpu().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[sink_dtype]).long().tolist()
+        assert host[at + 4:] == bits
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ["empty", "three"])
+@pytest.mark.parametrize("passes", [False, True])
+def test_an_empty_segment_has_no_valid_slot(case, passes):
+    """A segment of no rows (``N_s = 0``): no index is valid, -1 is the empty sentinel under both
+    rules (the fast oracle once took -1 for a valid slot there, reading another segment's row), and
+    under ``MINUS1_ONLY`` an index of -2 or >= 0 is an error, as in the ordered oracle."""
+    from dsv4_numerics.reference.policies import IndexRule
+
+    segs, T = layout_problem(case, 0)
+    fixed = []
+    for sg in segs:
+        idx = sg.idx.clamp(-1, max(sg.rows.shape[0] - 1, -1))  # valid or -1: no input error
+        fixed.append(Segment(sg.rows, idx, None if sg.length is None else sg.length.clamp(0, idx.shape[1]), sg.rule))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(T, 3, 8, generator=g).to(torch.bfloat16)
+    o = sparse_attention(q, fixed, 0.3)
+    f = fast_sparse_attention(q.to(DEV), segs_on(fixed), 0.3, passes=passes, fused=False, graph=False)
+    assert torch.equal(f.n_valid.cpu(), o.n_valid)
+    assert_matches_ordered(f, o)
+    m1 = [Segment(torch.zeros(0, 8, dtype=torch.bfloat16), torch.full((T, 2), v), None, IndexRule.MINUS1_ONLY)
+          for v in (-2, 0)]
+    for bad in m1:
+        with pytest.raises(InputError):
+            sparse_attention(q, [bad], 0.3)
+        with pytest.raises(InputError):
+            fast_sparse_attention(q.to(DEV), segs_on([bad]), 0.3, passes=passes, fused=False, graph=False)
+
+
 @needs_triton
 @pytest.mark.parametrize("sink", list(SINKS))
 @pytest.mark.parametrize("chunk", [None, 1, 3])
