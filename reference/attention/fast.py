@@ -54,6 +54,7 @@ bucket cost 0.2-0.3 ms more than a replay of a seen shape before, 0.06-0.15 ms a
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -358,21 +359,28 @@ def _softmax_pv(table, gflat, negmask, lonely, qc, scale, d_v, zero, want_abs=Fa
     return _softmax_tail(s, g, d_v, lonely, zero, canonical=True, want_abs=want_abs, gb=gb)
 
 
-def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=False, counts=None):
+def _softmax_pv_passes(gather, rows_dtype, gflat, valid, q64, fconst, d_v, tests, want_abs=False, counts=None,
+                       qstats=None):
     """``_softmax_pv`` and ``_row_tests`` with the memory-bound passes in Triton (``fast_passes``):
-    the slot rows gathered straight to float64 (and ``|V|`` in the table's dtype for a bfloat16
+    the slot rows gathered straight to float64 (and ``|V|`` in the rows' dtype for a bfloat16
     ``pv_abs``), the cuBLAS logits, one softmax kernel (scale, mask, max, ``exp``, sum, the row
-    tests; ``bf16(p)`` for ``pv_abs``), the cuBLAS ``N = bmm(p, V)``. ``valid`` ``[c, K]`` bool,
-    ``fconst``: ``_constants``' float64 ``(scale, bf16_abs_factor(K))``, ``tests``: what
-    ``fast_passes.softmax`` takes to run the row tests, ``counts``: where it adds their counts (or
-    None). Returns ``(N, m, L, Na)`` as
-    ``_softmax_pv`` (but ``Na`` from a bfloat16 table: the bfloat16 ``bmm`` itself, which
-    ``fast_fused.finish`` converts and scales by ``bf16_abs_factor(K)``) and the row tests."""
+    tests; ``bf16(p)`` for ``pv_abs``), the cuBLAS ``N = bmm(p, V)``. ``gather(gflat, c, abs) -> (g,
+    ga, slot_stats)``: the chunk's ``[c, K, D]`` float64 rows, ``|V|`` (``abs``) and, where the
+    gather computes them (``fast_passes.gather_stats``), the slots' ``[3, c K]`` statistics (else
+    None: ``tests`` carries the table's). ``valid`` ``[c, K]`` bool or uint8, ``q64`` the chunk's q
+    ``[c, H, D]`` as float64, ``fconst``: ``_constants``' float64 ``(scale, bf16_abs_factor(K))``,
+    ``tests``: what ``fast_passes.softmax`` takes to run the row tests (with slot statistics:
+    ``qstats``, q's rows' statistics), ``counts``: where it adds their counts (or None). Returns
+    ``(N, m, L, Na)`` as ``_softmax_pv`` (but ``Na`` from bfloat16 rows: the bfloat16 ``bmm``
+    itself, which ``fast_fused.finish`` converts and scales by ``bf16_abs_factor(K)``) and the row
+    tests."""
     c, K = valid.shape
-    bf16_abs = want_abs and bf16_abs_gemm(table.dtype, K)
-    g, ga = fast_passes.gather(table, gflat, c, d_v, bf16_abs)
-    s = torch.bmm(qc.to(torch.float64), g.transpose(1, 2))
-    p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests, counts)
+    bf16_abs = want_abs and bf16_abs_gemm(rows_dtype, K)
+    g, ga, slot_stats = gather(gflat, c, bf16_abs)
+    s = torch.bmm(q64, g.transpose(1, 2))
+    if slot_stats is not None:
+        tests = (slot_stats, None, *tests[2:])
+    p, m, L, pb, rt = fast_passes.softmax(s, valid, fconst, bf16_abs, tests, counts, qstats)
     v = g if d_v == g.shape[2] else g[:, :, :d_v]
     N = torch.bmm(p, v)
     if not want_abs:
@@ -380,6 +388,13 @@ def _softmax_pv_passes(table, gflat, valid, qc, fconst, d_v, tests, want_abs=Fal
     if bf16_abs:
         return (N, m, L, torch.bmm(pb, ga)), rt
     return (N, m, L, torch.bmm(p, v.abs_())), rt
+
+
+def _direct_rows(segments, q) -> bool:
+    """Whether ``_issue`` can gather from the segments' rows themselves (``fast_passes.gather_stats``)
+    instead of a table: one or two segments, bfloat16 rows with unit column stride and bfloat16 q."""
+    return (len(segments) <= 2 and q.dtype == torch.bfloat16
+            and all(s.rows.dtype == torch.bfloat16 and s.rows.stride(1) == 1 for s in segments))
 
 
 def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=None):
@@ -555,7 +570,7 @@ class _Issued:
     gidx: torch.Tensor
     n_valid: torch.Tensor
     lonely: torch.Tensor | None  # None where the layout kernel ran: ``n_valid == 0``
-    table: torch.Tensor
+    table: object  # the table, or (rows gathered without one) a callable that builds it: ``_table``'s result
     tests: list
     parts: list
     res: tuple
@@ -606,13 +621,18 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     T, H, D = q.shape
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
-    table, Nrows = _table(segments, q, nan_policy)
     passes = passes and not fused and K > 0
-    passes_heavy = passes and fast_passes.gathers(table)  # else the PyTorch heavy steps, Triton finish
-    if passes and table.dtype == torch.bfloat16:
-        stats = fast_passes.row_stats(table, d_v)
+    # bfloat16 rows of at most two segments: no table (each gathered row's statistics come with it)
+    direct = passes and _direct_rows(segments, q)
+    if direct:
+        table, Nrows, stats, passes_heavy = None, sum(s.rows.shape[0] for s in segments), None, True
     else:
-        stats = row_stats(table, d_v)
+        table, Nrows = _table(segments, q, nan_policy)
+        passes_heavy = passes and fast_passes.gathers(table)  # else the PyTorch heavy steps, Triton finish
+        if passes and table.dtype == torch.bfloat16:
+            stats = fast_passes.row_stats(table, d_v)
+        else:
+            stats = row_stats(table, d_v)
     if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
         v8, gidx, n_valid, hv, cols, at, hv_init = _layout_passes(segments, rules, T, dev, sink, len(spans))
         valid, lonely = v8.view(torch.bool), None
@@ -620,7 +640,8 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
         lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
     q0 = Nrows + 1
-    sdt = torch.float32 if table.dtype == torch.bfloat16 else torch.float64
+    tdt = torch.bfloat16 if direct else table.dtype
+    sdt = torch.float32 if tdt == torch.bfloat16 else torch.float64
     consts = _constants(K, D, sc, sink is not None, sdt, dev)
     coef, lims, (zero, ninf, one) = consts[:3]
     one_chunk = len(spans) == 1
@@ -643,9 +664,27 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                                     want_abs, table16=table if table.dtype == torch.bfloat16 else None)
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
+    elif direct:  # q's rows as float64 with their statistics, then per chunk the slots' rows with theirs
+        q64, _, qst = fast_passes.gather_stats([q.reshape(T * H, D)], None, T * H, d_v, False, 0, False)
+        q64 = q64.view(T, H, D)
+        rows = [s.rows for s in segments]
+        scrub = nan_policy == NanPolicy.SCRUB
+
+        def gather(gf, c, ab):
+            g, ga, st = fast_passes.gather_stats(rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
+            return g.view(c, -1, D), (ga.view(c, -1, d_v) if ab else None), st
+
+        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q64, t0, t1), consts[4], d_v,
+                                 (None, None, t0 * H, lims[4]), want_abs, (hv, at + 2 * i), qst)
+              for i, (t0, t1) in enumerate(spans)]
+        heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
     elif passes_heavy:
-        pz = [_softmax_pv_passes(table, flat(t0, t1), part(v8, t0, t1), part(q, t0, t1), consts[4], d_v,
-                                 (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs, (hv, at + 2 * i))
+        def gather(gf, c, ab):
+            return (*fast_passes.gather(table, gf, c, d_v, ab), None)
+
+        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q, t0, t1).to(torch.float64),
+                                 consts[4], d_v, (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs,
+                                 (hv, at + 2 * i))
               for i, (t0, t1) in enumerate(spans)]
         heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
     else:
@@ -677,11 +716,13 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         if sink is not None:
             vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
         host = torch.cat(vals)
-    keep = (consts, cols, _ZERO_ROWS.get((D, table.dtype, dev)), BF16_LUT.get(dev), hv_init)
+    keep = (consts, cols, _ZERO_ROWS.get((D, tdt, dev)), BF16_LUT.get(dev), hv_init)
     packed = None
     if pack:
         (_, lse, lws, m, _), (b_lse, b_lws, b_max, b_out) = res
         packed = torch.stack([lse, lws, m, b_lse, b_lws, b_max, b_out.view(T, H)])
+    if table is None:  # built only if a chunk must be redone with the ordered logits (``_complete``)
+        table = functools.partial(_table, segments, q, nan_policy)
     return _Issued(spans, valid, gidx, n_valid, lonely, table, tests, parts, res, host, keep, packed,
                    finish_kernel=fused or passes)
 
@@ -731,14 +772,15 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     redo = [k != (t1 - t0) * H for k, (t0, t1) in zip(kept, spans)]
     if any(redo):
         coef, _, (zero, _, one) = iss.keep[0][:3]
-        vfin = vmax_finite(iss.table, d_v)
+        table = iss.table if isinstance(iss.table, torch.Tensor) else iss.table()[0]
+        vfin = vmax_finite(table, d_v)
         lonely = iss.lonely if iss.lonely is not None else iss.n_valid.view(T, 1, 1) == 0
         single = nc == 1
         parts = list(iss.parts)
         for i, (t0, t1) in enumerate(spans):
             if redo[i]:
                 parts[i], approx = _chunk_ordered(
-                    iss.table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
+                    table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
                     _part(lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
         res = _finish_any(parts, lonely, iss.n_valid, sink, iss.keep[0], iss.finish_kernel)

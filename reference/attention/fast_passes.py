@@ -53,16 +53,16 @@ rows, the logits, ``|V|`` and ``bf16(p)`` for ``pv_abs``), within ``fast.peak_by
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
 
 from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
+from .fast_rows import bf16_norm_floor
 from .triton_launch import launch
 
-__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathers", "kernels", "layout", "row_stats",
-           "softmax"]
+__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gather_stats", "gathers", "kernels", "layout",
+           "row_stats", "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
 # (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel;
@@ -105,7 +105,7 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     if N == 0:
         return st
     br, bd, w = BLOCKS["stats"]
-    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # as fast_rows.row_stats: a power of two
+    floor = bf16_norm_floor(D)
     launch(pk.row_stats_bf16_kernel, (triton.cdiv(N, br),), rows, st, N, D, d_v, floor, INTERP=interpreting(),
            BR=br, BD=block(D, bd), num_warps=w)
     return st
@@ -125,6 +125,33 @@ def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs:
         launch(pk.gather_kernel, (triton.cdiv(S, br),), table, gflat, g, ga if want_abs else g, S, D, d_v,
                IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br, BD=block(D, bd), num_warps=w)
     return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
+
+
+def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, want_abs: bool, zrow: int,
+                 scrub: bool):
+    """``gather`` and ``row_stats`` in one kernel, reading the segments' bfloat16 rows themselves
+    (``fast_passes_kernels.gather_stats_kernel``): ``(g, ga, st)`` -- ``[count, D]`` float64 rows,
+    ``|rows[:, :d_v]|`` in bfloat16 (``want_abs``, else None) and their ``[3, count]`` float32
+    statistics (``fast_rows.row_stats`` of each gathered row). ``rows``: one or two bfloat16
+    ``[N_s, D]`` tensors (unit column stride) standing for the table ``[rows_0; rows_1; zero row]``;
+    ``idx``: ``[count]`` table rows (``zrow``, or anything outside the rows, reads zeros), or None for
+    rows ``0 .. count - 1`` of ``rows[0]``; ``scrub``: NaN read as 0 (``NanPolicy.SCRUB``)."""
+    triton, pk = kernels()
+    a = rows[0]
+    b = rows[1] if len(rows) > 1 else a
+    D = a.shape[1]
+    dev = a.device
+    g = torch.empty(count, D, dtype=torch.float64, device=dev)
+    ga = torch.empty(count, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None
+    st = torch.empty(3, count, dtype=torch.float32, device=dev)
+    if count:
+        br, bd, w = BLOCKS["gather"]
+        floor = bf16_norm_floor(D)
+        launch(pk.gather_stats_kernel, (triton.cdiv(count, br),), a, a.stride(0), a.shape[0], b, b.stride(0),
+               b.shape[0] if len(rows) > 1 else 0, idx if idx is not None else g, g, ga if want_abs else g, st,
+               count, D, d_v, zrow, floor, IDENT=idx is None, TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs,
+               INTERP=interpreting(), BR=br, BD=block(D, bd), num_warps=w)
+    return g, ga, st
 
 
 def gathers(table: torch.Tensor) -> bool:
@@ -159,7 +186,7 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
 
 
 def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb: bool, tests=None,
-            counts: tuple | None = None):
+            counts: tuple | None = None, qstats: torch.Tensor | None = None):
     """Steps 1-3's elementwise part on raw logits ``s`` ``[c, H, K]`` float64 contiguous (the
     ``bmm`` of q and the rows; consumed: ``p`` is written over it): ``(p, m, L, pb, rt)`` with
     ``m``, ``L`` ``[c, H, 1]`` float64, ``pb`` ``bf16(p)`` ``[c, H, K]`` (``want_pb``, else None).
@@ -169,7 +196,10 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     ``(la, le, 0, exact_bits)`` -- to compute ``fast._row_tests`` in the same kernel: ``rt`` is
     then its ``(x, vmax, exact, fast, both)``, else None. ``counts`` (with ``tests``): ``(hv, o)``,
     the chunk's counts of rows with proven-exact logits and of rows that keep the fast logits added
-    to the int64 ``hv[o]`` and ``hv[o + 1]``. ``valid``: bool, or uint8 (1: valid)."""
+    to the int64 ``hv[o]`` and ``hv[o + 1]``. ``valid``: bool, or uint8 (1: valid). ``qstats``: the
+    statistics are per slot (``gather_stats``): ``tests``' ``stats`` then holds the chunk's ``c K``
+    slots' ``[3, c K]`` (its ``gidx`` is not read) and ``qstats`` q's rows' ``[3, RQ]``, the chunk's
+    first at ``q0``."""
     triton, pk = kernels()
     c, H, K = s.shape
     dev = s.device
@@ -186,11 +216,13 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     else:
         targs = (s, s, 0, s, s, s, s, 0)
     hv, hvo = counts if counts is not None else (s, 0)
+    qst = qstats if qstats is not None else targs[1]
     v8 = valid if valid.dtype == torch.uint8 else valid.view(torch.uint8)
     bh, bk, w = BLOCKS["softmax"]
     launch(pk.softmax_kernel, (c, triton.cdiv(H, bh)), s, v8, m, L, pb if want_pb else s, fconst, H, K, *targs, c,
-           hv, hvo, WANT_PB=want_pb, TESTS=tests is not None, COUNT=counts is not None and tests is not None,
-           INTERP=interpreting(), BH=bh, BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
+           hv, hvo, qst, targs[2] if qstats is None else qstats.shape[1], WANT_PB=want_pb, TESTS=tests is not None,
+           COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=interpreting(), BH=bh,
+           BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
     if tests is not None:
         b = both.view(torch.bool)
         exact, fast = b.unbind(0)

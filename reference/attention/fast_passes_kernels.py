@@ -17,7 +17,7 @@ from triton.language.extra import libdevice
 from . import fast_rows
 from .fast_fused_kernels import bf16_bits, bf16_bits_to_f32, nanmax, nanmax_all, row_tests
 
-__all__ = ["row_stats_bf16_kernel", "gather_kernel", "softmax_kernel", "layout_kernel"]
+__all__ = ["row_stats_bf16_kernel", "gather_kernel", "gather_stats_kernel", "softmax_kernel", "layout_kernel"]
 
 NO_LSB_BF16 = tl.constexpr(fast_rows.NO_LSB_BF16)  # the lsb exponent of a zero value ("none")
 
@@ -30,13 +30,53 @@ def _f32_to_bf16_rne(x):
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+@triton.jit
+def _bf16_stats_part(x, msk, dd, DV):
+    """One block's part of ``fast_rows.row_stats`` for bfloat16 rows ``x`` ``[BR, BD]`` (``msk``:
+    the elements that exist, ``dd``: their dims): ``(x as float32, the squares' float64 sum, the
+    largest -lsb, max |x_j| over j < DV, the count of NaN among those)`` per row. The squares are
+    exact in float64 (16 significant bits); the lsb comes from the 16 bits exactly."""
+    bits = bf16_bits(x)
+    xf = bf16_bits_to_f32(bits)
+    x64 = xf.to(tl.float64)
+    ss = tl.sum(x64 * x64, axis=1)
+    b = bits & 0x7FFF
+    ef = b >> 7
+    sig = tl.where(ef > 0, (b & 0x7F) | 0x80, b)
+    low = sig & (-sig)  # the least significant set bit, a power of two <= 2**7 (0 for a zero)
+    e = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # log2(low), exact
+    nl = tl.where(sig == 0, -NO_LSB_BF16, 134 - e - tl.maximum(ef, 1))  # -lsb
+    neg = tl.max(tl.where(msk, nl, -NO_LSB_BF16), axis=1)
+    a = tl.abs(xf)
+    vm = msk & (dd < DV)[None, :]
+    nans = tl.sum((vm & (a != a)).to(tl.int32), axis=1)
+    vmax = tl.max(tl.where(vm, a, 0.0), axis=1)
+    return xf, ss, neg, vmax, nans
+
+
+@triton.jit
+def _bf16_stats_store(ST, R, r, rm, ss, neg, vmax, nans, floor, INTERP: tl.constexpr):
+    """``fast_rows.row_stats``' three values of rows ``r`` (``rm``: those that exist) into ``ST``
+    ``[3, R]`` float32 from ``_bf16_stats_part``'s accumulated parts: the float64 sum rounded once
+    to float32, ``sqrt_rn`` and ``+ floor`` (one rounding each); ``log2 n + (-lsb)`` evaluated in
+    float64 (libdevice's ``log2``), rounded once; ``max |x_j|`` (NaN if one of those is NaN)."""
+    n = tl.sqrt_rn(ss.to(tl.float32)) + floor
+    if INTERP:
+        lg = tl.log2(n.to(tl.float64))
+    else:
+        lg = libdevice.log2(n.to(tl.float64))
+    beta = (lg + neg.to(tl.float64)).to(tl.float32)
+    vmax = tl.where(nans > 0, float("nan"), vmax)
+    tl.store(ST + r, n, mask=rm)
+    tl.store(ST + R + r, beta, mask=rm)
+    tl.store(ST + 2 * R + r, vmax, mask=rm)
+
+
 @triton.jit(do_not_specialize=["N"])
 def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     """``fast_rows.row_stats`` of ``BR`` rows of a bfloat16 table ``X`` ``[N, D]`` into ``ST`` ``[3,
-    N]`` float32: the squares summed in float64 (exact: 16 significant bits each; the sum rounds)
-    and rounded once to float32, ``sqrt_rn`` and ``+ floor`` (one rounding each); the largest ``-lsb``
-    over the row from the 16 bits; ``log2 n + (-lsb)`` evaluated in float64, rounded once; ``max
-    |x_j|`` over ``j < DV`` (NaN if any of those is NaN, as ``torch.linalg.vector_norm`` gives)."""
+    N]`` float32 (``_bf16_stats_part``, ``_bf16_stats_store``; NaN for ``max |x_j|`` if any of those is
+    NaN, as ``torch.linalg.vector_norm`` gives)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < N
     ss = tl.zeros([BR], dtype=tl.float64)
@@ -47,31 +87,60 @@ def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.c
         dd = d0 + tl.arange(0, BD)
         msk = rm[:, None] & (dd < D)[None, :]
         x = tl.load(X + r[:, None].to(tl.int64) * D + dd[None, :], mask=msk, other=0.0)
-        bits = bf16_bits(x)
-        xf = bf16_bits_to_f32(bits)
-        x64 = xf.to(tl.float64)
-        ss += tl.sum(x64 * x64, axis=1)
-        b = bits & 0x7FFF
-        ef = b >> 7
-        sig = tl.where(ef > 0, (b & 0x7F) | 0x80, b)
-        low = sig & (-sig)  # the least significant set bit, a power of two <= 2**7 (0 for a zero)
-        e = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # log2(low), exact
-        nl = tl.where(sig == 0, -NO_LSB_BF16, 134 - e - tl.maximum(ef, 1))  # -lsb
-        neg = tl.maximum(neg, tl.max(tl.where(msk, nl, -NO_LSB_BF16), axis=1))
-        a = tl.abs(xf)
-        vm = msk & (dd < DV)[None, :]
-        nans += tl.sum((vm & (a != a)).to(tl.int32), axis=1)
-        vmax = tl.maximum(vmax, tl.max(tl.where(vm, a, 0.0), axis=1))
-    n = tl.sqrt_rn(ss.to(tl.float32)) + floor
-    if INTERP:
-        lg = tl.log2(n.to(tl.float64))
+        _, s1, n1, v1, c1 = _bf16_stats_part(x, msk, dd, DV)
+        ss += s1
+        neg = tl.maximum(neg, n1)
+        vmax = tl.maximum(vmax, v1)
+        nans += c1
+    _bf16_stats_store(ST, N, r, rm, ss, neg, vmax, nans, floor, INTERP)
+
+
+@triton.jit(do_not_specialize=["S", "N0", "N1", "s0", "s1", "zrow"])
+def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, floor, IDENT: tl.constexpr,
+                        TWO: tl.constexpr, SCRUB: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr,
+                        BR: tl.constexpr, BD: tl.constexpr):
+    """``gather_kernel`` and ``row_stats_bf16_kernel`` in one pass, from the segments' own bfloat16
+    rows instead of a table: slot ``i`` reads the table row ``r = IDX[i]`` (``IDENT``: ``r = i``) of
+    the table the segments would form -- ``A`` ``[N0, D]`` (row stride ``s0``), then with ``TWO``
+    ``B`` ``[N1, D]`` (row stride ``s1``), then the zero row ``zrow`` (any other ``r`` reads zeros
+    too) -- and writes ``G[i]`` as float64 (exact), with ``WANT_ABS`` ``GA[i] = |row[:DV]|`` in
+    bfloat16, and the row's statistics ``ST[:, i]`` (``[3, S]`` float32, ``fast_rows.row_stats``).
+    ``SCRUB``: NaN read from ``A`` / ``B`` is read as 0 (``NanPolicy.SCRUB``; the table path scrubs its
+    segment rows the same way)."""
+    i = tl.program_id(0) * BR + tl.arange(0, BR)
+    im = i < S
+    if IDENT:
+        r = i.to(tl.int64)
     else:
-        lg = libdevice.log2(n.to(tl.float64))
-    beta = (lg + neg.to(tl.float64)).to(tl.float32)
-    vmax = tl.where(nans > 0, float("nan"), vmax)
-    tl.store(ST + r, n, mask=rm)
-    tl.store(ST + N + r, beta, mask=rm)
-    tl.store(ST + 2 * N + r, vmax, mask=rm)
+        r = tl.load(IDX + i, mask=im, other=0).to(tl.int64)
+    in_a = im & (r >= 0) & (r < N0)
+    if TWO:
+        in_b = im & (r >= N0) & (r < N0 + N1)
+    dst = i.to(tl.int64)
+    ss = tl.zeros([BR], dtype=tl.float64)
+    neg = tl.full([BR], -NO_LSB_BF16, dtype=tl.int32)
+    vmax = tl.zeros([BR], dtype=tl.float32)
+    nans = tl.zeros([BR], dtype=tl.int32)
+    for d0 in range(0, D, BD):
+        dd = d0 + tl.arange(0, BD)
+        dm = (dd < D)[None, :]
+        msk = im[:, None] & dm
+        x = tl.load(A + r[:, None] * s0 + dd[None, :], mask=in_a[:, None] & dm, other=0.0)
+        if TWO:
+            x = tl.where(in_b[:, None], tl.load(B + (r - N0)[:, None] * s1 + dd[None, :], mask=in_b[:, None] & dm,
+                                                other=0.0), x)
+        if SCRUB:  # NaN from the bits (a bfloat16 comparison is not one under the CPU interpreter)
+            x = tl.where((bf16_bits(x) & 0x7FFF) > 0x7F80, tl.zeros_like(x), x)
+        xf, s1_, n1, v1, c1 = _bf16_stats_part(x, msk, dd, DV)
+        ss += s1_
+        neg = tl.maximum(neg, n1)
+        vmax = tl.maximum(vmax, v1)
+        nans += c1
+        tl.store(G + dst[:, None] * D + dd[None, :], xf.to(tl.float64), mask=msk)
+        if WANT_ABS:
+            xa = (bf16_bits(x) & 0x7FFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
+    _bf16_stats_store(ST, S, i, im, ss, neg, vmax, nans, floor, INTERP)
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -100,10 +169,10 @@ def gather_kernel(TAB, IDX, G, GA, S, D, DV, IS_BF16: tl.constexpr, WANT_ABS: tl
             tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
 
 
-@triton.jit(do_not_specialize=["R", "q0", "c", "hvo"])
-def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c, HV, hvo,
-                   WANT_PB: tl.constexpr, TESTS: tl.constexpr, COUNT: tl.constexpr, INTERP: tl.constexpr,
-                   BH: tl.constexpr, BK: tl.constexpr):
+@triton.jit(do_not_specialize=["R", "q0", "c", "hvo", "RQ"])
+def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, q0, c, HV, hvo, QST, RQ,
+                   WANT_PB: tl.constexpr, TESTS: tl.constexpr, COUNT: tl.constexpr, SLOT_STATS: tl.constexpr,
+                   INTERP: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
     """Steps 1-3's elementwise part for ``BH`` heads of one token: ``s = fl(scale s) + 0`` on valid
     slots (a ``-0`` turns ``+0``), ``-inf`` on invalid ones; ``m = max s``; ``p = exp(s - m)`` (``m``
     replaced by 0 on a lonely row, whose logits are all ``-inf``: ``p = 0``) written over ``S``;
@@ -114,8 +183,10 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
     gathered at the slots' table rows ``GIDX`` ``[c, K]`` (their NaN-propagating max per token) and
     q's rows ``q0 + t H + h``: ``X`` ``[c, H]`` (``exact ? 0 : n_q max n_k``, the statistics' dtype),
     ``BOTH`` ``[2, c, H]`` (exact, fast) and, from the first block of heads, ``KS`` ``[3, c]`` (the
-    maxima; ``KS[2]`` is the token's ``max |v|``). ``LIM``: ``(la, le, 0, exact_bits)``. ``COUNT`` (with
-    ``TESTS``): the chunk's counts of exact and of fast rows added to the int64 ``HV[hvo]`` and
+    maxima; ``KS[2]`` is the token's ``max |v|``). ``LIM``: ``(la, le, 0, exact_bits)``. ``SLOT_STATS``:
+    the statistics are per slot instead, ``ST`` ``[3, R]`` holding the chunk's ``c K`` slots' (slot
+    ``t K + k``; ``gather_stats_kernel``), and q's rows' are ``QST`` ``[3, RQ]`` (else ``QST`` is
+    ``ST``). ``COUNT`` (with ``TESTS``): the chunk's counts of exact and of fast rows added to the int64 ``HV[hvo]`` and
     ``HV[hvo + 1]``."""
     t = tl.program_id(0).to(tl.int64)
     scale = tl.load(SC)  # float64 (a Python float would arrive as float32)
@@ -135,7 +206,10 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
         s = tl.where(ok[None, :], s * scale + 0.0, float("-inf"))
         mx = tl.maximum(mx, tl.max(s, axis=1))
         if TESTS:
-            g = tl.load(GIDX + t * K + kk, mask=km, other=0)
+            if SLOT_STATS:
+                g = t * K + kk
+            else:
+                g = tl.load(GIDX + t * K + kk, mask=km, other=0)
             sn = nanmax(sn, tl.load(ST + g, mask=km, other=float("-inf")))
             sb = nanmax(sb, tl.load(ST + R + g, mask=km, other=float("-inf")))
             sv = nanmax(sv, tl.load(ST + 2 * R + g, mask=km, other=float("-inf")))
@@ -146,7 +220,7 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
             tl.store(KS + t, nk)
             tl.store(KS + c + t, bk)
             tl.store(KS + 2 * c + t, nanmax_all(sv))
-        row_tests(ST, R, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H, HV + hvo, COUNT)
+        row_tests(QST, RQ, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H, HV + hvo, COUNT)
     shift = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([BH], dtype=tl.float64)
     for k0 in range(0, K, BK):

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-__all__: list[str] = []
+__all__ = ["BF16_LUT", "NO_LSB_BF16", "STAT_BYTES", "STAT_PER_ELEM", "STAT_PER_ELEM_BF16", "bf16_norm_floor", "row_stats",
+           "vmax_finite"]
 
 _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
 NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)
@@ -54,6 +55,12 @@ def _bf16_lut(dev: torch.device) -> torch.Tensor:
     return lut
 
 
+def bf16_norm_floor(D: int) -> float:
+    """The power of two ``2**(ceil(log2 sqrt D) - 75)`` added to a bfloat16 row's float32 norm
+    (``row_stats``): it covers the float32 squares' underflow, ``sqrt(D) 2**-75``; exact in float32."""
+    return 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)
+
+
 def vmax_finite(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     """``[N]`` ``max |x_j|`` over the finite values of the first ``d_v`` dims of each table row
     (``_chunk_ordered``'s ``V_j``), in pieces of ``STAT_BYTES`` of temporaries."""
@@ -90,7 +97,7 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
     bf16 = rows.dtype == torch.bfloat16
     step = max(1, STAT_BYTES // (max(1, D) * (STAT_PER_ELEM_BF16 if bf16 else STAT_PER_ELEM)))
     st = torch.empty(3, N, dtype=torch.float32 if bf16 else torch.float64, device=rows.device)
-    floor = 2.0 ** (math.ceil(math.log2(math.sqrt(D))) - 75)  # bf16: a power of two, exact in float32
+    floor = bf16_norm_floor(D)
     for r0 in range(0, N, step):
         x = rows if step >= N else rows[r0:r0 + step]
         n, beta, vmax = st.unbind(0) if step >= N else st[:, r0:r0 + step].unbind(0)

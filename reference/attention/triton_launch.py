@@ -47,13 +47,14 @@ def _enabled() -> bool:
 def _arg_key(a):
     """The part of an argument's specialisation key this module keys on (module docstring); None
     for a type it does not handle (the launch then goes through ``JITFunction``)."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, bool):
+    t = type(a)
+    if t is torch.Tensor or isinstance(a, torch.Tensor):
+        return a.dtype, not a.data_ptr() & 15
+    if t is bool:
         return "b", a
-    if isinstance(a, int):
-        return "i", a == 1, a % 16 == 0, _I32[0] <= a < _I32[1]
-    if isinstance(a, float):
+    if t is int:
+        return "i", a == 1, not a & 15, _I32[0] <= a < _I32[1]
+    if t is float:
         return "f", a
     return None
 

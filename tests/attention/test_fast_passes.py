@@ -145,6 +145,44 @@ def layout_problem(case: str, seed: int):
 
 
 @needs_triton
+@pytest.mark.parametrize("problem", ["decode", "one-segment", "nan_row", "inf_q", "huge", "scrub", "strided"])
+@pytest.mark.parametrize("want_abs", [False, True])
+def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkeypatch):
+    """bfloat16 rows of one or two segments are gathered from the segments themselves with each
+    row's statistics (``fast_passes.gather_stats``: no table, no separate statistics pass); the
+    table path (``fast._direct_rows`` refused) gives the same bits: outputs, bounds, the proven-exact
+    fraction and ``pv_abs`` -- the same float64 rows, the same statistics, the same GEMMs."""
+    from dsv4_numerics.reference.attention import fast
+
+    nan_policy = NanPolicy.SCRUB if problem == "scrub" else NanPolicy.PROPAGATE
+    if problem in ("decode", "one-segment", "strided"):
+        q, segs = decode_like(seed=3)
+        if problem == "one-segment":
+            segs = segs[:1]
+        if problem == "strided":  # rows with a row stride wider than D
+            wide = torch.zeros(segs[0].rows.shape[0], 80, dtype=torch.bfloat16)
+            wide[:, :64] = segs[0].rows
+            segs = [Segment(wide[:, :64], segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
+    else:
+        q, segs = poisoned("nan_row" if problem == "scrub" else problem)
+    assert fast._direct_rows(segs, q)
+    args = (q.to(DEV), segs_on(segs), 0.125, on(torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5])))
+    kw = dict(nan_policy=nan_policy, want_abs=want_abs, passes=True, fused=False, graph=False)
+    direct = fast_sparse_attention(*args, **kw)
+    monkeypatch.setattr(fast, "_direct_rows", lambda segments, q: False)
+    table = fast_sparse_attention(*args, **kw)
+    for name in ("out", "lse", "lse_with_sink", "max_logits", "n_valid", "pv_abs"):
+        a, b = getattr(direct, name), getattr(table, name)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a.cpu().view(-1).view(torch.uint8),
+                                                                      b.cpu().view(-1).view(torch.uint8))), name
+    for name in direct.bound:
+        assert torch.equal(direct.bound[name].cpu(), table.bound[name].cpu()), name
+    assert direct.exact_logits == table.exact_logits
+    o = sparse_attention(q, segs, 0.125, torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5]), nan_policy=nan_policy)
+    assert_matches_ordered(direct, o)
+
+
+@needs_triton
 @pytest.mark.parametrize("case", ["one", "one-nolen", "two", "mixed", "empty", "three"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("sink_dtype", [None, torch.float32, torch.bfloat16])
