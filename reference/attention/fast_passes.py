@@ -65,9 +65,11 @@ __all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathe
            "row_stats", "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
-# (rows, dims, warps) of the statistics and gather kernels; (heads, slots, warps) of the softmax kernel;
-# (slots, warps) of the layout kernel
-BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "softmax": (8, 256, 8), "layout": (256, 4)}
+# (rows, dims, warps) of the statistics and gather kernels (gather_stats: of the slots' rows, of q's rows);
+# (heads, slots, warps) of the softmax kernel; (slots, warps) of the layout kernel. Chosen by timing CUDA-graph
+# replays of each kernel alone at production decode shapes (batch 128, h64 top-512 and h128 top-1024) on one H200
+BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "gather_stats": (4, 256, 4), "gather_stats_q": (2, 512, 2),
+          "softmax": (8, 256, 8), "layout": (256, 4)}
 _GATHER_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
@@ -145,7 +147,7 @@ def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, wan
     ga = torch.empty(count, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None
     st = torch.empty(3, count, dtype=torch.float32, device=dev)
     if count:
-        br, bd, w = BLOCKS["gather"]
+        br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats"]
         floor = bf16_norm_floor(D)
         launch(pk.gather_stats_kernel, (triton.cdiv(count, br),), a, a.stride(0), a.shape[0], b, b.stride(0),
                b.shape[0] if len(rows) > 1 else 0, idx if idx is not None else g, g, ga if want_abs else g, st,
