@@ -30,7 +30,6 @@ import os
 import torch
 
 from dsv4_numerics.reference.attention.fast_passes import block
-from dsv4_numerics.reference.attention.triton_launch import launch
 
 ENV = "DSV4_ORDERED_LOOPS"
 _MAX_GRID_Z = 65535  # CUDA's limit on the third grid dimension (tokens of a chunk)
@@ -85,8 +84,8 @@ def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty(c, I, J, dtype=torch.float64, device=a.device)
     BI, BJ = block(I, 32), block(J, 64)
     grid = (triton.cdiv(I, BI), triton.cdiv(J, BJ), c)
-    launch(products, grid, a, b, out, I, J, R, *a.stride(), *b.stride(), *out.stride(), BI=BI, BJ=BJ,
-           enable_fp_fusion=False)
+    products[grid](a, b, out, I, J, R, *a.stride(), *b.stride(), *out.stride(), BI=BI, BJ=BJ,
+                   enable_fp_fusion=False)
     return out
 
 
@@ -102,7 +101,7 @@ def seq_sum_last(x: torch.Tensor) -> torch.Tensor:
     c, H, K = x.shape
     out = torch.empty(c, H, dtype=torch.float64, device=x.device)
     BH = block(H, 128)
-    launch(row_sum, (triton.cdiv(H, BH), c), x, out, H, K, *x.stride(), *out.stride(), BH=BH, enable_fp_fusion=False)
+    row_sum[(triton.cdiv(H, BH), c)](x, out, H, K, *x.stride(), *out.stride(), BH=BH, enable_fp_fusion=False)
     return out
 
 

@@ -18,18 +18,19 @@ Memory: ``peak_bytes_estimate_fast`` per chunk; ``chunk_tokens=None`` fits ``FAS
 (1.5 GiB) on a GPU, and on the CPU keeps one ``[chunk, H, K]`` logit tensor near 8 MiB (speed).
 Results do not depend on the chunk size beyond the bound.
 
-Speed (the host spends ~5-20 us per kernel launch on the H100/H200 hosts, against ~1.1 ms of GPU
-work at production decode h64/top-512, batch 128, on this PyTorch path; ~0.6 ms with the Triton
-passes of ``fast_passes``, the default on a CUDA device, which also issue about half the kernels):
-~60 kernels per call (two segments with lengths
+Speed (the host spends ~5-20 us per PyTorch operation and ~25-35 us per Triton launch on the
+H100/H200 hosts, against ~1.1 ms of GPU work at production decode h64/top-512, batch 128, on this
+PyTorch path; ~0.53 ms with the Triton passes of ``fast_passes``, the default on a CUDA device,
+which issue about 12 kernels: the layout and its flags in one, the rows gathered from the segments
+with their statistics, no table): on the PyTorch path ~60 kernels per call (two segments with lengths
 and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
-read with the call's one host sync (``_flags``; ``check_common`` then raises the precise error):
+read with the call's one host sync (``layout_flags``; ``check_common`` then raises the precise error):
 the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
-lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``_layout``), and the
+lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``slot_layout``), and the
 host vector is one ``cat`` of integers only -- flags, counts and the sink's bits -- so it is int64
 and exact (a float among them would turn every integer into that float).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
@@ -167,10 +168,10 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
     return hit
 
 
-def _layout(segments, rules, T: int, dev: torch.device):
+def slot_layout(segments, rules, T: int, dev: torch.device):
     """``(valid, gidx, n_valid, pending, cols)``: validity ``[T, K]`` (bool), table row of every slot
     ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32), what
-    ``_flags`` needs for the deferred validation (issued later, so the heavy kernels start sooner)
+    ``layout_flags`` needs for the deferred validation (issued later, so the heavy kernels start sooner)
     and ``_column_constants``. No host sync: the caller reads the flags with its one sync after the
     heavy kernels and then lets ``check_common`` raise the precise error. Out-of-range slots never
     reach a gather (they point at the zero row), so a bad input cannot fault the device first.
@@ -182,7 +183,7 @@ def _layout(segments, rules, T: int, dev: torch.device):
     ``[0, N_s - 1]``, 0 below the range (0 in range, ``idx < 0`` below it, ``> 0`` above it; an empty
     segment has no range: ``idx`` below, ``idx + 1`` above), is set to ``-1`` outside the prefix: a slot is valid
     iff ``w == 0``, and the -1-only rule holds iff every ``w`` of a -1-only column lies in ``[-1,
-    0]`` (one ``aminmax``, ``_flags``)."""
+    0]`` (one ``aminmax``, ``layout_flags``)."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     cols = _column_constants(Ks, tuple(s.rows.shape[0] for s in segments), tuple(rules), dev)
     pos, nmax, offcol, m1, zrow, zero, minus1, kcol = cols[:8]
@@ -207,19 +208,20 @@ def _layout(segments, rules, T: int, dev: torch.device):
     return valid, gidx, valid.sum(dim=1, dtype=torch.int32), (lts, w, m1, zero), cols
 
 
-_HV_INIT: dict = {}  # ``_layout_passes``: the host vector's neutral values per layout
+_HV_INIT: dict = {}  # ``layout_by_kernel``: the host vector's neutral values per layout
 _HV_BIG = 2**62
 
 
-def _layout_passes(segments, rules, T: int, dev: torch.device, sink, chunks: int):
-    """``_layout`` and ``_flags`` as one Triton kernel launch (``fast_passes.layout``) that also
-    starts the host vector ``_issue`` reads with its one sync: ``valid`` ``[T, K]`` uint8 (1:
-    valid), ``gidx``, ``n_valid`` and ``cols`` as ``_layout`` returns them, ``host`` the int64 host vector in ``_complete``'s layout -- the lengths' minima and
-    maxima per segment, the -1-only range offsets' minimum and maximum (with a -1-only segment),
-    two counts per chunk (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), the
-    sink's bits -- copied from ``init``, a kept tensor of their neutral values, and written by the
-    kernels; ``at``: the first chunk's counts' index. Returns ``(valid, gidx, n_valid, host, cols,
-    at, init)``. ``K > 0``."""
+def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: int):
+    """``slot_layout`` and ``layout_flags`` as one Triton kernel launch (``fast_passes.layout``)
+    that also starts the host vector ``_issue`` reads with its one sync: ``valid`` ``[T, K]`` uint8
+    (1: valid), ``gidx``, ``n_valid`` and ``cols`` as ``slot_layout`` returns them, ``host`` the
+    int64 host vector in ``_complete``'s layout -- the lengths' minima and maxima per segment, the
+    -1-only range offsets' minimum and maximum (with a -1-only segment), two counts per chunk
+    (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), the sink's bits --
+    copied from ``init``, a kept tensor of their neutral values, and written by the kernels;
+    ``at``: the first chunk's counts' index. Returns ``(valid, gidx, n_valid, host, cols, at,
+    init)``. ``K > 0``."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     Ns = tuple(s.rows.shape[0] for s in segments)
     cols = _column_constants(Ks, Ns, tuple(rules), dev)
@@ -249,8 +251,8 @@ def _layout_passes(segments, rules, T: int, dev: torch.device, sink, chunks: int
     return valid, gidx, n_valid, host, cols, counts, init
 
 
-def _flags(pending) -> list:
-    """The validation flags ``_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
+def layout_flags(pending) -> list:
+    """The validation flags ``slot_layout`` leaves for later (``pending``: its lengths ``[T, S]``, the
     in-prefix range offsets ``w`` ``[T, K]`` (None without a -1-only segment), the -1-only column
     mask (None unless the rules are mixed) and the 0-dim ``0``): integer 1-D tensors (the host
     vector stays integer, ``_issue``), the lengths' ``[S]`` min and max per
@@ -390,7 +392,7 @@ def _softmax_pv_passes(gather, rows_dtype, gflat, valid, q64, fconst, d_v, tests
     return (N, m, L, torch.bmm(p, v.abs_())), rt
 
 
-def _direct_rows(segments, q) -> bool:
+def direct_rows(segments, q) -> bool:
     """Whether ``_issue`` can gather from the segments' rows themselves (``fast_passes.gather_stats``)
     instead of a table: one or two segments, bfloat16 rows with unit column stride and bfloat16 q."""
     return (len(segments) <= 2 and q.dtype == torch.bfloat16
@@ -623,7 +625,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     K = sum(s.idx.shape[1] for s in segments)
     passes = passes and not fused and K > 0
     # bfloat16 rows of at most two segments: no table (each gathered row's statistics come with it)
-    direct = passes and _direct_rows(segments, q)
+    direct = passes and direct_rows(segments, q)
     if direct:
         table, Nrows, stats, passes_heavy = None, sum(s.rows.shape[0] for s in segments), None, True
     else:
@@ -634,10 +636,10 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         else:
             stats = row_stats(table, d_v)
     if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
-        v8, gidx, n_valid, hv, cols, at, hv_init = _layout_passes(segments, rules, T, dev, sink, len(spans))
+        v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
         valid, lonely = v8.view(torch.bool), None
     else:
-        valid, gidx, n_valid, pending, cols = _layout(segments, rules, T, dev)
+        valid, gidx, n_valid, pending, cols = slot_layout(segments, rules, T, dev)
         lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
     q0 = Nrows + 1
     tdt = torch.bfloat16 if direct else table.dtype
@@ -691,7 +693,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         negmask = torch.where(valid.unsqueeze(1), zero, ninf)  # float64 [T, 1, K]: 0 / -inf
         heavy = [_softmax_pv(table, flat(t0, t1), part(negmask, t0, t1), part(lonely, t0, t1), part(q, t0, t1),
                              sc, d_v, zero, want_abs) for t0, t1 in spans]
-    checks = None if passes_heavy else _flags(pending)
+    checks = None if passes_heavy else layout_flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
         yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)

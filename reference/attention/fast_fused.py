@@ -89,7 +89,6 @@ import os
 import torch
 
 from .fast_bound import bf16_abs_gemm
-from .triton_launch import launch
 
 __all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES",
            "interpreting", "triton_importable", "interpreter_index_shim"]
@@ -196,16 +195,16 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     ks = torch.empty(3, c, 1, 1, dtype=stats.dtype, device=dev)
     x = torch.empty(c, H, 1, dtype=stats.dtype, device=dev)
     both = torch.empty(2, c, H, 1, dtype=torch.uint8, device=dev)
-    launch(logits_kernel, (c, triton.cdiv(H, bh)), table, gidx, stats, s, m, ks, lim4, x, both, q0, zrow, fconst,
-           c, H, K, D, R, HAS_STATS=True, BH=bh, BK=bk, BD=bd, num_warps=w1)
+    logits_kernel[(c, triton.cdiv(H, bh))](table, gidx, stats, s, m, ks, lim4, x, both, q0, zrow, fconst,
+                                           c, H, K, D, R, HAS_STATS=True, BH=bh, BK=bk, BD=bd, num_warps=w1)
     bh, bk, bv, w2 = bl["pv"]
     n = torch.empty(c, H, d_v, dtype=torch.float64, device=dev)
     L = torch.empty(c, H, 1, dtype=torch.float64, device=dev)
     abs_bf16 = want_abs and table16 is not None and bf16_abs_gemm(table16.dtype, K)
     na = torch.empty_like(n) if want_abs else n
     bv = min(bv, triton.next_power_of_2(d_v))
-    launch(
-        pv_kernel, (c, triton.cdiv(H, bh), triton.cdiv(d_v, bv)), table, table16 if abs_bf16 else table, gidx, s, m, n, L, na, zrow, fconst, H, K, D, d_v,
+    pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
+        table, table16 if abs_bf16 else table, gidx, s, m, n, L, na, zrow, fconst, H, K, D, d_v,
         WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=interpreting(), BH=bh, BK=bk, BV=bv, num_warps=w2)
     b = both.view(torch.bool)
     exact, fast = b.unbind(0)
@@ -249,8 +248,7 @@ def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20
     na16 = Na is not None and Na.dtype == torch.bfloat16
     pv = torch.empty(N.shape, dtype=torch.float64, device=dev) if na16 else Na
     bh, bv, w = dict(BLOCKS, **(blocks or {}))["finish"]
-    launch(
-        finish_kernel, (T, triton.cdiv(H, bh)),
+    finish_kernel[(T, triton.cdiv(H, bh))](
         N, Na if Na is not None else N, pv if na16 else N, fconst, m, L, x.contiguous(), vmax.contiguous(), n_valid,
         sink.contiguous() if sink is not None else m, coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None,
         WANT_ABS=Na is not None, NA_BF16=na16, INTERP=interpreting(), BH=bh, BV=bv, num_warps=w)

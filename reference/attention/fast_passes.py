@@ -9,7 +9,15 @@ non-vectorised cast kernel), the softmax's mask, max, subtract, ``exp`` and sum 
 the ``[c, H, K]`` float64 logits, 0.07 / 0.32 ms), ``|V|`` and ``bf16(p)`` for ``pv_abs``, and
 steps 4-7 in about twenty small kernels. Each kernel here does one of those jobs in one pass:
 
-* ``row_stats`` (bfloat16 tables): ``fast_rows.row_stats`` in one read of the table.
+* ``layout``: the slot layout (validity, table row and count of valid slots per token), the
+  deferred validation's flags and the start of the host vector the call's one sync reads
+  (``fast.slot_layout`` and ``fast.layout_flags``: about twenty PyTorch operations), one read of
+  the indices.
+* ``gather_stats`` (bfloat16 rows of one or two segments, the usual decode and prefill call): each
+  slot's row read from its segment (no table is built), written as float64 (and ``|V|`` for
+  ``pv_abs``) with its row statistics (``fast_rows.row_stats``, per slot: the same values the
+  table's row gives), and q's rows converted with theirs by the same kernel.
+* ``row_stats`` (other bfloat16 tables): ``fast_rows.row_stats`` in one read of the table.
 * ``gather``: the chunk's slot rows as float64 straight from the table's dtype (and ``|V|`` in that
   dtype for ``pv_abs``), one read of the rows and one write.
 * ``softmax``: the scaled, masked logits' max, ``p = exp(s - m)`` written over the logits, ``L =
@@ -29,7 +37,9 @@ Why ``fast_bound``'s bound holds unchanged (its steps; nothing is widened):
   ``log2 n - lsb`` is evaluated in float64 (libdevice's ``log2``) and rounded once to float32:
   within ``2**-15`` of its exact value for every finite bfloat16 row, inside ``exact_bits``' ``2**-12``
   margin. ``max |x_j|`` is exact (NaN where a value is NaN).
-- Gather: a bfloat16, float16 or float32 value converts to float64 exactly.
+- Gather: a bfloat16, float16 or float32 value converts to float64 exactly. The layout is
+  integer arithmetic; its flags are minima and maxima and its counts sums of integers, so the
+  atomics that combine them give the same values in any order.
 - Logits (step 1): cuBLAS's ``bmm`` as before, then ``fl(scale s) + 0`` once (no FMA contraction:
   the kernel is compiled with ``enable_fp_fusion=False``, so a ``-0`` logit turns ``+0`` as the
   PyTorch path's mask addition does and the max equals the ordered oracle's on exact rows).
@@ -59,10 +69,9 @@ import torch
 
 from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
 from .fast_rows import bf16_norm_floor
-from .triton_launch import launch
 
-__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gather_stats", "gathers", "kernels", "layout",
-           "row_stats", "softmax"]
+__all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gather_stats", "gathers", "kernels",
+           "layout", "row_stats", "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
 # (rows, dims, warps) of the statistics and gather kernels (gather_stats: of the slots' rows, of q's rows);
@@ -108,8 +117,8 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
         return st
     br, bd, w = BLOCKS["stats"]
     floor = bf16_norm_floor(D)
-    launch(pk.row_stats_bf16_kernel, (triton.cdiv(N, br),), rows, st, N, D, d_v, floor, INTERP=interpreting(),
-           BR=br, BD=block(D, bd), num_warps=w)
+    pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=interpreting(), BR=br,
+                                                    BD=block(D, bd), num_warps=w)
     return st
 
 
@@ -124,8 +133,9 @@ def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs:
     ga = torch.empty(S, d_v, dtype=table.dtype, device=table.device) if want_abs else None
     if S:
         br, bd, w = BLOCKS["gather"]
-        launch(pk.gather_kernel, (triton.cdiv(S, br),), table, gflat, g, ga if want_abs else g, S, D, d_v,
-               IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br, BD=block(D, bd), num_warps=w)
+        pk.gather_kernel[(triton.cdiv(S, br),)](table, gflat, g, ga if want_abs else g, S, D, d_v,
+                                                IS_BF16=table.dtype == torch.bfloat16, WANT_ABS=want_abs, BR=br,
+                                                BD=block(D, bd), num_warps=w)
     return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
 
 
@@ -149,10 +159,11 @@ def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, wan
     if count:
         br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats"]
         floor = bf16_norm_floor(D)
-        launch(pk.gather_stats_kernel, (triton.cdiv(count, br),), a, a.stride(0), a.shape[0], b, b.stride(0),
-               b.shape[0] if len(rows) > 1 else 0, idx if idx is not None else g, g, ga if want_abs else g, st,
-               count, D, d_v, zrow, floor, IDENT=idx is None, TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs,
-               INTERP=interpreting(), BR=br, BD=block(D, bd), num_warps=w)
+        pk.gather_stats_kernel[(triton.cdiv(count, br),)](
+            a, a.stride(0), a.shape[0], b, b.stride(0), b.shape[0] if len(rows) > 1 else 0,
+            idx if idx is not None else g, g, ga if want_abs else g, st, count, D, d_v, zrow, floor, IDENT=idx is None,
+            TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs, INTERP=interpreting(), BR=br, BD=block(D, bd),
+            num_warps=w)
     return g, ga, st
 
 
@@ -163,7 +174,7 @@ def gathers(table: torch.Tensor) -> bool:
 
 def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: torch.Tensor, S: int, zrow: int,
            hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int):
-    """``fast._layout`` and ``fast._flags`` in one kernel launch (``fast_passes_kernels.layout_kernel``):
+    """``fast.slot_layout`` and ``fast.layout_flags`` in one kernel launch (``fast_passes_kernels.layout_kernel``):
     ``(valid, gidx, n_valid)`` -- ``[T, K]`` uint8 (1: valid), ``[T, K]`` int64 table rows (``zrow``
     for invalid slots), ``[T]`` int32 -- with the validation flags written into the int64 host vector
     ``hv`` (which holds their neutral values): the lengths' per-segment minima ``hv[0:S]`` and maxima
@@ -180,10 +191,10 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     nv = torch.empty(T, dtype=torch.int32, device=dev)
     bk, w = BLOCKS["layout"]
     ns = 0 if sink_bits is None else sink_bits.numel()
-    launch(pk.layout_kernel, (T,), idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv,
-           hv, sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns,
-           HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
-           BS=max(2, triton.next_power_of_2(S)), num_warps=w)
+    pk.layout_kernel[(T,)](idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv, hv,
+                           sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns,
+                           HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
+                           BS=max(2, triton.next_power_of_2(S)), num_warps=w)
     return valid, gidx, nv
 
 
@@ -221,10 +232,11 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     qst = qstats if qstats is not None else targs[1]
     v8 = valid if valid.dtype == torch.uint8 else valid.view(torch.uint8)
     bh, bk, w = BLOCKS["softmax"]
-    launch(pk.softmax_kernel, (c, triton.cdiv(H, bh)), s, v8, m, L, pb if want_pb else s, fconst, H, K, *targs, c,
-           hv, hvo, qst, targs[2] if qstats is None else qstats.shape[1], WANT_PB=want_pb, TESTS=tests is not None,
-           COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=interpreting(), BH=bh,
-           BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
+    pk.softmax_kernel[(c, triton.cdiv(H, bh))](
+        s, v8, m, L, pb if want_pb else s, fconst, H, K, *targs, c, hv, hvo, qst,
+        targs[2] if qstats is None else qstats.shape[1], WANT_PB=want_pb, TESTS=tests is not None,
+        COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=interpreting(), BH=bh,
+        BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
     if tests is not None:
         b = both.view(torch.bool)
         exact, fast = b.unbind(0)

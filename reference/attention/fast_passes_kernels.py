@@ -246,7 +246,7 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
 @triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS"])
 def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
                   HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
-    """``fast._layout`` and ``fast._flags`` for one token ``t`` (program 0 of axis 0), in one pass
+    """``fast.slot_layout`` and ``fast.layout_flags`` for one token ``t`` (program 0 of axis 0), in one pass
     over its ``K`` slot indices: ``IDX`` ``[T, K]`` (row stride ``sit``), the lengths ``[T, S]`` at
     ``LENS + l0`` (row stride ``slt``, 0 for one length shared by every token; a segment without
     lengths holds its ``K_s``), ``CC`` ``[5, K]`` int64 column constants (row stride ``scc``: the
@@ -258,7 +258,7 @@ def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K
     -1-only columns' range offsets at ``HV[hv_w]``, ``HV[hv_w + 1]`` (``HV`` holds the neutral
     values before the launch). A slot is valid iff it lies in its segment's prefix and ``0 <= idx
     <= N_s - 1``; its range offset is ``idx`` below the range, ``idx - (N_s - 1)`` above it, 0 in it
-    and -1 outside the prefix (``fast._layout``). ``HAS_SINK``: program 0 also copies the ``NS`` sink
+    and -1 outside the prefix (``fast.slot_layout``). ``HAS_SINK``: program 0 also copies the ``NS`` sink
     values' bits (``SINK``: the sink viewed as the integer dtype of its width), sign-extended, to
     ``HV[hv_sink:]``."""
     t = tl.program_id(0).to(tl.int64)

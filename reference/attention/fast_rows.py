@@ -7,8 +7,8 @@ import math
 
 import torch
 
-__all__ = ["BF16_LUT", "NO_LSB_BF16", "STAT_BYTES", "STAT_PER_ELEM", "STAT_PER_ELEM_BF16", "bf16_norm_floor", "row_stats",
-           "vmax_finite"]
+__all__ = ["BF16_LUT", "NO_LSB_BF16", "STAT_BYTES", "STAT_PER_ELEM", "STAT_PER_ELEM_BF16", "bf16_norm_floor",
+           "row_stats", "vmax_finite"]
 
 _NO_LSB = 1 << 20  # lsb exponent of a zero value in a float64 table ("none")
 NO_LSB_BF16 = 1 << 14  # the same in the bfloat16 lookup (float32; any value > 127 works)

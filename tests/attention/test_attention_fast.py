@@ -515,7 +515,7 @@ def test_deferred_validation_raises_the_ordered_oracles_errors():
 
 
 def test_minus1_only_rule_edges_and_mixed_rules():
-    """The -1-only rule (read on the device as the in-prefix range offsets' min and max, ``_flags``)
+    """The -1-only rule (read on the device as the in-prefix range offsets' min and max, ``layout_flags``)
     at its edges: ``N - 1`` and ``-1`` pass, ``N`` and ``-2`` in the prefix raise the ordered
     oracle's error, any value outside the prefix passes; in a call with mixed rules only the -1-only
     segment's prefix is checked (the other segment's wild indices are invalid slots), also with

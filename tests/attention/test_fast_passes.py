@@ -150,7 +150,7 @@ def layout_problem(case: str, seed: int):
 def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkeypatch):
     """bfloat16 rows of one or two segments are gathered from the segments themselves with each
     row's statistics (``fast_passes.gather_stats``: no table, no separate statistics pass); the
-    table path (``fast._direct_rows`` refused) gives the same bits: outputs, bounds, the proven-exact
+    table path (``fast.direct_rows`` refused) gives the same bits: outputs, bounds, the proven-exact
     fraction and ``pv_abs`` -- the same float64 rows, the same statistics, the same GEMMs."""
     from dsv4_numerics.reference.attention import fast
 
@@ -165,11 +165,11 @@ def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkey
             segs = [Segment(wide[:, :64], segs[0].idx, segs[0].length, segs[0].rule), segs[1]]
     else:
         q, segs = poisoned("nan_row" if problem == "scrub" else problem)
-    assert fast._direct_rows(segs, q)
+    assert fast.direct_rows(segs, q)
     args = (q.to(DEV), segs_on(segs), 0.125, on(torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5])))
     kw = dict(nan_policy=nan_policy, want_abs=want_abs, passes=True, fused=False, graph=False)
     direct = fast_sparse_attention(*args, **kw)
-    monkeypatch.setattr(fast, "_direct_rows", lambda segments, q: False)
+    monkeypatch.setattr(fast, "direct_rows", lambda segments, q: False)
     table = fast_sparse_attention(*args, **kw)
     for name in ("out", "lse", "lse_with_sink", "max_logits", "n_valid", "pv_abs"):
         a, b = getattr(direct, name), getattr(table, name)
@@ -187,7 +187,7 @@ def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkey
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 @pytest.mark.parametrize("sink_dtype", [None, torch.float32, torch.bfloat16])
 def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
-    """``fast._layout_passes`` (one Triton kernel) against ``fast._layout`` and ``fast._flags``:
+    """``fast.layout_by_kernel`` (one Triton kernel) against ``fast.slot_layout`` and ``fast.layout_flags``:
     the same validity, table rows and counts, and the same host-vector flags (lengths' minima and
     maxima per segment, the -1-only range offsets' extremes where the rule applies), the sink's bits."""
     from dsv4_numerics.reference.attention import fast
@@ -196,9 +196,9 @@ def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
     segs = segs_on(segs)
     rules = [sg.rule for sg in segs]
     sink = None if sink_dtype is None else torch.tensor([0.5, -math.inf, math.nan, -0.0]).to(sink_dtype).to(DEV)
-    v_ref, g_ref, n_ref, pending, _ = fast._layout(segs, rules, T, DEV)
-    flags = [f.cpu() for f in fast._flags(pending)]
-    v8, gidx, nv, hv, _, at, _ = fast._layout_passes(segs, rules, T, DEV, sink, 2)
+    v_ref, g_ref, n_ref, pending, _ = fast.slot_layout(segs, rules, T, DEV)
+    flags = [f.cpu() for f in fast.layout_flags(pending)]
+    v8, gidx, nv, hv, _, at, _ = fast.layout_by_kernel(segs, rules, T, DEV, sink, 2)
     assert torch.equal(v8.view(torch.bool).cpu(), v_ref.cpu())
     assert torch.equal(gidx.cpu(), g_ref.cpu())
     assert torch.equal(nv.cpu(), n_ref.cpu())
