@@ -31,34 +31,42 @@ def _f32_to_bf16_rne(x):
 
 
 @triton.jit
-def _bf16_stats_part(x, msk, dd, DV):
-    """One block's part of ``fast_rows.row_stats`` for bfloat16 rows ``x`` ``[BR, BD]`` (``msk``:
-    the elements that exist, ``dd``: their dims): ``(x as float32, the squares' float64 sum, the
-    largest -lsb, max |x_j| over j < DV, the count of NaN among those)`` per row. The squares are
-    exact in float64 (16 significant bits); the lsb comes from the 16 bits exactly."""
+def _bf16_stats_init(BR: tl.constexpr):
+    """Empty accumulators of ``_bf16_stats_add`` for ``BR`` rows."""
+    return (tl.zeros([BR], dtype=tl.float64), tl.full([BR], -NO_LSB_BF16, dtype=tl.int32),
+            tl.zeros([BR], dtype=tl.float32), tl.zeros([BR], dtype=tl.int32))
+
+
+@triton.jit
+def _bf16_stats_add(ss, neg, vmax, nans, x, msk, dd, DV):
+    """One block of bfloat16 rows ``x`` ``[BR, BD]`` (``msk``: the elements that exist, ``dd``: their
+    dims) added to ``fast_rows.row_stats``' accumulators per row -- the squares' float64 sum, the
+    largest -lsb, ``max |x_j|`` over ``j < DV``, the count of NaN among those: ``(x as float32, ss,
+    neg, vmax, nans)``. The squares are exact in float64 (16 significant bits); the lsb comes from
+    the 16 bits exactly."""
     bits = bf16_bits(x)
     xf = bf16_bits_to_f32(bits)
     x64 = xf.to(tl.float64)
-    ss = tl.sum(x64 * x64, axis=1)
+    ss += tl.sum(x64 * x64, axis=1)
     b = bits & 0x7FFF
     ef = b >> 7
     sig = tl.where(ef > 0, (b & 0x7F) | 0x80, b)
     low = sig & (-sig)  # the least significant set bit, a power of two <= 2**7 (0 for a zero)
     e = ((low.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # log2(low), exact
     nl = tl.where(sig == 0, -NO_LSB_BF16, 134 - e - tl.maximum(ef, 1))  # -lsb
-    neg = tl.max(tl.where(msk, nl, -NO_LSB_BF16), axis=1)
+    neg = tl.maximum(neg, tl.max(tl.where(msk, nl, -NO_LSB_BF16), axis=1))
     a = tl.abs(xf)
     vm = msk & (dd < DV)[None, :]
-    nans = tl.sum((vm & (a != a)).to(tl.int32), axis=1)
-    vmax = tl.max(tl.where(vm, a, 0.0), axis=1)
+    nans += tl.sum((vm & (a != a)).to(tl.int32), axis=1)
+    vmax = tl.maximum(vmax, tl.max(tl.where(vm, a, 0.0), axis=1))
     return xf, ss, neg, vmax, nans
 
 
 @triton.jit
 def _bf16_stats_store(ST, R, r, rm, ss, neg, vmax, nans, floor, INTERP: tl.constexpr):
     """``fast_rows.row_stats``' three values of rows ``r`` (``rm``: those that exist) into ``ST``
-    ``[3, R]`` float32 from ``_bf16_stats_part``'s accumulated parts: the float64 sum rounded once
-    to float32, ``sqrt_rn`` and ``+ floor`` (one rounding each); ``log2 n + (-lsb)`` evaluated in
+    ``[3, R]`` float32 from ``_bf16_stats_add``'s accumulators: the float64 sum rounded once to
+    float32, ``sqrt_rn`` and ``+ floor`` (one rounding each); ``log2 n + (-lsb)`` evaluated in
     float64 (libdevice's ``log2``), rounded once; ``max |x_j|`` (NaN if one of those is NaN)."""
     n = tl.sqrt_rn(ss.to(tl.float32)) + floor
     if INTERP:
@@ -75,23 +83,16 @@ def _bf16_stats_store(ST, R, r, rm, ss, neg, vmax, nans, floor, INTERP: tl.const
 @triton.jit(do_not_specialize=["N"])
 def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     """``fast_rows.row_stats`` of ``BR`` rows of a bfloat16 table ``X`` ``[N, D]`` into ``ST`` ``[3,
-    N]`` float32 (``_bf16_stats_part``, ``_bf16_stats_store``; NaN for ``max |x_j|`` if any of those is
+    N]`` float32 (``_bf16_stats_add``, ``_bf16_stats_store``; NaN for ``max |x_j|`` if any of those is
     NaN, as ``torch.linalg.vector_norm`` gives)."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < N
-    ss = tl.zeros([BR], dtype=tl.float64)
-    neg = tl.full([BR], -NO_LSB_BF16, dtype=tl.int32)
-    vmax = tl.zeros([BR], dtype=tl.float32)
-    nans = tl.zeros([BR], dtype=tl.int32)
+    ss, neg, vmax, nans = _bf16_stats_init(BR)
     for d0 in range(0, D, BD):
         dd = d0 + tl.arange(0, BD)
         msk = rm[:, None] & (dd < D)[None, :]
         x = tl.load(X + r[:, None].to(tl.int64) * D + dd[None, :], mask=msk, other=0.0)
-        _, s1, n1, v1, c1 = _bf16_stats_part(x, msk, dd, DV)
-        ss += s1
-        neg = tl.maximum(neg, n1)
-        vmax = tl.maximum(vmax, v1)
-        nans += c1
+        _, ss, neg, vmax, nans = _bf16_stats_add(ss, neg, vmax, nans, x, msk, dd, DV)
     _bf16_stats_store(ST, N, r, rm, ss, neg, vmax, nans, floor, INTERP)
 
 
@@ -117,10 +118,7 @@ def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, fl
     if TWO:
         in_b = im & (r >= N0) & (r < N0 + N1)
     dst = i.to(tl.int64)
-    ss = tl.zeros([BR], dtype=tl.float64)
-    neg = tl.full([BR], -NO_LSB_BF16, dtype=tl.int32)
-    vmax = tl.zeros([BR], dtype=tl.float32)
-    nans = tl.zeros([BR], dtype=tl.int32)
+    ss, neg, vmax, nans = _bf16_stats_init(BR)
     for d0 in range(0, D, BD):
         dd = d0 + tl.arange(0, BD)
         dm = (dd < D)[None, :]
@@ -131,11 +129,7 @@ def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, fl
                                                 other=0.0), x)
         if SCRUB:  # NaN from the bits (a bfloat16 comparison is not one under the CPU interpreter)
             x = tl.where((bf16_bits(x) & 0x7FFF) > 0x7F80, tl.zeros_like(x), x)
-        xf, s1_, n1, v1, c1 = _bf16_stats_part(x, msk, dd, DV)
-        ss += s1_
-        neg = tl.maximum(neg, n1)
-        vmax = tl.maximum(vmax, v1)
-        nans += c1
+        xf, ss, neg, vmax, nans = _bf16_stats_add(ss, neg, vmax, nans, x, msk, dd, DV)
         tl.store(G + dst[:, None] * D + dd[None, :], xf.to(tl.float64), mask=msk)
         if WANT_ABS:
             xa = (bf16_bits(x) & 0x7FFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
