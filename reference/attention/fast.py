@@ -619,7 +619,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     (``want_abs``: one more GEMM, ``p |V|``), the deferred validation flags, the exactness tests,
     steps 4-7 and the bounds, and the host vector. ``fused``: the chunks' heavy steps by
     ``fast_fused``; ``passes``: the memory-bound passes by ``fast_passes`` (and steps 4-7 by
-    ``fast_fused.finish``)."""
+    ``fast_fused.finish``): the layout, flags and host vector by one kernel, and where the rows
+    allow it (``direct_rows``) no table -- q's rows and then each chunk's slot rows gathered from
+    the segments with their statistics -- about 12 kernels in all."""
     T, H, D = q.shape
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)
