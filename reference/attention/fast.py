@@ -21,9 +21,9 @@ Results do not depend on the chunk size beyond the bound.
 Speed (the host spends ~5-20 us per PyTorch operation and ~25-35 us per Triton launch on the
 H100/H200 hosts, against ~1.1 ms of GPU work at production decode h64/top-512, batch 128, on this
 PyTorch path; ~0.53 ms with the Triton passes of ``fast_passes``, the default on a CUDA device,
-which issue about 12 kernels: the layout and its flags in one, the rows gathered from the segments
-with their statistics, no table): on the PyTorch path ~60 kernels per call (two segments with lengths
-and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
+which issue about 12 kernels: the layout and its flags in one, the rows gathered from the
+segments with their statistics, no table): on the PyTorch path ~60 kernels per call (two segments
+with lengths and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
 this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
@@ -144,8 +144,8 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
     index), ``0`` and ``-1``; per segment a ``[1, 1]`` int64 ``K_s``, the length of a segment
     without lengths; and all of it as one int64 tensor ``[5, K + 3 + S]`` whose first ``K`` columns
     hold per column its position, ``N_s - 1``, first table row, whether it is -1-only and its
-    segment number (``fast_passes.layout``'s column constants). Built on the host, copied once, kept for the next call with the same layout
-    (at most ``_COLUMNS_MAX`` layouts)."""
+    segment number (``fast_passes.layout``'s column constants). Built on the host, copied once,
+    kept for the next call with the same layout (at most ``_COLUMNS_MAX`` layouts)."""
     key = (Ks, Ns, rules, dev)
     hit = _COLUMNS.get(key)
     if hit is not None:
@@ -168,6 +168,12 @@ def _column_constants(Ks: tuple, Ns: tuple, rules: tuple, dev: torch.device) -> 
     return hit
 
 
+def _lengths(segments, kcol, T: int) -> list:
+    """Each segment's lengths as ``[T, 1]``: its own, or (a segment without lengths) its ``K_s``
+    (``kcol``: ``_column_constants``' ``[1, 1]`` tensors) broadcast over the tokens."""
+    return [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, kcol)]
+
+
 def slot_layout(segments, rules, T: int, dev: torch.device):
     """``(valid, gidx, n_valid, pending, cols)``: validity ``[T, K]`` (bool), table row of every slot
     ``[T, K]`` (int64; invalid slots -> the zero row ``Nrows``), ``n_valid`` ``[T]`` (int32), what
@@ -180,14 +186,14 @@ def slot_layout(segments, rules, T: int, dev: torch.device):
     broadcast over its columns) ``[T, K]`` and the lengths ``[T, S]`` (a segment without lengths
     reads ``K_s``; ``cat`` promotes the integer dtypes, exactly). With a -1-only segment the
     in-prefix offset from the segment's range, ``w = idx - c0`` with ``c0`` the nearest index in
-    ``[0, N_s - 1]``, 0 below the range (0 in range, ``idx < 0`` below it, ``> 0`` above it; an empty
-    segment has no range: ``idx`` below, ``idx + 1`` above), is set to ``-1`` outside the prefix: a slot is valid
-    iff ``w == 0``, and the -1-only rule holds iff every ``w`` of a -1-only column lies in ``[-1,
-    0]`` (one ``aminmax``, ``layout_flags``)."""
+    ``[0, N_s - 1]``, 0 below the range (0 in range, ``idx < 0`` below it, ``> 0`` above it; an
+    empty segment has no range: ``idx`` below, ``idx + 1`` above), is set to ``-1`` outside the
+    prefix: a slot is valid iff ``w == 0``, and the -1-only rule holds iff every ``w`` of a -1-only
+    column lies in ``[-1, 0]`` (one ``aminmax``, ``layout_flags``)."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     cols = _column_constants(Ks, tuple(s.rows.shape[0] for s in segments), tuple(rules), dev)
     pos, nmax, offcol, m1, zrow, zero, minus1, kcol = cols[:8]
-    lens = [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, kcol)]
+    lens = _lengths(segments, kcol, T)
     if len(segments) == 1:
         idx, lcol = segments[0].idx, lens[0]  # [T, 1] broadcast over the columns
         lts = lcol
@@ -241,7 +247,7 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
         idx = s0.idx if s0.idx.stride(1) == 1 else s0.idx.contiguous()
         lens, at = (s0.length, (s0.length.stride(0), 0)) if s0.length is not None else (cols[7][0], (0, 0))
     else:
-        lens_l = [s.length.view(T, 1) if s.length is not None else k.expand(T, 1) for s, k in zip(segments, cols[7])]
+        lens_l = _lengths(segments, cols[7], T)
         idx = lens = torch.cat([s.idx for s in segments] + lens_l, dim=1)  # cat promotes the integer dtypes
         at = (K + S, K)
     counts = 2 * S + 2 * has_w
