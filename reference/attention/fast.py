@@ -218,7 +218,7 @@ _HV_INIT: dict = {}  # ``layout_by_kernel``: the host vector's neutral values pe
 _HV_BIG = 2**62
 
 
-def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: int):
+def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: int, rows=None):
     """``slot_layout`` and ``layout_flags`` as one Triton kernel launch (``fast_passes.layout``)
     that also starts the host vector ``_issue`` reads with its one sync: ``valid`` ``[T, K]`` uint8
     (1: valid), ``gidx``, ``n_valid`` and ``cols`` as ``slot_layout`` returns them, ``host`` the
@@ -227,7 +227,9 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
     (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), the sink's bits --
     copied from ``init``, a kept tensor of their neutral values, and written by the kernels;
     ``at``: the first chunk's counts' index. Returns ``(valid, gidx, n_valid, host, cols, at,
-    init)``. ``K > 0``."""
+    init)``. ``K > 0``. ``rows``: q's rows and the first chunk's slot rows gathered in the same
+    launch (``fast_passes.layout``'s ``rows``), then returned after ``init``: ``(q64, qst)`` and ``(g,
+    ga, st)``."""
     Ks = tuple(s.idx.shape[1] for s in segments)
     Ns = tuple(s.rows.shape[0] for s in segments)
     cols = _column_constants(Ks, Ns, tuple(rules), dev)
@@ -252,9 +254,9 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
         at = (K + S, K)
     counts = 2 * S + 2 * has_w
     sink_bits = None if sink is None else sink.view(_FLOAT_BITS[sink.dtype][0])
-    valid, gidx, n_valid = fast_passes.layout(idx, K, lens, at, cols[8], S, sum(Ns), host, 2 * S if has_w else None,
-                                              sink_bits, counts + 2 * chunks)
-    return valid, gidx, n_valid, host, cols, counts, init
+    out = fast_passes.layout(idx, K, lens, at, cols[8], S, sum(Ns), host, 2 * S if has_w else None, sink_bits,
+                             counts + 2 * chunks, rows)
+    return (*out[:3], host, cols, counts, init, *out[3:])
 
 
 def layout_flags(pending) -> list:
@@ -400,8 +402,9 @@ def _softmax_pv_passes(gather, rows_dtype, gflat, valid, q64, fconst, d_v, tests
 
 def direct_rows(segments, q) -> bool:
     """Whether ``_issue`` can gather from the segments' rows themselves (``fast_passes.gather_stats``)
-    instead of a table: one or two segments, bfloat16 rows with unit column stride and bfloat16 q."""
-    return (len(segments) <= 2 and q.dtype == torch.bfloat16
+    instead of a table: one or two segments, bfloat16 rows with unit column stride and bfloat16 q with
+    unit column stride."""
+    return (len(segments) <= 2 and q.dtype == torch.bfloat16 and q.stride(2) == 1
             and all(s.rows.dtype == torch.bfloat16 and s.rows.stride(1) == 1 for s in segments))
 
 
@@ -592,7 +595,23 @@ class _Issued:
 def _spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
            chunk_tokens: int | None, want_abs: bool = False) -> list:
     """The chunks ``[(t0, t1)]``: ``chunk_tokens`` per chunk, by default what fits
-    ``FAST_BUDGET_BYTES`` (and, on the CPU, an ~8 MiB logit tensor)."""
+    ``FAST_BUDGET_BYTES`` (and, on the CPU, an ~8 MiB logit tensor). Kept per arguments (at most
+    ``_COLUMNS_MAX``): a call's host work before its first launch is the eager call's latency."""
+    key = (T, H, K, D, d_v, itemsize, dev.type, chunk_tokens, want_abs, FAST_BUDGET_BYTES)
+    hit = _SPANS.get(key)
+    if hit is None:
+        if len(_SPANS) >= _COLUMNS_MAX:
+            _SPANS.pop(next(iter(_SPANS)))
+        hit = _SPANS[key] = tuple(_chunk_spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs))
+    return list(hit)
+
+
+_SPANS: dict = {}
+
+
+def _chunk_spans(T: int, H: int, K: int, D: int, d_v: int, itemsize: int, dev: torch.device,
+                 chunk_tokens: int | None, want_abs: bool) -> list:
+    """``_spans``' value, computed."""
     if chunk_tokens is None:
         per = peak_bytes_estimate_fast(1, H, K, D, d_v, itemsize, want_abs)
         chunk_tokens = max(1, FAST_BUDGET_BYTES // per)
@@ -643,7 +662,15 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
             stats = fast_passes.row_stats(table, d_v)
         else:
             stats = row_stats(table, d_v)
-    if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
+    bf16_abs = want_abs and bf16_abs_gemm(torch.bfloat16, K)
+    scrub = nan_policy == NanPolicy.SCRUB
+    if direct:  # the layout, the flags, the host vector, q's rows and the first chunk's slot rows by one kernel
+        c0 = spans[0][1] - spans[0][0]
+        v8, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
+            segments, rules, T, dev, sink, len(spans), (q.reshape(T * H, D), [s.rows for s in segments], c0, d_v,
+                                                        bf16_abs, scrub))
+        valid, lonely = v8.view(torch.bool), None
+    elif passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
         v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
         valid, lonely = v8.view(torch.bool), None
     else:
@@ -674,14 +701,16 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                                     want_abs, table16=table if table.dtype == torch.bfloat16 else None)
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
-    elif direct:  # q's rows as float64 with their statistics, then per chunk the slots' rows with theirs
-        q64, _, qst = fast_passes.gather_stats([q.reshape(T * H, D)], None, T * H, d_v, False, 0, False)
+    elif direct:  # q's rows and the first chunk's slot rows came with the layout; the other chunks' here
         q64 = q64.view(T, H, D)
         rows = [s.rows for s in segments]
-        scrub = nan_policy == NanPolicy.SCRUB
 
         def gather(gf, c, ab):
-            g, ga, st = fast_passes.gather_stats(rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
+            nonlocal first
+            if first is not None:
+                (g, ga, st), first = first, None
+            else:
+                g, ga, st = fast_passes.gather_stats(rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
             return g.view(c, -1, D), (ga.view(c, -1, d_v) if ab else None), st
 
         pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q64, t0, t1), consts[4], d_v,
@@ -893,15 +922,16 @@ def fast_sparse_attention(q: torch.Tensor, segments: list, scale: float, sink: t
     if bucket is None:
         bucket = dev.type == "cuda" and graph is not False and (graph is True or fast_graphs.CACHE.enabled)
     orig = (q, segments) if bucket else None
+    padded = None
     if bucket:  # the padded call's shapes (``fast_buckets``); its tensors are built only where needed
-        T, shapes = fast_buckets.padded_shapes(T, segments)
+        padded = T, shapes = fast_buckets.padded_shapes(T, segments)
         K = sum(k for _, k in shapes)
     itemsize = table_dtype(segments, q).itemsize
     if fused and not explicit:  # the default takes the fused kernels where their float64 table fits
         fused = (sum(s.rows.shape[0] for s in segments) + 1 + T * H) * D * 8 <= fast_fused.TABLE64_BYTES
     spans = _spans(T, H, K, D, d_v, itemsize, dev, chunk_tokens, want_abs)
     if dev.type == "cuda" and graph is not False:
-        sig = fast_buckets.flat_signature(q, sink, segments, bucket)
+        sig = fast_buckets.flat_signature(q, sink, segments, bucket, padded)
         key = (str(dev), sig, tuple(rules), sc, d_v, nan_policy, tuple(spans), want_abs, fused, passes)
         vq, vsegs = q, segments
 

@@ -100,11 +100,15 @@ def pad_call(q: torch.Tensor, segments: list) -> tuple[torch.Tensor, list]:
     return _pad_rows(q, Tp), out
 
 
-def flat_signature(q: torch.Tensor, sink, segments: list, pad: bool) -> tuple:
+def flat_signature(q: torch.Tensor, sink, segments: list, pad: bool, padded: tuple | None = None) -> tuple:
     """``fast_graphs.signature`` of the flat inputs ``[q, sink, rows_0, idx_0, length_0, ...]`` of the
-    padded call (``pad``; else of the call itself), from the shapes alone: no tensor is built."""
+    padded call (``pad``; else of the call itself), from the shapes alone: no tensor is built.
+    ``padded``: ``padded_shapes``' value for this call, where the caller has it."""
     T, H, D = q.shape
-    Tp, shapes = padded_shapes(T, segments) if pad else (T, [(s.rows.shape[0], s.idx.shape[1]) for s in segments])
+    if pad:
+        Tp, shapes = padded if padded is not None else padded_shapes(T, segments)
+    else:
+        Tp, shapes = T, [(s.rows.shape[0], s.idx.shape[1]) for s in segments]
     sig = [((Tp, H, D), q.dtype), None if sink is None else (tuple(sink.shape), sink.dtype)]
     for s, (Np, Kp) in zip(segments, shapes):
         sig += [((Np, *s.rows.shape[1:]), s.rows.dtype), ((Tp, Kp), s.idx.dtype),
@@ -158,22 +162,24 @@ def write_padded(static: list, q: torch.Tensor, sink, segments: list, written) -
         else:
             dst.copy_(src)
 
-    copy(static[0][:T], q)
+    Tp = static[0].shape[0]
+    copy(static[0] if T == Tp else static[0][:T], q)  # (a slice is a host operation: none where it is the whole)
     _fill_outside(static[0], mine[0], written[0], 0)
     if sink is not None:
         copy(static[1], sink)
     for i, s in enumerate(segments):
         rows, idx, length = static[2 + 3 * i:5 + 3 * i]
         N, K = s.rows.shape[0], s.idx.shape[1]
-        copy(rows[:N], s.rows)
+        copy(rows if N == rows.shape[0] else rows[:N], s.rows)
         _fill_outside(rows, mine[2 + 3 * i], written[2 + 3 * i], 0)
+        dst = idx if (T, K) == (Tp, idx.shape[1]) else idx[:T, :K]
         if rows.shape[0] > N:  # an index >= N stays out of range: N' (module docstring)
-            torch.where(s.idx >= N, _row_count(rows.shape[0], idx), s.idx, out=idx[:T, :K])
+            torch.where(s.idx >= N, _row_count(rows.shape[0], idx), s.idx, out=dst)
         else:
-            copy(idx[:T, :K], s.idx)
+            copy(dst, s.idx)
         _fill_outside(idx, mine[3 + 3 * i], written[3 + 3 * i], -1)
         if length is not None:
-            copy(length[:T], s.length)
+            copy(length if T == Tp else length[:T], s.length)
             _fill_outside(length, mine[4 + 3 * i], written[4 + 3 * i], 0)
     for d, s_ in groups.values():
         _copy_all(d, s_)

@@ -74,11 +74,15 @@ __all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gathe
            "layout", "row_stats", "softmax"]
 
 ENV = "DSV4_FAST_PASSES"  # "torch": the fast oracle's default keeps its PyTorch passes
-# (rows, dims, warps) of the statistics and gather kernels (gather_stats: of the slots' rows, of q's rows);
-# (heads, slots, warps) of the softmax kernel; (slots, warps) of the layout kernel. Chosen by timing CUDA-graph
-# replays of each kernel alone at production decode shapes (batch 128, h64 top-512 and h128 top-1024) on one H200
+# (rows, dims, warps) of the statistics and gather kernels (gather_stats: of the slots' rows, of q's rows, of the
+# slots' rows without |V|); (heads, slots, warps) of the softmax kernel; (slots, warps) of the layout kernel;
+# (rows, dims, warps) of the layout with the gathers in one launch, with and without |V| (its layout programs take
+# the layout's slots). Chosen by timing CUDA-graph replays of each kernel alone at production decode shapes (batch
+# 128, h64 top-512 and h128 top-1024) on one H200; the variants without |V| (or bf16(p)) ran up to 1.8x slower at
+# the blocks of those with it, hence their own
 BLOCKS = {"stats": (2, 512, 1), "gather": (4, 512, 4), "gather_stats": (4, 256, 4), "gather_stats_q": (2, 512, 2),
-          "softmax": (8, 256, 8), "layout": (256, 4)}
+          "gather_stats_plain": (1, 512, 2), "softmax": (4, 256, 4), "layout": (256, 4), "layout_gather": (4, 256, 4),
+          "layout_gather_plain": (1, 256, 1)}
 _GATHER_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
@@ -152,12 +156,9 @@ def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, wan
     a = rows[0]
     b = rows[1] if len(rows) > 1 else a
     D = a.shape[1]
-    dev = a.device
-    g = torch.empty(count, D, dtype=torch.float64, device=dev)
-    ga = torch.empty(count, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None
-    st = torch.empty(3, count, dtype=torch.float32, device=dev)
+    g, ga, st = _gathered(a, count, d_v, want_abs)
     if count:
-        br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats"]
+        br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats" if want_abs else "gather_stats_plain"]
         floor = bf16_norm_floor(D)
         pk.gather_stats_kernel[(triton.cdiv(count, br),)](
             a, a.stride(0), a.shape[0], b, b.stride(0), b.shape[0] if len(rows) > 1 else 0,
@@ -173,7 +174,7 @@ def gathers(table: torch.Tensor) -> bool:
 
 
 def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: torch.Tensor, S: int, zrow: int,
-           hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int):
+           hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int, rows=None):
     """``fast.slot_layout`` and ``fast.layout_flags`` in one kernel launch (``fast_passes_kernels.layout_kernel``):
     ``(valid, gidx, n_valid)`` -- ``[T, K]`` uint8 (1: valid), ``[T, K]`` int64 table rows (``zrow``
     for invalid slots), ``[T]`` int32 -- with the validation flags written into the int64 host vector
@@ -182,7 +183,14 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     at ``hv[hv_w]``, ``hv[hv_w + 1]``; ``sink_bits`` (the sink viewed as the integer dtype of its width,
     or None) copied to ``hv[hv_sink:]``. ``idx``: the slot indices, its first ``K`` columns ``[T, K]``
     (row-strided), ``lens`` with ``lens_at = (row stride, first column)``: each token's ``S`` lengths,
-    ``cc``: ``[5, K']`` int64 column constants, ``K' >= K`` (``fast._column_constants``)."""
+    ``cc``: ``[5, K']`` int64 column constants, ``K' >= K`` (``fast._column_constants``).
+
+    ``rows``: also, in the same launch (``layout_gather_kernel``), q's rows and the first ``c`` tokens'
+    slot rows gathered with their statistics, as ``gather_stats`` gathers them: ``(q2, segs, c, d_v,
+    want_abs, scrub)`` -- q as ``[T H, D]`` bfloat16 rows, the one or two segments' bfloat16 ``[N_s, D]``
+    rows, the first chunk's token count, ``d_v``, ``|V|`` of the slots, ``NanPolicy.SCRUB`` -- and the
+    return value is ``(valid, gidx, n_valid, (q64, qst), (g, ga, st))`` with ``gather_stats``' outputs
+    for q (``q64`` ``[T H, D]`` float64, ``qst`` ``[3, T H]``) and the slots (``c K`` rows)."""
     triton, pk = kernels()
     T = idx.shape[0]
     dev = idx.device
@@ -191,11 +199,36 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     nv = torch.empty(T, dtype=torch.int32, device=dev)
     bk, w = BLOCKS["layout"]
     ns = 0 if sink_bits is None else sink_bits.numel()
-    pk.layout_kernel[(T,)](idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv, hv,
-                           sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns,
-                           HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
-                           BS=max(2, triton.next_power_of_2(S)), num_warps=w)
-    return valid, gidx, nv
+    lay = (idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv, hv,
+           sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns)
+    flags = dict(HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
+                 BS=max(2, triton.next_power_of_2(S)))
+    if rows is None:
+        pk.layout_kernel[(T,)](*lay, **flags, num_warps=w)
+        return valid, gidx, nv
+    q2, segs, c, d_v, want_abs, scrub = rows
+    (q64, _, qst), (g, ga, st) = (_gathered(q2, q2.shape[0], d_v, False),
+                                  _gathered(segs[0], c * K, d_v, want_abs))
+    a = segs[0]
+    b = segs[1] if len(segs) > 1 else a
+    br, bd, gw = BLOCKS["layout_gather" if want_abs else "layout_gather_plain"]
+    QR, CS = q2.shape[0], c * K
+    nq = triton.cdiv(QR, br)
+    pk.layout_gather_kernel[(T + nq + triton.cdiv(CS, br),)](
+        *lay, T, nq, q2, q2.stride(0), QR, q64, qst, a, a.stride(0), a.shape[0], b, b.stride(0),
+        b.shape[0] if len(segs) > 1 else 0, g, ga if want_abs else g, st, CS, q2.shape[1], d_v,
+        bf16_norm_floor(q2.shape[1]), **flags, TWO=len(segs) > 1, SCRUB=scrub, WANT_ABS=want_abs,
+        INTERP=interpreting(), BR=br, BD=block(q2.shape[1], bd), num_warps=gw)
+    return valid, gidx, nv, (q64, qst), (g, ga, st)
+
+
+def _gathered(like: torch.Tensor, count: int, d_v: int, want_abs: bool) -> tuple:
+    """``gather_stats``' outputs for ``count`` rows of ``like``'s width, uninitialised: ``[count, D]``
+    float64, ``[count, d_v]`` bfloat16 (``want_abs``, else None), ``[3, count]`` float32."""
+    dev, D = like.device, like.shape[1]
+    return (torch.empty(count, D, dtype=torch.float64, device=dev),
+            torch.empty(count, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None,
+            torch.empty(3, count, dtype=torch.float32, device=dev))
 
 
 def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb: bool, tests=None,

@@ -17,7 +17,8 @@ from triton.language.extra import libdevice
 from . import fast_rows
 from .fast_fused_kernels import bf16_bits, bf16_bits_to_f32, nanmax, nanmax_all, row_tests
 
-__all__ = ["row_stats_bf16_kernel", "gather_kernel", "gather_stats_kernel", "softmax_kernel", "layout_kernel"]
+__all__ = ["row_stats_bf16_kernel", "gather_kernel", "gather_stats_kernel", "softmax_kernel", "layout_kernel",
+           "layout_gather_kernel"]
 
 NO_LSB_BF16 = tl.constexpr(fast_rows.NO_LSB_BF16)  # the lsb exponent of a zero value ("none")
 
@@ -96,24 +97,14 @@ def row_stats_bf16_kernel(X, ST, N, D, DV, floor, INTERP: tl.constexpr, BR: tl.c
     _bf16_stats_store(ST, N, r, rm, ss, neg, vmax, nans, floor, INTERP)
 
 
-@triton.jit(do_not_specialize=["S", "N0", "N1", "s0", "s1", "zrow"])
-def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, floor, IDENT: tl.constexpr,
-                        TWO: tl.constexpr, SCRUB: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr,
-                        BR: tl.constexpr, BD: tl.constexpr):
-    """``gather_kernel`` and ``row_stats_bf16_kernel`` in one pass, from the segments' own bfloat16
-    rows instead of a table: slot ``i`` reads the table row ``r = IDX[i]`` (``IDENT``: ``r = i``) of
-    the table the segments would form -- ``A`` ``[N0, D]`` (row stride ``s0``), then with ``TWO``
-    ``B`` ``[N1, D]`` (row stride ``s1``), then the zero row ``zrow`` (any other ``r`` reads zeros
-    too) -- and writes ``G[i]`` as float64 (exact), with ``WANT_ABS`` ``GA[i] = |row[:DV]|`` in
-    bfloat16, and the row's statistics ``ST[:, i]`` (``[3, S]`` float32, ``fast_rows.row_stats``).
-    ``SCRUB``: NaN read from ``A`` / ``B`` is read as 0 (``NanPolicy.SCRUB``; the table path scrubs its
-    segment rows the same way)."""
-    i = tl.program_id(0) * BR + tl.arange(0, BR)
-    im = i < S
-    if IDENT:
-        r = i.to(tl.int64)
-    else:
-        r = tl.load(IDX + i, mask=im, other=0).to(tl.int64)
+@triton.jit
+def _gather_stats_rows(A, s0, N0, B, s1, N1, r, i, im, G, GA, ST, S, D, DV, floor, TWO: tl.constexpr,
+                       SCRUB: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr, BR: tl.constexpr,
+                       BD: tl.constexpr):
+    """``gather_stats_kernel``'s work for the ``BR`` slots ``i`` (``im``: those that exist) whose
+    table rows are ``r`` (int64): each row read from ``A`` / ``B`` (the zero row, or any other ``r``,
+    reads zeros), written to ``G[i]`` as float64, with ``WANT_ABS`` ``|row[:DV]|`` to ``GA[i]``, and
+    its statistics to ``ST[:, i]``."""
     in_a = im & (r >= 0) & (r < N0)
     if TWO:
         in_b = im & (r >= N0) & (r < N0 + N1)
@@ -135,6 +126,28 @@ def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, fl
             xa = (bf16_bits(x) & 0x7FFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
             tl.store(GA + dst[:, None] * DV + dd[None, :], xa, mask=msk & (dd < DV)[None, :])
     _bf16_stats_store(ST, S, i, im, ss, neg, vmax, nans, floor, INTERP)
+
+
+@triton.jit(do_not_specialize=["S", "N0", "N1", "s0", "s1", "zrow"])
+def gather_stats_kernel(A, s0, N0, B, s1, N1, IDX, G, GA, ST, S, D, DV, zrow, floor, IDENT: tl.constexpr,
+                        TWO: tl.constexpr, SCRUB: tl.constexpr, WANT_ABS: tl.constexpr, INTERP: tl.constexpr,
+                        BR: tl.constexpr, BD: tl.constexpr):
+    """``gather_kernel`` and ``row_stats_bf16_kernel`` in one pass, from the segments' own bfloat16
+    rows instead of a table: slot ``i`` reads the table row ``r = IDX[i]`` (``IDENT``: ``r = i``) of
+    the table the segments would form -- ``A`` ``[N0, D]`` (row stride ``s0``), then with ``TWO``
+    ``B`` ``[N1, D]`` (row stride ``s1``), then the zero row ``zrow`` (any other ``r`` reads zeros
+    too) -- and writes ``G[i]`` as float64 (exact), with ``WANT_ABS`` ``GA[i] = |row[:DV]|`` in
+    bfloat16, and the row's statistics ``ST[:, i]`` (``[3, S]`` float32, ``fast_rows.row_stats``).
+    ``SCRUB``: NaN read from ``A`` / ``B`` is read as 0 (``NanPolicy.SCRUB``; the table path scrubs its
+    segment rows the same way)."""
+    i = tl.program_id(0) * BR + tl.arange(0, BR)
+    im = i < S
+    if IDENT:
+        r = i.to(tl.int64)
+    else:
+        r = tl.load(IDX + i, mask=im, other=0).to(tl.int64)
+    _gather_stats_rows(A, s0, N0, B, s1, N1, r, i, im, G, GA, ST, S, D, DV, floor, TWO, SCRUB, WANT_ABS, INTERP, BR,
+                       BD)
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -237,6 +250,60 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
     tl.store(L + t * H + hh, acc, mask=hm)
 
 
+@triton.jit
+def _slot(IDX, sit, LENS, slt, l0, CC, scc, t, kk, km, zrow):
+    """The layout of slots ``kk`` of tokens ``t`` (``km``: those that exist; ``t`` a scalar or one per
+    slot): ``(gidx, w, ok)`` -- the table row (``zrow`` for an invalid slot), the range offset and
+    validity (``layout_kernel``'s docstring: the arguments and the rule)."""
+    idx = tl.load(IDX + t * sit + kk, mask=km, other=0).to(tl.int64)
+    pos = tl.load(CC + kk, mask=km, other=0)
+    nmax = tl.load(CC + scc + kk, mask=km, other=0)
+    off = tl.load(CC + 2 * scc + kk, mask=km, other=0)
+    seg = tl.load(CC + 4 * scc + kk, mask=km, other=0)
+    lcol = tl.load(LENS + t * slt + l0 + seg, mask=km, other=0).to(tl.int64)
+    inp = pos < lcol
+    lo = tl.where(idx < 0, idx, 0)
+    hi = tl.where(idx > nmax, idx - nmax, 0)
+    w = tl.where(inp, lo + hi, -1)
+    ok = km & (w == 0)
+    return tl.where(ok, idx + off, zrow), w, ok
+
+
+@triton.jit
+def _layout_token(t, IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
+                  HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
+    """``layout_kernel``'s work for token ``t`` (int64)."""
+    ss = tl.arange(0, BS)
+    sm = ss < S
+    lens = tl.load(LENS + t * slt + l0 + ss, mask=sm, other=0).to(tl.int64)
+    tl.atomic_min(HV + ss, lens, mask=sm)
+    tl.atomic_max(HV + S + ss, lens, mask=sm)
+    cnt = tl.zeros([BK], dtype=tl.int32)
+    wlo = tl.zeros([BK], dtype=tl.int64)
+    whi = tl.zeros([BK], dtype=tl.int64)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        km = kk < K
+        gi, w, ok = _slot(IDX, sit, LENS, slt, l0, CC, scc, t, kk, km, zrow)
+        tl.store(VALID + t * K + kk, ok.to(tl.uint8), mask=km)
+        tl.store(GIDX + t * K + kk, gi, mask=km)
+        cnt += ok.to(tl.int32)
+        if HAS_M1:
+            m1 = km & (tl.load(CC + 3 * scc + kk, mask=km, other=0) != 0)
+            wlo = tl.minimum(wlo, tl.where(m1, w, 0))
+            whi = tl.maximum(whi, tl.where(m1, w, 0))
+    tl.store(NV + t, tl.sum(cnt, axis=0))
+    if HAS_M1:
+        tl.atomic_min(HV + hv_w, tl.min(wlo, axis=0))
+        tl.atomic_max(HV + hv_w + 1, tl.max(whi, axis=0))
+    if HAS_SINK:
+        if t == 0:
+            for h0 in range(0, NS, BK):
+                hh = h0 + tl.arange(0, BK)
+                b = tl.load(SINK + hh, mask=hh < NS, other=0)
+                tl.store(HV + hv_sink + hh, b.to(tl.int64), mask=hh < NS)
+
+
 @triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS"])
 def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
                   HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
@@ -255,43 +322,36 @@ def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K
     and -1 outside the prefix (``fast.slot_layout``). ``HAS_SINK``: program 0 also copies the ``NS`` sink
     values' bits (``SINK``: the sink viewed as the integer dtype of its width), sign-extended, to
     ``HV[hv_sink:]``."""
-    t = tl.program_id(0).to(tl.int64)
-    ss = tl.arange(0, BS)
-    sm = ss < S
-    lens = tl.load(LENS + t * slt + l0 + ss, mask=sm, other=0).to(tl.int64)
-    tl.atomic_min(HV + ss, lens, mask=sm)
-    tl.atomic_max(HV + S + ss, lens, mask=sm)
-    cnt = tl.zeros([BK], dtype=tl.int32)
-    wlo = tl.zeros([BK], dtype=tl.int64)
-    whi = tl.zeros([BK], dtype=tl.int64)
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
-        km = kk < K
-        idx = tl.load(IDX + t * sit + kk, mask=km, other=0).to(tl.int64)
-        pos = tl.load(CC + kk, mask=km, other=0)
-        nmax = tl.load(CC + scc + kk, mask=km, other=0)
-        off = tl.load(CC + 2 * scc + kk, mask=km, other=0)
-        seg = tl.load(CC + 4 * scc + kk, mask=km, other=0)
-        lcol = tl.load(LENS + t * slt + l0 + seg, mask=km, other=0).to(tl.int64)
-        inp = pos < lcol
-        lo = tl.where(idx < 0, idx, 0)
-        hi = tl.where(idx > nmax, idx - nmax, 0)
-        w = tl.where(inp, lo + hi, -1)
-        ok = km & (w == 0)
-        tl.store(VALID + t * K + kk, ok.to(tl.uint8), mask=km)
-        tl.store(GIDX + t * K + kk, tl.where(ok, idx + off, zrow), mask=km)
-        cnt += ok.to(tl.int32)
-        if HAS_M1:
-            m1 = km & (tl.load(CC + 3 * scc + kk, mask=km, other=0) != 0)
-            wlo = tl.minimum(wlo, tl.where(m1, w, 0))
-            whi = tl.maximum(whi, tl.where(m1, w, 0))
-    tl.store(NV + t, tl.sum(cnt, axis=0))
-    if HAS_M1:
-        tl.atomic_min(HV + hv_w, tl.min(wlo, axis=0))
-        tl.atomic_max(HV + hv_w + 1, tl.max(whi, axis=0))
-    if HAS_SINK:
-        if t == 0:
-            for h0 in range(0, NS, BK):
-                hh = h0 + tl.arange(0, BK)
-                b = tl.load(SINK + hh, mask=hh < NS, other=0)
-                tl.store(HV + hv_sink + hh, b.to(tl.int64), mask=hh < NS)
+    _layout_token(tl.program_id(0).to(tl.int64), IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S,
+                  zrow, hv_w, hv_sink, NS, HAS_M1, HAS_SINK, BK, BS)
+
+
+@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS", "T", "nq",
+                               "QR", "sq", "N0", "N1", "s0", "s1", "CS"])
+def layout_gather_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
+                         T, nq, Q, sq, QR, Q64, QST, A, s0, N0, B, s1, N1, G, GA, GST, CS, D, DV, floor,
+                         HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, TWO: tl.constexpr, SCRUB: tl.constexpr,
+                         WANT_ABS: tl.constexpr, INTERP: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr,
+                         BR: tl.constexpr, BD: tl.constexpr):
+    """``layout_kernel``, q's ``gather_stats_kernel`` and the first chunk's slots' one in one launch:
+    programs ``0 .. T - 1`` lay out token ``t`` (``layout_kernel``), the next ``nq`` convert ``BR`` of
+    q's ``QR`` rows each (``Q`` ``[QR, D]``, row stride ``sq``, into ``Q64`` and their statistics
+    into ``QST``), the rest gather ``BR`` of the ``CS`` slots ``i = t K + k`` each (tokens ``t <
+    CS / K``; ``gather_stats_kernel`` from ``A`` and, with ``TWO``, ``B`` into ``G``, ``GA``, ``GST``).
+    A gathering program computes its slots' table rows from the indices itself (``_slot``, the
+    layout's own rule): no program reads what another writes."""
+    pid = tl.program_id(0)
+    if pid < T:
+        _layout_token(pid.to(tl.int64), IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow,
+                      hv_w, hv_sink, NS, HAS_M1, HAS_SINK, BK, BS)
+    elif pid < T + nq:  # (each branch's names are its own: Triton merges a name both branches assign)
+        qi = (pid - T).to(tl.int64) * BR + tl.arange(0, BR)
+        qm = qi < QR
+        _gather_stats_rows(Q, sq, QR, Q, sq, 0, qi, qi, qm, Q64, Q64, QST, QR, D, DV, floor, False, False, False, INTERP,
+                           BR, BD)
+    else:
+        si = (pid - T - nq).to(tl.int64) * BR + tl.arange(0, BR)
+        sm = si < CS
+        sr, sw, sok = _slot(IDX, sit, LENS, slt, l0, CC, scc, si // K, si % K, sm, zrow)
+        _gather_stats_rows(A, s0, N0, B, s1, N1, sr, si, sm, G, GA, GST, CS, D, DV, floor, TWO, SCRUB, WANT_ABS,
+                           INTERP, BR, BD)

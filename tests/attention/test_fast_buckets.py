@@ -196,7 +196,7 @@ def test_shapes_of_one_bucket_share_one_graph_and_stay_within_the_bound():
 def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side():
     from dsv4_numerics.bench.gpu import summarize
 
-    def rec(cfg, eager, judge, first, replayed, judge_first=None):
+    def rec(cfg, eager, judge, first, replayed, judge_first=None, judge_replayed=None):
         r = {"config": cfg, "batch": 128, "ratio": 900.0, "flashmla_ms": 0.1, "oracle_ms": 90.0,
              "oracle_peak_extra_bytes": 0, "fast_ms": replayed / 10, "fast_ratio": replayed,
              "fast_graph_replayed": True, "fast_eager_ms": eager / 10, "fast_eager_ratio": eager,
@@ -205,6 +205,8 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
              "fast_bucketed_first_replayed": True, "oracle_gflops": 1.0, "oracle_stream_gbps": 1.0}
         if judge_first is not None:
             r.update(fast_judge_bucketed_first_ms=judge_first / 10, fast_judge_bucketed_first_ratio=judge_first)
+        if judge_replayed is not None:
+            r.update(fast_judge_ms=judge_replayed / 10, fast_judge_ratio=judge_replayed)
         return r
 
     assert "within 10x" in summarize([rec("h64", 9.6, 9.9, 9.1, 8.3, 9.2)])["fast_target"]  # the default target
@@ -214,12 +216,14 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
     def summarize20(recs):  # the figures below against a 20x target
         return summarize(recs, target_ratio=20.0)
 
-    s = summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3, 15.2), rec("h128", 15.2, 16.0, 13.9, 13.5, 14.4)])
+    s = summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3, 15.2, 13.8), rec("h128", 15.2, 16.0, 13.9, 13.5, 14.4, 20.7)])
     assert s["fast_ratios_at_batch_128"] == {
         "h64": {"eager": 19.6, "judge_eager": 20.4, "bucketed_first": 14.1, "judge_bucketed_first": 15.2,
-                "replayed": 13.3},
+                "replayed": 13.3, "judge_replayed": 13.8},
         "h128": {"eager": 15.2, "judge_eager": 16.0, "bucketed_first": 13.9, "judge_bucketed_first": 14.4,
-                 "replayed": 13.5}}
+                 "replayed": 13.5, "judge_replayed": 20.7}}
+    assert not s["fast_judge_replayed_target_met"]  # h128's judge replay above 20x
+    assert summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3, 15.2, 13.8)])["fast_judge_replayed_target_met"]
     assert s["fast_bucketed_first_target_met"] and s["fast_bucketed_first_replayed_at_batch_128"]["h64"]
     assert s["fast_eager_target_met"] and not s["fast_judge_eager_target_met"]
     assert s["fast_judge_bucketed_first_target_met"]
@@ -228,7 +232,8 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
     # an older record without the judge's bucketed call: no ratio, target not met
     old = summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3)])
     assert old["fast_ratios_at_batch_128"]["h64"]["judge_bucketed_first"] is None
-    assert not old["fast_judge_bucketed_first_target_met"]
+    assert old["fast_ratios_at_batch_128"]["h64"]["judge_replayed"] is None
+    assert not old["fast_judge_bucketed_first_target_met"] and not old["fast_judge_replayed_target_met"]
     assert not summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3, 20.1)])["fast_judge_bucketed_first_target_met"]
 
 

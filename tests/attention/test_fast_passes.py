@@ -145,15 +145,19 @@ def layout_problem(case: str, seed: int):
 
 
 @needs_triton
-@pytest.mark.parametrize("problem", ["decode", "one-segment", "nan_row", "inf_q", "huge", "scrub", "strided"])
+@pytest.mark.parametrize("problem", ["decode", "one-segment", "nan_row", "inf_q", "huge", "scrub", "strided",
+                                     "decode-chunked", "scrub-chunked"])
 @pytest.mark.parametrize("want_abs", [False, True])
 def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkeypatch):
     """bfloat16 rows of one or two segments are gathered from the segments themselves with each
-    row's statistics (``fast_passes.gather_stats``: no table, no separate statistics pass); the
+    row's statistics (``fast_passes.gather_stats``: no table, no separate statistics pass; q's rows
+    and the first chunk's slots in the layout's launch, the other chunks' by their own); the
     table path (``fast.direct_rows`` refused) gives the same bits: outputs, bounds, the proven-exact
     fraction and ``pv_abs`` -- the same float64 rows, the same statistics, the same GEMMs."""
     from dsv4_numerics.reference.attention import fast
 
+    chunk = 2 if problem.endswith("-chunked") else None  # chunks after the first gather by themselves
+    problem = problem.removesuffix("-chunked")
     nan_policy = NanPolicy.SCRUB if problem == "scrub" else NanPolicy.PROPAGATE
     if problem in ("decode", "one-segment", "strided"):
         q, segs = decode_like(seed=3)
@@ -167,7 +171,7 @@ def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkey
         q, segs = poisoned("nan_row" if problem == "scrub" else problem)
     assert fast.direct_rows(segs, q)
     args = (q.to(DEV), segs_on(segs), 0.125, on(torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5])))
-    kw = dict(nan_policy=nan_policy, want_abs=want_abs, passes=True, fused=False, graph=False)
+    kw = dict(nan_policy=nan_policy, want_abs=want_abs, passes=True, fused=False, graph=False, chunk_tokens=chunk)
     direct = fast_sparse_attention(*args, **kw)
     monkeypatch.setattr(fast, "direct_rows", lambda segments, q: False)
     table = fast_sparse_attention(*args, **kw)
