@@ -31,8 +31,8 @@ that need device values (lengths, -1-only indices, a NaN sink) are evaluated on 
 read with the call's one host sync (``layout_flags``; ``check_common`` then raises the precise error):
 the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
 lengths), the -1-only rule is one ``aminmax`` of in-prefix range offsets (``slot_layout``), and the
-host vector is one ``cat`` of integers only -- flags, counts and the sink's bits -- so it is int64
-and exact (a float among them would turn every integer into that float).
+host vector is one ``cat`` of integers only -- flags, counts and whether each sink value is NaN -- so
+it is int64 and exact (a float among them would turn every integer into that float).
 Every segment's rows, a zero row and q's rows form one table (``_table``), whose row statistics
 are one float32 norm and one bits lookup (``fast_rows.row_stats``, written into one ``[3, N]``
 tensor) and whose slot rows are one ``index_select`` per chunk
@@ -224,8 +224,8 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
     (1: valid), ``gidx``, ``n_valid`` and ``cols`` as ``slot_layout`` returns them, ``host`` the
     int64 host vector in ``_complete``'s layout -- the lengths' minima and maxima per segment, the
     -1-only range offsets' minimum and maximum (with a -1-only segment), two counts per chunk
-    (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), the sink's bits --
-    copied from ``init``, a kept tensor of their neutral values, and written by the kernels;
+    (zeros here: ``fast_passes.softmax`` adds them at ``host[at + 2 i]``), per sink value whether it
+    is NaN -- copied from ``init``, a kept tensor of their neutral values, and written by the kernels;
     ``at``: the first chunk's counts' index. Returns ``(valid, gidx, n_valid, host, cols, at,
     init)``. ``K > 0``. ``rows``: q's rows and the first chunk's slot rows gathered in the same
     launch (``fast_passes.layout``'s ``rows``), then returned after ``init``: ``(q64, qst)`` and ``(g,
@@ -253,9 +253,12 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
         idx = lens = torch.cat([s.idx for s in segments] + lens_l, dim=1)  # cat promotes the integer dtypes
         at = (K + S, K)
     counts = 2 * S + 2 * has_w
-    sink_bits = None if sink is None else sink.view(_FLOAT_BITS[sink.dtype][0])
+    sink_bits, sink_nan = None, (0, 0)
+    if sink is not None:
+        idt, nan_exp, nan_mag = _FLOAT_BITS[sink.dtype]
+        sink_bits, sink_nan = sink.view(idt), (nan_mag, nan_exp)
     out = fast_passes.layout(idx, K, lens, at, cols[8], S, sum(Ns), host, 2 * S if has_w else None, sink_bits,
-                             counts + 2 * chunks, rows)
+                             counts + 2 * chunks, sink_nan, rows)
     return (*out[:3], host, cols, counts, init, *out[3:])
 
 
@@ -746,14 +749,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     # the host vector, integers only (``cat`` promotes them to int64, exactly; a float among them
     # would turn every count and length into the float, e.g. a bfloat16 sink: 513 -> 512): lengths'
     # min and max per segment, [the -1-only range offsets' min and max], per chunk its count of
-    # rows with proven-exact logits and its count of rows that keep the fast logits, [the sink
-    # values' bits (a view: a NaN is an error, read from its bits)]
+    # rows with proven-exact logits and its count of rows that keep the fast logits, [per sink value
+    # 1 if it is NaN, else 0 (a NaN sink is an error)]
     if passes_heavy:  # written by the layout and softmax kernels
         host = hv
     else:
         vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
         if sink is not None:
-            vals.append(sink.view(_FLOAT_BITS[sink.dtype][0]))
+            vals.append(torch.isnan(sink))  # bool: cat makes it int64
         host = torch.cat(vals)
     keep = (consts, cols, _ZERO_ROWS.get((D, tdt, dev)), BF16_LUT.get(dev), hv_init)
     packed = None
@@ -793,14 +796,11 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
     bad = False
     if iss.gidx.shape[1] and any(r == IndexRule.MINUS1_ONLY for r in rules):  # the -1-only range offsets
         bad, rest = rest[0] < -1 or rest[1] > 0, rest[2:]
-    n_exact, kept, sink_vals = rest[:2 * nc:2], rest[1:2 * nc:2], rest[2 * nc:]
+    n_exact, kept, sink_nan = rest[:2 * nc:2], rest[1:2 * nc:2], rest[2 * nc:]
     # a given length may not pass the caller's K (padded columns must not admit it); with no lengths the
     # issued call's implied length is its own (padded) K
     limits = [s.idx.shape[1] if s.length is not None else p.idx.shape[1] for s, p in zip(segments, issued)]
-    if sink_vals:  # a NaN sink: a magnitude above the exponent mask (one generator, no call per head)
-        _, nan_exp, nan_mag = _FLOAT_BITS[sink.dtype]
-        bad = bad or any((v & nan_mag) > nan_exp for v in sink_vals)
-    bad = bad or any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits))
+    bad = bad or any(sink_nan) or any(v < 0 for v in lmin) or any(v > k for v, k in zip(lmax, limits))
     if bad:
         check_common(fn, vq, segments, scale, sink, d_v, chunk_tokens)  # raises the precise error
         raise AssertionError("fast_sparse_attention: deferred validation flagged an input that "

@@ -91,7 +91,7 @@ import torch
 from .fast_bound import bf16_abs_gemm
 
 __all__ = ["available", "default_on", "kernels", "softmax_pv", "finish", "table64", "ENV", "BLOCKS", "TABLE64_BYTES",
-           "interpreting", "triton_importable", "interpreter_index_shim"]
+           "interpreting", "kernel_mode", "triton_importable", "interpreter_index_shim"]
 
 TABLE64_BYTES = 2**29  # the default path takes the fused kernels only where the float64 table fits this
 ENV = "DSV4_FUSED_JUDGE"  # "1": the fast oracle's default (fused=None) takes the fused kernels
@@ -103,6 +103,14 @@ BLOCKS = {"logits": (32, 64, 32, 4), "pv": (64, 16, 128, 8), "finish": (8, 64, 8
 def interpreting() -> bool:
     """Triton's CPU interpreter is on (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_mode() -> bool:
+    """Whether the kernels run under Triton's CPU interpreter: ``interpreting()`` when they were
+    first loaded (``kernels()``), which is when Triton decided it (at their decoration); the value
+    their ``INTERP`` argument takes, read once instead of from the environment at every launch."""
+    return interpreting()
 
 
 @functools.lru_cache(maxsize=1)
@@ -158,7 +166,7 @@ def interpreter_index_shim() -> None:
 def kernels():
     """``(triton, logits_kernel, pv_kernel, finish_kernel)`` (``fast_fused_kernels``, compiled per signature on
     first launch). Imports Triton."""
-    if interpreting():
+    if kernel_mode():
         interpreter_index_shim()
     import triton
 
@@ -205,7 +213,7 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     bv = min(bv, triton.next_power_of_2(d_v))
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
         table, table16 if abs_bf16 else table, gidx, s, m, n, L, na, zrow, fconst, H, K, D, d_v,
-        WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=interpreting(), BH=bh, BK=bk, BV=bv, num_warps=w2)
+        WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=kernel_mode(), BH=bh, BK=bk, BV=bv, num_warps=w2)
     b = both.view(torch.bool)
     exact, fast = b.unbind(0)
     return n, m, L, (na if want_abs else None), (x, ks[2], exact, fast, b)
@@ -251,6 +259,6 @@ def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20
     finish_kernel[(T, triton.cdiv(H, bh))](
         N, Na if Na is not None else N, pv if na16 else N, fconst, m, L, x.contiguous(), vmax.contiguous(), n_valid,
         sink.contiguous() if sink is not None else m, coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None,
-        WANT_ABS=Na is not None, NA_BF16=na16, INTERP=interpreting(), BH=bh, BV=bv, num_warps=w)
+        WANT_ABS=Na is not None, NA_BF16=na16, INTERP=kernel_mode(), BH=bh, BV=bv, num_warps=w)
     b_lse, b_lws, b_max, b_out = bnd.unbind(0)
     return (N, lse, lws, m.view(T, H), pv), (b_lse, b_lws, b_max, b_out.view(T, H, 1))

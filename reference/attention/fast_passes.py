@@ -67,7 +67,7 @@ import os
 
 import torch
 
-from .fast_fused import available, interpreter_index_shim, interpreting, triton_importable
+from .fast_fused import available, interpreter_index_shim, kernel_mode, triton_importable
 from .fast_rows import bf16_norm_floor
 
 __all__ = ["ENV", "BLOCKS", "available", "block", "default_on", "gather", "gather_stats", "gathers", "kernels",
@@ -96,7 +96,7 @@ def default_on(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=1)
 def kernels():
     """``(triton, fast_passes_kernels)`` (compiled per signature on first launch). Imports Triton."""
-    if interpreting():
+    if kernel_mode():
         interpreter_index_shim()
     import triton
 
@@ -121,7 +121,7 @@ def row_stats(rows: torch.Tensor, d_v: int) -> torch.Tensor:
         return st
     br, bd, w = BLOCKS["stats"]
     floor = bf16_norm_floor(D)
-    pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=interpreting(), BR=br,
+    pk.row_stats_bf16_kernel[(triton.cdiv(N, br),)](rows, st, N, D, d_v, floor, INTERP=kernel_mode(), BR=br,
                                                     BD=block(D, bd), num_warps=w)
     return st
 
@@ -163,7 +163,7 @@ def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, wan
         pk.gather_stats_kernel[(triton.cdiv(count, br),)](
             a, a.stride(0), a.shape[0], b, b.stride(0), b.shape[0] if len(rows) > 1 else 0,
             idx if idx is not None else g, g, ga if want_abs else g, st, count, D, d_v, zrow, floor, IDENT=idx is None,
-            TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs, INTERP=interpreting(), BR=br, BD=block(D, bd),
+            TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs, INTERP=kernel_mode(), BR=br, BD=block(D, bd),
             num_warps=w)
     return g, ga, st
 
@@ -174,15 +174,17 @@ def gathers(table: torch.Tensor) -> bool:
 
 
 def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: torch.Tensor, S: int, zrow: int,
-           hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int, rows=None):
+           hv: torch.Tensor, hv_w: int | None, sink_bits: torch.Tensor | None, hv_sink: int, sink_nan: tuple = (0, 0),
+           rows=None):
     """``fast.slot_layout`` and ``fast.layout_flags`` in one kernel launch (``fast_passes_kernels.layout_kernel``):
     ``(valid, gidx, n_valid)`` -- ``[T, K]`` uint8 (1: valid), ``[T, K]`` int64 table rows (``zrow``
     for invalid slots), ``[T]`` int32 -- with the validation flags written into the int64 host vector
     ``hv`` (which holds their neutral values): the lengths' per-segment minima ``hv[0:S]`` and maxima
     ``hv[S:2S]``, and where ``hv_w`` is not None the -1-only columns' range offsets' minimum and maximum
-    at ``hv[hv_w]``, ``hv[hv_w + 1]``; ``sink_bits`` (the sink viewed as the integer dtype of its width,
-    or None) copied to ``hv[hv_sink:]``. ``idx``: the slot indices, its first ``K`` columns ``[T, K]``
-    (row-strided), ``lens`` with ``lens_at = (row stride, first column)``: each token's ``S`` lengths,
+    at ``hv[hv_w]``, ``hv[hv_w + 1]``; per value of ``sink_bits`` (the sink viewed as the integer dtype of
+    its width, or None) whether it is NaN (1, else 0) at ``hv[hv_sink:]`` (``sink_nan``: its format's
+    ``(magnitude mask, exponent mask)``; NaN iff ``bits & magnitude > exponent``). ``idx``: the slot
+    indices, its first ``K`` columns ``[T, K]`` (row-strided), ``lens`` with ``lens_at = (row stride, first column)``: each token's ``S`` lengths,
     ``cc``: ``[5, K']`` int64 column constants, ``K' >= K`` (``fast._column_constants``).
 
     ``rows``: also, in the same launch (``layout_gather_kernel``), q's rows and the first ``c`` tokens'
@@ -200,7 +202,7 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     bk, w = BLOCKS["layout"]
     ns = 0 if sink_bits is None else sink_bits.numel()
     lay = (idx, idx.stride(0), lens, lens_at[0], lens_at[1], cc, cc.stride(0), valid, gidx, nv, hv,
-           sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns)
+           sink_bits if sink_bits is not None else hv, K, S, zrow, hv_w or 0, hv_sink, ns, *sink_nan)
     flags = dict(HAS_M1=hv_w is not None, HAS_SINK=sink_bits is not None, BK=block(K, bk),
                  BS=max(2, triton.next_power_of_2(S)))
     if rows is None:
@@ -218,7 +220,7 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
         *lay, T, nq, q2, q2.stride(0), QR, q64, qst, a, a.stride(0), a.shape[0], b, b.stride(0),
         b.shape[0] if len(segs) > 1 else 0, g, ga if want_abs else g, st, CS, q2.shape[1], d_v,
         bf16_norm_floor(q2.shape[1]), **flags, TWO=len(segs) > 1, SCRUB=scrub, WANT_ABS=want_abs,
-        INTERP=interpreting(), BR=br, BD=block(q2.shape[1], bd), num_warps=gw)
+        INTERP=kernel_mode(), BR=br, BD=block(q2.shape[1], bd), num_warps=gw)
     return valid, gidx, nv, (q64, qst), (g, ga, st)
 
 
@@ -268,7 +270,7 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     pk.softmax_kernel[(c, triton.cdiv(H, bh))](
         s, v8, m, L, pb if want_pb else s, fconst, H, K, *targs, c, hv, hvo, qst,
         targs[2] if qstats is None else qstats.shape[1], WANT_PB=want_pb, TESTS=tests is not None,
-        COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=interpreting(), BH=bh,
+        COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=kernel_mode(), BH=bh,
         BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
     if tests is not None:
         b = both.view(torch.bool)

@@ -271,7 +271,7 @@ def _slot(IDX, sit, LENS, slt, l0, CC, scc, t, kk, km, zrow):
 
 @triton.jit
 def _layout_token(t, IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
-                  HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
+                  nan_mag, nan_exp, HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
     """``layout_kernel``'s work for token ``t`` (int64)."""
     ss = tl.arange(0, BS)
     sm = ss < S
@@ -300,13 +300,14 @@ def _layout_token(t, IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK
         if t == 0:
             for h0 in range(0, NS, BK):
                 hh = h0 + tl.arange(0, BK)
-                b = tl.load(SINK + hh, mask=hh < NS, other=0)
-                tl.store(HV + hv_sink + hh, b.to(tl.int64), mask=hh < NS)
+                b = tl.load(SINK + hh, mask=hh < NS, other=0).to(tl.int64)
+                tl.store(HV + hv_sink + hh, ((b & nan_mag) > nan_exp).to(tl.int64), mask=hh < NS)
 
 
-@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS"])
-def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
-                  HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
+@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS", "nan_mag",
+                               "nan_exp"])
+def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS, nan_mag,
+                  nan_exp, HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr):
     """``fast.slot_layout`` and ``fast.layout_flags`` for one token ``t`` (program 0 of axis 0), in one pass
     over its ``K`` slot indices: ``IDX`` ``[T, K]`` (row stride ``sit``), the lengths ``[T, S]`` at
     ``LENS + l0`` (row stride ``slt``, 0 for one length shared by every token; a segment without
@@ -319,17 +320,18 @@ def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K
     -1-only columns' range offsets at ``HV[hv_w]``, ``HV[hv_w + 1]`` (``HV`` holds the neutral
     values before the launch). A slot is valid iff it lies in its segment's prefix and ``0 <= idx
     <= N_s - 1``; its range offset is ``idx`` below the range, ``idx - (N_s - 1)`` above it, 0 in it
-    and -1 outside the prefix (``fast.slot_layout``). ``HAS_SINK``: program 0 also copies the ``NS`` sink
-    values' bits (``SINK``: the sink viewed as the integer dtype of its width), sign-extended, to
-    ``HV[hv_sink:]``."""
+    and -1 outside the prefix (``fast.slot_layout``). ``HAS_SINK``: program 0 also writes, per sink value,
+    whether it is NaN (1) or not (0) to ``HV[hv_sink:]``, from its bits (``SINK``: the sink viewed as the
+    integer dtype of its width): NaN iff ``bits & nan_mag > nan_exp`` (its magnitude above the
+    exponent mask)."""
     _layout_token(tl.program_id(0).to(tl.int64), IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S,
-                  zrow, hv_w, hv_sink, NS, HAS_M1, HAS_SINK, BK, BS)
+                  zrow, hv_w, hv_sink, NS, nan_mag, nan_exp, HAS_M1, HAS_SINK, BK, BS)
 
 
-@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS", "T", "nq",
-                               "QR", "sq", "N0", "N1", "s0", "s1", "CS"])
+@triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS", "nan_mag",
+                               "nan_exp", "T", "nq", "QR", "sq", "N0", "N1", "s0", "s1", "CS"])
 def layout_gather_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
-                         T, nq, Q, sq, QR, Q64, QST, A, s0, N0, B, s1, N1, G, GA, GST, CS, D, DV, floor,
+                         nan_mag, nan_exp, T, nq, Q, sq, QR, Q64, QST, A, s0, N0, B, s1, N1, G, GA, GST, CS, D, DV, floor,
                          HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, TWO: tl.constexpr, SCRUB: tl.constexpr,
                          WANT_ABS: tl.constexpr, INTERP: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr,
                          BR: tl.constexpr, BD: tl.constexpr):
@@ -343,7 +345,7 @@ def layout_gather_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, 
     pid = tl.program_id(0)
     if pid < T:
         _layout_token(pid.to(tl.int64), IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow,
-                      hv_w, hv_sink, NS, HAS_M1, HAS_SINK, BK, BS)
+                      hv_w, hv_sink, NS, nan_mag, nan_exp, HAS_M1, HAS_SINK, BK, BS)
     elif pid < T + nq:  # (each branch's names are its own: Triton merges a name both branches assign)
         qi = (pid - T).to(tl.int64) * BR + tl.arange(0, BR)
         qm = qi < QR

@@ -193,7 +193,7 @@ def test_gathering_from_the_segments_is_the_table_path(problem, want_abs, monkey
 def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
     """``fast.layout_by_kernel`` (one Triton kernel) against ``fast.slot_layout`` and ``fast.layout_flags``:
     the same validity, table rows and counts, and the same host-vector flags (lengths' minima and
-    maxima per segment, the -1-only range offsets' extremes where the rule applies), the sink's bits."""
+    maxima per segment, the -1-only range offsets' extremes where the rule applies), which sink values are NaN."""
     from dsv4_numerics.reference.attention import fast
 
     segs, T = layout_problem(case, seed)
@@ -217,8 +217,7 @@ def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
     if sink is None:
         assert len(host) == at + 4
     else:
-        bits = sink.cpu().view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[sink_dtype]).long().tolist()
-        assert host[at + 4:] == bits
+        assert host[at + 4:] == [0, 0, 1, 0]  # per sink value: NaN (from its bits) or not
 
 
 @needs_triton
@@ -248,6 +247,27 @@ def test_an_empty_segment_has_no_valid_slot(case, passes):
             sparse_attention(q, [bad], 0.3)
         with pytest.raises(InputError):
             fast_sparse_attention(q.to(DEV), segs_on([bad]), 0.3, passes=passes, fused=False, graph=False)
+
+
+@needs_triton
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("passes", [True, False])
+def test_a_nan_sink_is_the_ordered_oracles_error(sink_dtype, passes):
+    """A NaN sink value (the layout kernel's per-head NaN flags from the bits, or the PyTorch passes'
+    ``isnan``, read with the call's one sync) raises the ordered oracle's error, in every float
+    format; ``+-inf`` sinks (allowed) do not."""
+    q, segs = decode_like()
+    H = q.shape[1]
+    sink = torch.zeros(H, dtype=sink_dtype)
+    sink[0], sink[1] = math.inf, -math.inf
+    kw = dict(passes=passes, fused=False, graph=False)
+    fast_sparse_attention(q.to(DEV), segs_on(segs), 0.125, on(sink), **kw)  # infinite sinks are accepted
+    sink[H - 1] = -math.nan
+    with pytest.raises(InputError) as ordered:
+        sparse_attention(q, segs, 0.125, sink)
+    with pytest.raises(InputError) as fast:
+        fast_sparse_attention(q.to(DEV), segs_on(segs), 0.125, on(sink), **kw)
+    assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
 
 
 @needs_triton
