@@ -20,9 +20,9 @@ Results do not depend on the chunk size beyond the bound.
 
 Speed (the host spends ~5-20 us per PyTorch operation and ~25-35 us per Triton launch on the
 H100/H200 hosts, against ~1.1 ms of GPU work at production decode h64/top-512, batch 128, on this
-PyTorch path; ~0.53 ms with the Triton passes of ``fast_passes``, the default on a CUDA device,
-which issue about 12 kernels: the layout and its flags in one, the rows gathered from the
-segments with their statistics, no table): on the PyTorch path ~60 kernels per call (two segments
+PyTorch path; ~0.48 ms with the Triton passes of ``fast_passes``, the default on a CUDA device,
+which issue about 10 kernels: the layout, its flags, q's rows and the first chunk's slot rows
+gathered from the segments with their statistics in one launch, no table): on the PyTorch path ~60 kernels per call (two segments
 with lengths and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
 has work queued from the first launch (``_issue``: the table and its row statistics first, the
 slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
@@ -648,8 +648,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     steps 4-7 and the bounds, and the host vector. ``fused``: the chunks' heavy steps by
     ``fast_fused``; ``passes``: the memory-bound passes by ``fast_passes`` (and steps 4-7 by
     ``fast_fused.finish``): the layout, flags and host vector by one kernel, and where the rows
-    allow it (``direct_rows``) no table -- q's rows and then each chunk's slot rows gathered from
-    the segments with their statistics -- about 12 kernels in all."""
+    allow it (``direct_rows``) no table -- q's rows and the first chunk's slot rows gathered from
+    the segments with their statistics in the layout's launch, the other chunks' by their own --
+    about 10 kernels in all."""
     T, H, D = q.shape
     dev = q.device
     K = sum(s.idx.shape[1] for s in segments)

@@ -17,6 +17,11 @@ steps 4-7 in about twenty small kernels. Each kernel here does one of those jobs
   slot's row read from its segment (no table is built), written as float64 (and ``|V|`` for
   ``pv_abs``) with its row statistics (``fast_rows.row_stats``, per slot: the same values the
   table's row gives), and q's rows converted with theirs by the same kernel.
+* ``layout(rows=...)``: the two above in one launch (``layout_gather_kernel``) -- the layout, q's rows
+  and the first chunk's slot rows; each gathering program computes its own slots' table rows with the
+  layout's rule (``_slot``), so no program reads what another writes. An eager call then issues one
+  Triton launch before its first heavy kernel instead of three (the other chunks' rows, where a
+  call has several, are gathered by ``gather_stats``).
 * ``row_stats`` (other bfloat16 tables): ``fast_rows.row_stats`` in one read of the table.
 * ``gather``: the chunk's slot rows as float64 straight from the table's dtype (and ``|V|`` in that
   dtype for ``pv_abs``), one read of the rows and one write.
