@@ -666,13 +666,12 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
             stats = fast_passes.row_stats(table, d_v)
         else:
             stats = row_stats(table, d_v)
-    bf16_abs = want_abs and bf16_abs_gemm(torch.bfloat16, K)
-    scrub = nan_policy == NanPolicy.SCRUB
     if direct:  # the layout, the flags, the host vector, q's rows and the first chunk's slot rows by one kernel
-        c0 = spans[0][1] - spans[0][0]
+        seg_rows, scrub = [s.rows for s in segments], nan_policy == NanPolicy.SCRUB
+        rows = (q.reshape(T * H, D), seg_rows, spans[0][1] - spans[0][0], d_v,
+                want_abs and bf16_abs_gemm(torch.bfloat16, K), scrub)
         v8, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
-            segments, rules, T, dev, sink, len(spans), (q.reshape(T * H, D), [s.rows for s in segments], c0, d_v,
-                                                        bf16_abs, scrub))
+            segments, rules, T, dev, sink, len(spans), rows)
         valid, lonely = v8.view(torch.bool), None
     elif passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
         v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
@@ -707,14 +706,13 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     elif direct:  # q's rows and the first chunk's slot rows came with the layout; the other chunks' here
         q64 = q64.view(T, H, D)
-        rows = [s.rows for s in segments]
 
         def gather(gf, c, ab):
             nonlocal first
             if first is not None:
                 (g, ga, st), first = first, None
             else:
-                g, ga, st = fast_passes.gather_stats(rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
+                g, ga, st = fast_passes.gather_stats(seg_rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
             return g.view(c, -1, D), (ga.view(c, -1, d_v) if ab else None), st
 
         pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q64, t0, t1), consts[4], d_v,
