@@ -22,11 +22,12 @@ Speed (the host spends ~5-20 us per PyTorch operation and ~25-35 us per Triton l
 H100/H200 hosts, against ~1.1 ms of GPU work at production decode h64/top-512, batch 128, on this
 PyTorch path; ~0.48 ms with the Triton passes of ``fast_passes``, the default on a CUDA device,
 which issue about 10 kernels: the layout, its flags, q's rows and the first chunk's slot rows
-gathered from the segments with their statistics in one launch, no table): on the PyTorch path ~60 kernels per call (two segments
-with lengths and a sink: 62 dispatched operations, 60 of them kernels, plus 32 views), issued so that the GPU
-has work queued from the first launch (``_issue``: the table and its row statistics first, the
-slot layout while the GPU runs them, the deferred validation after the heavy kernels; on one H100
-this took the eager call from 21.2x to 19.6x FlashMLA at h64, side by side). The validation rules
+gathered from the segments with their statistics in one launch, no table): on the PyTorch path ~60
+kernels per call (two segments with lengths and a sink: 62 dispatched operations, 60 of them
+kernels, plus 32 views), issued so that the GPU has work queued from the first launch (``_issue``:
+the table and its row statistics first, the slot layout while the GPU runs them, the deferred
+validation after the heavy kernels; on one H100 this took the eager call from 21.2x to 19.6x
+FlashMLA at h64, side by side). The validation rules
 that need device values (lengths, -1-only indices, a NaN sink) are evaluated on the device and
 read with the call's one host sync (``layout_flags``; ``check_common`` then raises the precise error):
 the slot layout of several segments starts from one ``cat`` (indices, each slot's length, the
@@ -247,17 +248,17 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
     if S == 1:
         s0 = segments[0]
         idx = s0.idx if s0.idx.stride(1) == 1 else s0.idx.contiguous()
-        lens, at = (s0.length, (s0.length.stride(0), 0)) if s0.length is not None else (cols[7][0], (0, 0))
+        lens, lens_at = (s0.length, (s0.length.stride(0), 0)) if s0.length is not None else (cols[7][0], (0, 0))
     else:
         lens_l = _lengths(segments, cols[7], T)
         idx = lens = torch.cat([s.idx for s in segments] + lens_l, dim=1)  # cat promotes the integer dtypes
-        at = (K + S, K)
+        lens_at = (K + S, K)
     counts = 2 * S + 2 * has_w
     sink_bits, sink_nan = None, (0, 0)
     if sink is not None:
         idt, nan_exp, nan_mag = _FLOAT_BITS[sink.dtype]
         sink_bits, sink_nan = sink.view(idt), (nan_mag, nan_exp)
-    out = fast_passes.layout(idx, K, lens, at, cols[8], S, sum(Ns), host, 2 * S if has_w else None, sink_bits,
+    out = fast_passes.layout(idx, K, lens, lens_at, cols[8], S, sum(Ns), host, 2 * S if has_w else None, sink_bits,
                              counts + 2 * chunks, sink_nan, rows)
     return (*out[:3], host, cols, counts, init, *out[3:])
 
@@ -657,8 +658,14 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     passes = passes and not fused and K > 0
     # bfloat16 rows of at most two segments: no table (each gathered row's statistics come with it)
     direct = passes and direct_rows(segments, q)
-    if direct:
+    if direct:  # the layout, the flags, the host vector, q's rows and the first chunk's slot rows by one kernel
         table, Nrows, stats, passes_heavy = None, sum(s.rows.shape[0] for s in segments), None, True
+        seg_rows, scrub = [s.rows for s in segments], nan_policy == NanPolicy.SCRUB
+        rows = (q.reshape(T * H, D), seg_rows, spans[0][1] - spans[0][0], d_v,
+                want_abs and bf16_abs_gemm(torch.bfloat16, K), scrub)
+        v8, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
+            segments, rules, T, dev, sink, len(spans), rows)
+        valid, lonely = v8.view(torch.bool), None
     else:
         table, Nrows = _table(segments, q, nan_policy)
         passes_heavy = passes and fast_passes.gathers(table)  # else the PyTorch heavy steps, Triton finish
@@ -666,19 +673,12 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
             stats = fast_passes.row_stats(table, d_v)
         else:
             stats = row_stats(table, d_v)
-    if direct:  # the layout, the flags, the host vector, q's rows and the first chunk's slot rows by one kernel
-        seg_rows, scrub = [s.rows for s in segments], nan_policy == NanPolicy.SCRUB
-        rows = (q.reshape(T * H, D), seg_rows, spans[0][1] - spans[0][0], d_v,
-                want_abs and bf16_abs_gemm(torch.bfloat16, K), scrub)
-        v8, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
-            segments, rules, T, dev, sink, len(spans), rows)
-        valid, lonely = v8.view(torch.bool), None
-    elif passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
-        v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
-        valid, lonely = v8.view(torch.bool), None
-    else:
-        valid, gidx, n_valid, pending, cols = slot_layout(segments, rules, T, dev)
-        lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
+        if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
+            v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
+            valid, lonely = v8.view(torch.bool), None
+        else:
+            valid, gidx, n_valid, pending, cols = slot_layout(segments, rules, T, dev)
+            lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
     q0 = Nrows + 1
     tdt = torch.bfloat16 if direct else table.dtype
     sdt = torch.float32 if tdt == torch.bfloat16 else torch.float64

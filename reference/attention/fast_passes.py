@@ -158,19 +158,25 @@ def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, wan
     ``idx``: ``[count]`` table rows (``zrow``, or anything outside the rows, reads zeros), or None for
     rows ``0 .. count - 1`` of ``rows[0]``; ``scrub``: NaN read as 0 (``NanPolicy.SCRUB``)."""
     triton, pk = kernels()
-    a = rows[0]
-    b = rows[1] if len(rows) > 1 else a
-    D = a.shape[1]
-    g, ga, st = _gathered(a, count, d_v, want_abs)
+    D = rows[0].shape[1]
+    g, ga, st = _gathered(rows[0], count, d_v, want_abs)
     if count:
         br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats" if want_abs else "gather_stats_plain"]
         floor = bf16_norm_floor(D)
         pk.gather_stats_kernel[(triton.cdiv(count, br),)](
-            a, a.stride(0), a.shape[0], b, b.stride(0), b.shape[0] if len(rows) > 1 else 0,
-            idx if idx is not None else g, g, ga if want_abs else g, st, count, D, d_v, zrow, floor, IDENT=idx is None,
+            *_sources(rows), idx if idx is not None else g, g, ga if want_abs else g, st, count, D, d_v, zrow, floor,
+            IDENT=idx is None,
             TWO=len(rows) > 1, SCRUB=scrub, WANT_ABS=want_abs, INTERP=kernel_mode(), BR=br, BD=block(D, bd),
             num_warps=w)
     return g, ga, st
+
+
+def _sources(rows: list) -> tuple:
+    """The gathering kernels' ``(A, s0, N0, B, s1, N1)`` for one or two bfloat16 ``[N_s, D]`` row
+    tensors: each with its row stride and row count (``B`` is ``A`` with no rows where there is one)."""
+    a = rows[0]
+    b = rows[1] if len(rows) > 1 else a
+    return a, a.stride(0), a.shape[0], b, b.stride(0), b.shape[0] if len(rows) > 1 else 0
 
 
 def gathers(table: torch.Tensor) -> bool:
@@ -189,8 +195,9 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     at ``hv[hv_w]``, ``hv[hv_w + 1]``; per value of ``sink_bits`` (the sink viewed as the integer dtype of
     its width, or None) whether it is NaN (1, else 0) at ``hv[hv_sink:]`` (``sink_nan``: its format's
     ``(magnitude mask, exponent mask)``; NaN iff ``bits & magnitude > exponent``). ``idx``: the slot
-    indices, its first ``K`` columns ``[T, K]`` (row-strided), ``lens`` with ``lens_at = (row stride, first column)``: each token's ``S`` lengths,
-    ``cc``: ``[5, K']`` int64 column constants, ``K' >= K`` (``fast._column_constants``).
+    indices, its first ``K`` columns ``[T, K]`` (row-strided), ``lens`` with ``lens_at = (row stride,
+    first column)``: each token's ``S`` lengths, ``cc``: ``[5, K']`` int64 column constants, ``K' >= K``
+    (``fast._column_constants``).
 
     ``rows``: also, in the same launch (``layout_gather_kernel``), q's rows and the first ``c`` tokens'
     slot rows gathered with their statistics, as ``gather_stats`` gathers them: ``(q2, segs, c, d_v,
@@ -216,15 +223,12 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     q2, segs, c, d_v, want_abs, scrub = rows
     (q64, _, qst), (g, ga, st) = (_gathered(q2, q2.shape[0], d_v, False),
                                   _gathered(segs[0], c * K, d_v, want_abs))
-    a = segs[0]
-    b = segs[1] if len(segs) > 1 else a
     br, bd, gw = BLOCKS["layout_gather" if want_abs else "layout_gather_plain"]
     QR, CS = q2.shape[0], c * K
     nq = triton.cdiv(QR, br)
     pk.layout_gather_kernel[(T + nq + triton.cdiv(CS, br),)](
-        *lay, T, nq, q2, q2.stride(0), QR, q64, qst, a, a.stride(0), a.shape[0], b, b.stride(0),
-        b.shape[0] if len(segs) > 1 else 0, g, ga if want_abs else g, st, CS, q2.shape[1], d_v,
-        bf16_norm_floor(q2.shape[1]), **flags, TWO=len(segs) > 1, SCRUB=scrub, WANT_ABS=want_abs,
+        *lay, T, nq, q2, q2.stride(0), QR, q64, qst, *_sources(segs), g, ga if want_abs else g, st, CS, q2.shape[1],
+        d_v, bf16_norm_floor(q2.shape[1]), **flags, TWO=len(segs) > 1, SCRUB=scrub, WANT_ABS=want_abs,
         INTERP=kernel_mode(), BR=br, BD=block(q2.shape[1], bd), num_warps=gw)
     return valid, gidx, nv, (q64, qst), (g, ga, st)
 

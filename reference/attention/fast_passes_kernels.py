@@ -331,7 +331,8 @@ def layout_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K
 @triton.jit(do_not_specialize=["sit", "slt", "l0", "scc", "K", "S", "zrow", "hv_w", "hv_sink", "NS", "nan_mag",
                                "nan_exp", "T", "nq", "QR", "sq", "N0", "N1", "s0", "s1", "CS"])
 def layout_gather_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, SINK, K, S, zrow, hv_w, hv_sink, NS,
-                         nan_mag, nan_exp, T, nq, Q, sq, QR, Q64, QST, A, s0, N0, B, s1, N1, G, GA, GST, CS, D, DV, floor,
+                         nan_mag, nan_exp, T, nq, Q, sq, QR, Q64, QST, A, s0, N0, B, s1, N1, G, GA, GST, CS, D, DV,
+                         floor,
                          HAS_M1: tl.constexpr, HAS_SINK: tl.constexpr, TWO: tl.constexpr, SCRUB: tl.constexpr,
                          WANT_ABS: tl.constexpr, INTERP: tl.constexpr, BK: tl.constexpr, BS: tl.constexpr,
                          BR: tl.constexpr, BD: tl.constexpr):
@@ -349,8 +350,8 @@ def layout_gather_kernel(IDX, sit, LENS, slt, l0, CC, scc, VALID, GIDX, NV, HV, 
     elif pid < T + nq:  # (each branch's names are its own: Triton merges a name both branches assign)
         qi = (pid - T).to(tl.int64) * BR + tl.arange(0, BR)
         qm = qi < QR
-        _gather_stats_rows(Q, sq, QR, Q, sq, 0, qi, qi, qm, Q64, Q64, QST, QR, D, DV, floor, False, False, False, INTERP,
-                           BR, BD)
+        _gather_stats_rows(Q, sq, QR, Q, sq, 0, qi, qi, qm, Q64, Q64, QST, QR, D, DV, floor, False, False, False,
+                           INTERP, BR, BD)
     else:
         si = (pid - T - nq).to(tl.int64) * BR + tl.arange(0, BR)
         sm = si < CS
