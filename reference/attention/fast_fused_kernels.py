@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 __all__ = ["logits_kernel", "pv_kernel", "finish_kernel", "nanmax", "nanmax_all", "bf16_bits", "bf16_bits_to_f32",
-           "row_tests"]
+           "row_tests", "slot_stats_init", "slot_stats_add", "slot_stats_done"]
 
 
 @triton.jit
@@ -37,6 +37,39 @@ def nanmax_all(a):
     """``max`` over a 1-D block, NaN if any element is NaN."""
     nan = tl.sum((a != a).to(tl.int32), axis=0) > 0
     return tl.where(nan, float("nan"), tl.max(a, axis=0))
+
+
+@triton.jit
+def slot_stats_init(ST, BK: tl.constexpr):
+    """The running maxima of a token's slots' three statistics (``fast_rows.row_stats``: norm,
+    ``log2 n - lsb``, ``max |x_j|``) over blocks of ``BK`` slots, each ``-inf``, in the dtype of
+    the statistics ``ST``."""
+    e = tl.full([BK], float("-inf"), ST.dtype.element_ty)
+    return e, e, e
+
+
+@triton.jit
+def slot_stats_add(sn, sb, sv, ST, R, g, km):
+    """``slot_stats_init``'s maxima with a block of slots added: the statistics ``ST`` ``[3, R]`` at
+    rows ``g`` (``km``: the block's mask), NaN-propagating (``nanmax``)."""
+    sn = nanmax(sn, tl.load(ST + g, mask=km, other=float("-inf")))
+    sb = nanmax(sb, tl.load(ST + R + g, mask=km, other=float("-inf")))
+    sv = nanmax(sv, tl.load(ST + 2 * R + g, mask=km, other=float("-inf")))
+    return sn, sb, sv
+
+
+@triton.jit
+def slot_stats_done(sn, sb, sv, KS, t, T, first):
+    """The token's maxima ``(nk, bk)`` of the slots' norm and ``log2 n - lsb`` (the inputs of
+    ``row_tests``); where ``first`` (the token's first block of heads) all three also stored at
+    ``KS[i, t]``, ``KS`` ``[3, T]``."""
+    nk = nanmax_all(sn)
+    bk = nanmax_all(sb)
+    if first:
+        tl.store(KS + t, nk)
+        tl.store(KS + T + t, bk)
+        tl.store(KS + 2 * T + t, nanmax_all(sv))
+    return nk, bk
 
 
 @triton.jit
@@ -73,9 +106,7 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, 
     m = tl.full([BH], float("-inf"), tl.float64)
     scale = tl.load(FC)  # float64 (a Python float argument would reach the kernel as float32)
     if HAS_STATS:
-        sn = tl.full([BK], float("-inf"), stats.dtype.element_ty)
-        sb = tl.full([BK], float("-inf"), stats.dtype.element_ty)
-        sv = tl.full([BK], float("-inf"), stats.dtype.element_ty)
+        sn, sb, sv = slot_stats_init(stats, BK)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         km = kk < K
@@ -93,18 +124,11 @@ def logits_kernel(tab, gidx, stats, S, M, KS, LIM, X, BOTH, q0, zrow, FC, T, H, 
         tl.store(S + (t.to(tl.int64) * H + hh)[:, None] * K + kk[None, :], s, mask=hm[:, None] & km[None, :])
         m = tl.maximum(m, tl.max(s, axis=1))
         if HAS_STATS:
-            sn = nanmax(sn, tl.load(stats + g, mask=km, other=float("-inf")))
-            sb = nanmax(sb, tl.load(stats + R + g, mask=km, other=float("-inf")))
-            sv = nanmax(sv, tl.load(stats + 2 * R + g, mask=km, other=float("-inf")))
+            sn, sb, sv = slot_stats_add(sn, sb, sv, stats, R, g, km)
     m = tl.where(m == 0.0, 0.0, m)  # -0 -> +0, as the ordered oracle's max
     tl.store(M + t * H + hh, m, mask=hm)
     if HAS_STATS:
-        nk = nanmax_all(sn)
-        bk = nanmax_all(sb)
-        if hb == 0:
-            tl.store(KS + t, nk)
-            tl.store(KS + T + t, bk)
-            tl.store(KS + 2 * T + t, nanmax_all(sv))
+        nk, bk = slot_stats_done(sn, sb, sv, KS, t, T, hb == 0)
         row_tests(stats, R, qrow, hm, nk, bk, LIM, X, BOTH, t * H + hh, T * H, X, False)
 
 

@@ -15,7 +15,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import fast_rows
-from .fast_fused_kernels import bf16_bits, bf16_bits_to_f32, nanmax, nanmax_all, row_tests
+from .fast_fused_kernels import (bf16_bits, bf16_bits_to_f32, row_tests, slot_stats_add, slot_stats_done,
+                                 slot_stats_init)
 
 __all__ = ["row_stats_bf16_kernel", "gather_kernel", "gather_stats_kernel", "softmax_kernel", "layout_kernel",
            "layout_gather_kernel"]
@@ -202,9 +203,7 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
     row = (t * H + hh) * K
     mx = tl.full([BH], float("-inf"), dtype=tl.float64)
     if TESTS:
-        sn = tl.full([BK], float("-inf"), ST.dtype.element_ty)
-        sb = tl.full([BK], float("-inf"), ST.dtype.element_ty)
-        sv = tl.full([BK], float("-inf"), ST.dtype.element_ty)
+        sn, sb, sv = slot_stats_init(ST, BK)
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         km = kk < K
@@ -217,16 +216,9 @@ def softmax_kernel(S, VALID, M, L, PB, SC, H, K, GIDX, ST, R, LIM, X, KS, BOTH, 
                 g = t * K + kk
             else:
                 g = tl.load(GIDX + t * K + kk, mask=km, other=0)
-            sn = nanmax(sn, tl.load(ST + g, mask=km, other=float("-inf")))
-            sb = nanmax(sb, tl.load(ST + R + g, mask=km, other=float("-inf")))
-            sv = nanmax(sv, tl.load(ST + 2 * R + g, mask=km, other=float("-inf")))
+            sn, sb, sv = slot_stats_add(sn, sb, sv, ST, R, g, km)
     if TESTS:  # fast._row_tests, in the statistics' dtype
-        nk = nanmax_all(sn)
-        bk = nanmax_all(sb)
-        if tl.program_id(1) == 0:
-            tl.store(KS + t, nk)
-            tl.store(KS + c + t, bk)
-            tl.store(KS + 2 * c + t, nanmax_all(sv))
+        nk, bk = slot_stats_done(sn, sb, sv, KS, t, c, tl.program_id(1) == 0)
         row_tests(QST, RQ, q0 + t * H + hh, hm, nk, bk, LIM, X, BOTH, t * H + hh, c * H, HV + hvo, COUNT)
     shift = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([BH], dtype=tl.float64)
