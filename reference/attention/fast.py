@@ -255,9 +255,9 @@ def layout_by_kernel(segments, rules, T: int, dev: torch.device, sink, chunks: i
         lens_at = (K + S, K)
     counts = 2 * S + 2 * has_w
     sink_bits, sink_nan = None, (0, 0)
-    if sink is not None:
+    if sink is not None:  # read as contiguous by the kernel
         idt, nan_exp, nan_mag = _FLOAT_BITS[sink.dtype]
-        sink_bits, sink_nan = sink.view(idt), (nan_mag, nan_exp)
+        sink_bits, sink_nan = sink.contiguous().view(idt), (nan_mag, nan_exp)
     out = fast_passes.layout(idx, K, lens, lens_at, cols[8], S, sum(Ns), host, 2 * S if has_w else None, sink_bits,
                              counts + 2 * chunks, sink_nan, rows)
     return (*out[:3], host, cols, counts, init, *out[3:])
@@ -441,11 +441,12 @@ def _softmax_tail(s, g, d_v, lonely, zero, canonical=False, want_abs=False, gb=N
 def _row_tests(stats, gflat, qrows, c, lims):
     """Step 1's per-row decisions for one chunk of ``c`` tokens from the row statistics
     (``row_stats`` of the table), ``gflat`` the flat ``[c*K]`` table rows of the slots, ``qrows``
-    the chunk's q rows of the table: ``(x, vmax, exact, fast, both)``, ``[c, H, 1]`` each but
-    ``vmax`` ``[c, 1, 1]`` and ``both`` ``[2, c, H, 1]`` (``exact`` and ``fast`` are its views: one
-    count for the host). ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast
-    logits (else it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta``
-    exceeds ``DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
+    the chunk's q rows of the table: ``(x, vmax, both)``, ``x`` ``[c, H, 1]``, ``vmax`` ``[c, 1, 1]``
+    and ``both`` ``[2, c, H, 1]`` bool, ``(exact, fast)`` (one tensor: one count for the host, and the
+    two split only where a chunk is redone; the kernels that compute the tests give it as uint8, 1:
+    true). ``exact``: the row's logits are proven exact; ``fast``: the row keeps the fast logits (else
+    it must take the ordered logits: its products are NaN/Inf/huge, or its ``delta`` exceeds
+    ``DELTA_MAX``); the rows with approximate (bounded) logits are those fast and not
     exact. ``x = fl(n_q max_k n_k)`` on rows not proven exact, else 0 (the bound's feature on the
     rows that keep the fast logits; ``_chunk_ordered`` sets it to 0 on the others); ``vmax``:
     ``max |v|`` over the token's slots. ``lims``:
@@ -461,7 +462,7 @@ def _row_tests(stats, gflat, qrows, c, lims):
     exact, fast = both.unbind(0)
     torch.lt(aq + bk, ebits, out=exact)
     torch.lt(nqb, torch.where(exact, lim_exact, lim_approx), out=fast)  # NaN: False
-    return torch.where(exact, zero, nqb), vk, exact, fast, both
+    return torch.where(exact, zero, nqb), vk, both
 
 
 def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero, want_abs=False):
@@ -477,7 +478,8 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     g, gb = _gather(table, gflat, c, want_abs)
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
-    x, vk, exact, fast, _ = tests
+    x, vk, both = tests
+    exact, fast = both.view(torch.bool).unbind(0)  # uint8 from the kernels
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     piece = _redo_piece(c, qc.shape[1], K, qc.shape[2], table.element_size())
@@ -578,7 +580,9 @@ class _Issued:
     buffers). ``host``: the int64 vector the one host sync reads; ``keep``: the cached constants
     the work reads (a captured graph must keep them alive); ``packed`` (``pack=True``, for a graph): the
     ``[T, H]`` outputs and bounds stacked ``[7, T, H]`` (``lse``, ``lse_with_sink``, ``max_logits``,
-    their bounds, ``out``'s bound), so a replay returns them with one copy."""
+    their bounds, ``out``'s bound), so a replay returns them with one copy. ``valid``: ``[T, K]``
+    bool, or uint8 (1: valid) where the layout kernel wrote it (viewed as bool only where a chunk is
+    redone)."""
 
     spans: list
     valid: torch.Tensor
@@ -663,9 +667,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         seg_rows, scrub = [s.rows for s in segments], nan_policy == NanPolicy.SCRUB
         rows = (q.reshape(T * H, D), seg_rows, spans[0][1] - spans[0][0], d_v,
                 want_abs and bf16_abs_gemm(torch.bfloat16, K), scrub)
-        v8, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
+        valid, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
             segments, rules, T, dev, sink, len(spans), rows)
-        valid, lonely = v8.view(torch.bool), None
+        lonely = None
     else:
         table, Nrows = _table(segments, q, nan_policy)
         passes_heavy = passes and fast_passes.gathers(table)  # else the PyTorch heavy steps, Triton finish
@@ -674,8 +678,9 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         else:
             stats = row_stats(table, d_v)
         if passes_heavy:  # the layout, the flags and the host vector by one kernel; lonely rows: n_valid == 0
-            v8, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink, len(spans))
-            valid, lonely = v8.view(torch.bool), None
+            valid, gidx, n_valid, hv, cols, at, hv_init = layout_by_kernel(segments, rules, T, dev, sink,
+                                                                           len(spans))
+            lonely = None
         else:
             valid, gidx, n_valid, pending, cols = slot_layout(segments, rules, T, dev)
             lonely, hv_init = n_valid.view(T, 1, 1) == 0, None
@@ -715,7 +720,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
                 g, ga, st = fast_passes.gather_stats(seg_rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
             return g.view(c, -1, D), (ga.view(c, -1, d_v) if ab else None), st
 
-        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q64, t0, t1), consts[4], d_v,
+        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(valid, t0, t1), part(q64, t0, t1), consts[4], d_v,
                                  (None, None, t0 * H, lims[4]), want_abs, (hv, at + 2 * i), qst)
               for i, (t0, t1) in enumerate(spans)]
         heavy, ftests = [z[0] for z in pz], [z[1] for z in pz]
@@ -723,7 +728,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
         def gather(gf, c, ab):
             return (*fast_passes.gather(table, gf, c, d_v, ab), None)
 
-        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(v8, t0, t1), part(q, t0, t1).to(torch.float64),
+        pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(valid, t0, t1), part(q, t0, t1).to(torch.float64),
                                  consts[4], d_v, (stats, part(gidx, t0, t1), q0 + t0 * H, lims[4]), want_abs,
                                  (hv, at + 2 * i))
               for i, (t0, t1) in enumerate(spans)]
@@ -735,8 +740,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     checks = None if passes_heavy else layout_flags(pending)
     if K == 0:  # every row lonely: exact (no logits), and it keeps the (no) fast logits
         z2 = torch.zeros(T, H, 1, dtype=stats.dtype, device=dev)
-        yes = torch.ones(2, T, H, 1, dtype=torch.bool, device=dev)
-        tests = [(z2, z2[:, :1], *yes, yes)]
+        tests = [(z2, z2[:, :1], torch.ones(2, T, H, 1, dtype=torch.bool, device=dev))]
     elif fused or passes_heavy:
         tests = ftests
     else:
@@ -753,7 +757,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     if passes_heavy:  # written by the layout and softmax kernels
         host = hv
     else:
-        vals = checks + [t[4].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
+        vals = checks + [t[2].sum(dim=(1, 2, 3)) for t in tests]  # [2, c, H, 1] -> [2]
         if sink is not None:
             vals.append(torch.isnan(sink))  # bool: cat makes it int64
         host = torch.cat(vals)
@@ -813,12 +817,13 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
         table = iss.table if isinstance(iss.table, torch.Tensor) else iss.table()[0]
         vfin = vmax_finite(table, d_v)
         lonely = iss.lonely if iss.lonely is not None else iss.n_valid.view(T, 1, 1) == 0
+        valid = iss.valid.view(torch.bool)  # uint8 from the layout kernel
         single = nc == 1
         parts = list(iss.parts)
         for i, (t0, t1) in enumerate(spans):
             if redo[i]:
                 parts[i], approx = _chunk_ordered(
-                    table, vfin, _part(iss.gidx, t0, t1, single), _part(iss.valid, t0, t1, single),
+                    table, vfin, _part(iss.gidx, t0, t1, single), _part(valid, t0, t1, single),
                     _part(lonely, t0, t1, single), _part(q, t0, t1, single), sc, d_v, iss.tests[i], zero, want_abs)
                 n_ap[i] = float(approx.sum())
         res = _finish_any(parts, lonely, iss.n_valid, sink, iss.keep[0], iss.finish_kernel)

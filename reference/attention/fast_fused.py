@@ -189,9 +189,9 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     ``fast_rows.row_stats`` of the table (``[3, R]``), ``lim4``: ``fast._constants``' ``(la, le, 0,
     exact_bits)`` in the statistics' dtype. Returns ``(N [c, H, d_v], m [c, H, 1], L [c, H, 1], Na,
     tests)``: float64; ``Na`` (``want_abs``) ``sum_k p_k |v_k|`` as ``fast._softmax_tail`` defines
-    it, else None; ``tests`` as ``fast._row_tests`` returns them, ``(x, vmax, exact, fast, both)``
-    (``x`` ``[c, H, 1]`` and ``vmax`` ``[c, 1, 1]`` in the statistics' dtype, ``both`` ``[2, c, H, 1]``
-    bool, ``exact`` and ``fast`` its views). ``table``, ``gidx`` and ``stats`` contiguous."""
+    it, else None; ``tests`` as ``fast._row_tests`` returns them, ``(x, vmax, both)`` (``x`` ``[c, H,
+    1]`` and ``vmax`` ``[c, 1, 1]`` in the statistics' dtype, ``both`` ``[2, c, H, 1]`` uint8, 1:
+    true: exact, fast). ``table``, ``gidx`` and ``stats`` contiguous."""
     triton, logits_kernel, pv_kernel, _ = kernels()
     c, K = gidx.shape
     R, D = table.shape
@@ -214,9 +214,7 @@ def softmax_pv(table: torch.Tensor, gidx: torch.Tensor, zrow: int, q0: int, H: i
     pv_kernel[(c, triton.cdiv(H, bh), triton.cdiv(d_v, bv))](
         table, table16 if abs_bf16 else table, gidx, s, m, n, L, na, zrow, fconst, H, K, D, d_v,
         WANT_ABS=want_abs, ABS_BF16=abs_bf16, INTERP=kernel_mode(), BH=bh, BK=bk, BV=bv, num_warps=w2)
-    b = both.view(torch.bool)
-    exact, fast = b.unbind(0)
-    return n, m, L, (na if want_abs else None), (x, ks[2], exact, fast, b)
+    return n, m, L, (na if want_abs else None), (x, ks[2], both)
 
 
 def table64(table: torch.Tensor) -> torch.Tensor:
@@ -250,15 +248,13 @@ def finish(parts: list, n_valid: torch.Tensor, sink: torch.Tensor | None, coef20
         N, m, L, x, vmax, Na = [c[0] if c[0] is None else torch.cat(c, dim=0) for c in zip(*parts)]
     T, H, DV = N.shape
     dev = N.device
-    lse = torch.empty(T, H, dtype=torch.float64, device=dev)
-    lws = torch.empty(T, H, dtype=torch.float64, device=dev)
-    bnd = torch.empty(4, T, H, dtype=torch.float64, device=dev)
+    res = torch.empty(6, T, H, dtype=torch.float64, device=dev)  # lse, lse_with_sink, the four bounds
     na16 = Na is not None and Na.dtype == torch.bfloat16
     pv = torch.empty(N.shape, dtype=torch.float64, device=dev) if na16 else Na
     bh, bv, w = dict(BLOCKS, **(blocks or {}))["finish"]
     finish_kernel[(T, triton.cdiv(H, bh))](
         N, Na if Na is not None else N, pv if na16 else N, fconst, m, L, x.contiguous(), vmax.contiguous(), n_valid,
-        sink.contiguous() if sink is not None else m, coef20, lse, lws, bnd, T, H, DV, HAS_SINK=sink is not None,
+        sink.contiguous() if sink is not None else m, coef20, res, T, H, DV, HAS_SINK=sink is not None,
         WANT_ABS=Na is not None, NA_BF16=na16, INTERP=kernel_mode(), BH=bh, BV=bv, num_warps=w)
-    b_lse, b_lws, b_max, b_out = bnd.unbind(0)
+    lse, lws, b_lse, b_lws, b_max, b_out = res.unbind(0)
     return (N, lse, lws, m.view(T, H), pv), (b_lse, b_lws, b_max, b_out.view(T, H, 1))

@@ -189,16 +189,17 @@ def pv_kernel(tab, tab16, gidx, S, M, N, L, NA, zrow, FC, H, K, D, DV,
 
 
 @triton.jit(do_not_specialize=["T"])
-def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, H, DV,
+def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, RES, T, H, DV,
                   HAS_SINK: tl.constexpr, WANT_ABS: tl.constexpr, NA_BF16: tl.constexpr, INTERP: tl.constexpr,
                   BH: tl.constexpr, BV: tl.constexpr):
     """``fast._finish`` for one token's block of heads: steps 4-7, the bounds (``B = cb + cs |sink|
     + cl ln L + ce |lse| + cx x``, NaN and +inf set to 0, -inf to the most negative float64, as
     ``nan_to_num_`` does) and ``N`` (and ``Na``) divided in place by ``L`` or ``L + L e`` (1 on
-    lonely rows). ``BND`` ``[4, T, H]``: ``lse``, ``lse_with_sink``, ``max_logits``, ``out / V_j``
-    times ``V_j``. ``NA_BF16``: ``NA`` is the bfloat16 ``bmm`` of ``bf16(p)`` and ``|V|``; ``PV``
-    gets ``float64(NA) * FC[1]`` (``bf16_abs_factor``) divided as ``N`` (the PyTorch path's two
-    roundings, in its order), else ``NA`` is float64 and divided in place."""
+    lonely rows). ``RES`` ``[6, T, H]``: ``lse``, ``lse_with_sink`` and the bounds of ``lse``,
+    ``lse_with_sink``, ``max_logits`` and ``out / V_j`` times ``V_j``. ``NA_BF16``: ``NA`` is the
+    bfloat16 ``bmm`` of ``bf16(p)`` and ``|V|``; ``PV`` gets ``float64(NA) * FC[1]``
+    (``bf16_abs_factor``) divided as ``N`` (the PyTorch path's two roundings, in its order), else
+    ``NA`` is float64 and divided in place."""
     t = tl.program_id(0)
     hb = tl.program_id(1)
     hh = hb * BH + tl.arange(0, BH)
@@ -245,9 +246,9 @@ def finish_kernel(N, NA, PV, FC, M, L, X, VK, NV, SINK, COEF, LSE, LWS, BND, T, 
         b = tl.where(b == float("-inf"), -1.7976931348623157e308, b)
         if j == 3:
             b = b * vk
-        tl.store(BND + j * T * H + o, b, mask=hm)
-    tl.store(LSE + o, lse, mask=hm)
-    tl.store(LWS + o, lws, mask=hm)
+        tl.store(RES + (2 + j) * T * H + o, b, mask=hm)
+    tl.store(RES + o, lse, mask=hm)
+    tl.store(RES + T * H + o, lws, mask=hm)
     for v0 in range(0, DV, BV):
         vv = v0 + tl.arange(0, BV)
         msk = hm[:, None] & (vv < DV)[None, :]

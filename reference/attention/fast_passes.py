@@ -192,9 +192,10 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     for invalid slots), ``[T]`` int32 -- with the validation flags written into the int64 host vector
     ``hv`` (which holds their neutral values): the lengths' per-segment minima ``hv[0:S]`` and maxima
     ``hv[S:2S]``, and where ``hv_w`` is not None the -1-only columns' range offsets' minimum and maximum
-    at ``hv[hv_w]``, ``hv[hv_w + 1]``; per value of ``sink_bits`` (the sink viewed as the integer dtype of
-    its width, or None) whether it is NaN (1, else 0) at ``hv[hv_sink:]`` (``sink_nan``: its format's
-    ``(magnitude mask, exponent mask)``; NaN iff ``bits & magnitude > exponent``). ``idx``: the slot
+    at ``hv[hv_w]``, ``hv[hv_w + 1]``; per value of ``sink_bits`` (the contiguous sink viewed as the integer
+    dtype of its width, or None) whether it is NaN (1, else 0) at ``hv[hv_sink:]`` (``sink_nan``: its format's
+    ``(magnitude mask, exponent mask)``; NaN iff ``bits & magnitude > exponent``; Triton's CPU interpreter
+    compares bfloat16 values by their bits, so a float comparison would miss a bfloat16 NaN there). ``idx``: the slot
     indices, its first ``K`` columns ``[T, K]`` (row-strided), ``lens`` with ``lens_at = (row stride,
     first column)``: each token's ``S`` lengths, ``cc``: ``[5, K']`` int64 column constants, ``K' >= K``
     (``fast._column_constants``).
@@ -251,7 +252,7 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
     ``tests``: ``(stats, gidx, q0, lim4)`` -- the table's ``row_stats`` ``[3, R]``, the chunk's
     ``[c, K]`` int64 table rows, the table row of the chunk's first q row, ``fast._constants``'
     ``(la, le, 0, exact_bits)`` -- to compute ``fast._row_tests`` in the same kernel: ``rt`` is
-    then its ``(x, vmax, exact, fast, both)``, else None. ``counts`` (with ``tests``): ``(hv, o)``,
+    then its ``(x, vmax, both)`` (``both`` uint8, 1: true), else None. ``counts`` (with ``tests``): ``(hv, o)``,
     the chunk's counts of rows with proven-exact logits and of rows that keep the fast logits added
     to the int64 ``hv[o]`` and ``hv[o + 1]``. ``valid``: bool, or uint8 (1: valid). ``qstats``: the
     statistics are per slot (``gather_stats``): ``tests``' ``stats`` then holds the chunk's ``c K``
@@ -282,7 +283,5 @@ def softmax(s: torch.Tensor, valid: torch.Tensor, fconst: torch.Tensor, want_pb:
         COUNT=counts is not None and tests is not None, SLOT_STATS=qstats is not None, INTERP=kernel_mode(), BH=bh,
         BK=block(K, bk), num_warps=w, enable_fp_fusion=False)
     if tests is not None:
-        b = both.view(torch.bool)
-        exact, fast = b.unbind(0)
-        rt = (x, ks[2], exact, fast, b)
+        rt = (x, ks[2], both)
     return s, m, L, pb, rt

@@ -217,7 +217,7 @@ def test_layout_kernel_is_the_pytorch_layout_and_flags(case, seed, sink_dtype):
     if sink is None:
         assert len(host) == at + 4
     else:
-        assert host[at + 4:] == [0, 0, 1, 0]  # per sink value: NaN (from its bits) or not
+        assert host[at + 4:] == [0, 0, 1, 0]  # per sink value: NaN or not
 
 
 @needs_triton
@@ -253,9 +253,12 @@ def test_an_empty_segment_has_no_valid_slot(case, passes):
 @pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("passes", [True, False])
 def test_a_nan_sink_is_the_ordered_oracles_error(sink_dtype, passes):
-    """A NaN sink value (the layout kernel's per-head NaN flags from the bits, or the PyTorch passes'
-    ``isnan``, read with the call's one sync) raises the ordered oracle's error, in every float
-    format; ``+-inf`` sinks (allowed) do not."""
+    """A NaN sink value (the layout kernel's per-head NaN flags, or the PyTorch passes' ``isnan``,
+    read with the call's one sync) raises the ordered oracle's error, in every float format; ``+-inf``
+    sinks (allowed) do not. A strided sink (a column of a wider tensor) is read at its own elements:
+    a NaN beside them raises nothing and leaves the result as the ordered oracle's, a NaN among them
+    raises (the layout kernel once read it as contiguous: the NaN beside it failed the call with an
+    internal error, the one inside it came back as a NaN result)."""
     q, segs = decode_like()
     H = q.shape[1]
     sink = torch.zeros(H, dtype=sink_dtype)
@@ -268,6 +271,16 @@ def test_a_nan_sink_is_the_ordered_oracles_error(sink_dtype, passes):
     with pytest.raises(InputError) as fast:
         fast_sparse_attention(q.to(DEV), segs_on(segs), 0.125, on(sink), **kw)
     assert str(fast.value).replace("fast_sparse_attention", "sparse_attention") == str(ordered.value)
+    wide = torch.zeros(H, 3, dtype=sink_dtype)
+    wide[:, 0] = torch.linspace(-2.0, 2.0, H).to(sink_dtype)
+    wide[0, 1] = math.nan  # beside the sink: sink[1] is wide[1, 0]
+    strided = on(wide)[:, 0]
+    assert strided.stride(0) == 3
+    assert_matches_ordered(fast_sparse_attention(q.to(DEV), segs_on(segs), 0.125, strided, **kw),
+                           sparse_attention(q, segs, 0.125, wide[:, 0]))
+    wide[H - 1, 0] = math.nan
+    with pytest.raises(InputError, match="sink"):
+        fast_sparse_attention(q.to(DEV), segs_on(segs), 0.125, on(wide)[:, 0], **kw)
 
 
 @needs_triton
