@@ -665,7 +665,7 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
     if direct:  # the layout, the flags, the host vector, q's rows and the first chunk's slot rows by one kernel
         table, Nrows, stats, passes_heavy = None, sum(s.rows.shape[0] for s in segments), None, True
         seg_rows, scrub = [s.rows for s in segments], nan_policy == NanPolicy.SCRUB
-        rows = (q.reshape(T * H, D), seg_rows, spans[0][1] - spans[0][0], d_v,
+        rows = (q.reshape(T * H, D), (T, H), seg_rows, spans[0][1] - spans[0][0], d_v,
                 want_abs and bf16_abs_gemm(torch.bfloat16, K), scrub)
         valid, gidx, n_valid, hv, cols, at, hv_init, (q64, qst), first = layout_by_kernel(
             segments, rules, T, dev, sink, len(spans), rows)
@@ -710,15 +710,13 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     elif direct:  # q's rows and the first chunk's slot rows came with the layout; the other chunks' here
-        q64 = q64.view(T, H, D)
-
         def gather(gf, c, ab):
             nonlocal first
             if first is not None:
                 (g, ga, st), first = first, None
             else:
-                g, ga, st = fast_passes.gather_stats(seg_rows, gf, gf.numel(), d_v, ab, Nrows, scrub)
-            return g.view(c, -1, D), (ga.view(c, -1, d_v) if ab else None), st
+                g, ga, st = fast_passes.gather_stats(seg_rows, gf, (c, K), d_v, ab, Nrows, scrub)
+            return g, (ga if ab else None), st
 
         pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(valid, t0, t1), part(q64, t0, t1), consts[4], d_v,
                                  (None, None, t0 * H, lims[4]), want_abs, (hv, at + 2 * i), qst)

@@ -68,6 +68,7 @@ rows, the logits, ``|V|`` and ``bf16(p)`` for ``pv_abs``), within ``fast.peak_by
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -148,18 +149,21 @@ def gather(table: torch.Tensor, gflat: torch.Tensor, c: int, d_v: int, want_abs:
     return g.view(c, -1, D), (ga.view(c, -1, d_v) if want_abs else None)
 
 
-def gather_stats(rows: list, idx: torch.Tensor | None, count: int, d_v: int, want_abs: bool, zrow: int,
+def gather_stats(rows: list, idx: torch.Tensor | None, lead: tuple, d_v: int, want_abs: bool, zrow: int,
                  scrub: bool):
     """``gather`` and ``row_stats`` in one kernel, reading the segments' bfloat16 rows themselves
-    (``fast_passes_kernels.gather_stats_kernel``): ``(g, ga, st)`` -- ``[count, D]`` float64 rows,
-    ``|rows[:, :d_v]|`` in bfloat16 (``want_abs``, else None) and their ``[3, count]`` float32
-    statistics (``fast_rows.row_stats`` of each gathered row). ``rows``: one or two bfloat16
-    ``[N_s, D]`` tensors (unit column stride) standing for the table ``[rows_0; rows_1; zero row]``;
+    (``fast_passes_kernels.gather_stats_kernel``): ``(g, ga, st)`` -- ``[*lead, D]`` float64 rows,
+    ``|rows[..., :d_v]|`` in bfloat16 ``[*lead, d_v]`` (``want_abs``, else None) and their ``[3,
+    count]`` float32 statistics (``fast_rows.row_stats`` of each gathered row), ``count`` the product
+    of ``lead`` (the rows' leading shape, e.g. ``(c, K)``: the kernel writes them flat, row after
+    row). ``rows``: one or two bfloat16 ``[N_s, D]`` tensors (unit column stride) standing for the
+    table ``[rows_0; rows_1; zero row]``;
     ``idx``: ``[count]`` table rows (``zrow``, or anything outside the rows, reads zeros), or None for
     rows ``0 .. count - 1`` of ``rows[0]``; ``scrub``: NaN read as 0 (``NanPolicy.SCRUB``)."""
     triton, pk = kernels()
     D = rows[0].shape[1]
-    g, ga, st = _gathered(rows[0], count, d_v, want_abs)
+    g, ga, st = _gathered(rows[0], lead, d_v, want_abs)
+    count = st.shape[1]
     if count:
         br, bd, w = BLOCKS["gather_stats_q" if idx is None else "gather_stats" if want_abs else "gather_stats_plain"]
         floor = bf16_norm_floor(D)
@@ -201,11 +205,12 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     (``fast._column_constants``).
 
     ``rows``: also, in the same launch (``layout_gather_kernel``), q's rows and the first ``c`` tokens'
-    slot rows gathered with their statistics, as ``gather_stats`` gathers them: ``(q2, segs, c, d_v,
-    want_abs, scrub)`` -- q as ``[T H, D]`` bfloat16 rows, the one or two segments' bfloat16 ``[N_s, D]``
-    rows, the first chunk's token count, ``d_v``, ``|V|`` of the slots, ``NanPolicy.SCRUB`` -- and the
-    return value is ``(valid, gidx, n_valid, (q64, qst), (g, ga, st))`` with ``gather_stats``' outputs
-    for q (``q64`` ``[T H, D]`` float64, ``qst`` ``[3, T H]``) and the slots (``c K`` rows)."""
+    slot rows gathered with their statistics, as ``gather_stats`` gathers them: ``(q2, (T, H), segs, c,
+    d_v, want_abs, scrub)`` -- q as ``[T H, D]`` bfloat16 rows and its leading shape, the one or two
+    segments' bfloat16 ``[N_s, D]`` rows, the first chunk's token count, ``d_v``, ``|V|`` of the slots,
+    ``NanPolicy.SCRUB`` -- and the return value is ``(valid, gidx, n_valid, (q64, qst), (g, ga, st))``
+    with ``gather_stats``' outputs for q (``q64`` ``[T, H, D]`` float64, ``qst`` ``[3, T H]``) and the
+    slots (lead ``(c, K)``)."""
     triton, pk = kernels()
     T = idx.shape[0]
     dev = idx.device
@@ -221,9 +226,8 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     if rows is None:
         pk.layout_kernel[(T,)](*lay, **flags, num_warps=w)
         return valid, gidx, nv
-    q2, segs, c, d_v, want_abs, scrub = rows
-    (q64, _, qst), (g, ga, st) = (_gathered(q2, q2.shape[0], d_v, False),
-                                  _gathered(segs[0], c * K, d_v, want_abs))
+    q2, q_lead, segs, c, d_v, want_abs, scrub = rows
+    (q64, _, qst), (g, ga, st) = (_gathered(q2, q_lead, d_v, False), _gathered(segs[0], (c, K), d_v, want_abs))
     br, bd, gw = BLOCKS["layout_gather" if want_abs else "layout_gather_plain"]
     QR, CS = q2.shape[0], c * K
     nq = triton.cdiv(QR, br)
@@ -234,12 +238,14 @@ def layout(idx: torch.Tensor, K: int, lens: torch.Tensor, lens_at: tuple, cc: to
     return valid, gidx, nv, (q64, qst), (g, ga, st)
 
 
-def _gathered(like: torch.Tensor, count: int, d_v: int, want_abs: bool) -> tuple:
-    """``gather_stats``' outputs for ``count`` rows of ``like``'s width, uninitialised: ``[count, D]``
-    float64, ``[count, d_v]`` bfloat16 (``want_abs``, else None), ``[3, count]`` float32."""
+def _gathered(like: torch.Tensor, lead: tuple, d_v: int, want_abs: bool) -> tuple:
+    """``gather_stats``' outputs for rows of ``like``'s width in the leading shape ``lead`` (``count``
+    rows, its product), uninitialised: ``[*lead, D]`` float64, ``[*lead, d_v]`` bfloat16
+    (``want_abs``, else None), ``[3, count]`` float32."""
     dev, D = like.device, like.shape[1]
-    return (torch.empty(count, D, dtype=torch.float64, device=dev),
-            torch.empty(count, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None,
+    count = math.prod(lead)
+    return (torch.empty(*lead, D, dtype=torch.float64, device=dev),
+            torch.empty(*lead, d_v, dtype=torch.bfloat16, device=dev) if want_abs else None,
             torch.empty(3, count, dtype=torch.float32, device=dev))
 
 
