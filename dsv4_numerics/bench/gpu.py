@@ -24,8 +24,10 @@ batch size the script times
                        seen once costs (fuzzing, a matrix of cases), with its own
                        ``fast_eager_vs_ordered``; ``fast_judge_eager_ms`` / ``_ratio`` time
                        the attention judge's own call (eager, ``want_abs=True``: plus the
-                       bf16-P budget ``pv_abs``, one bfloat16 GEMM) and ``fast_judge_ms`` /
-                       ``_ratio`` the same call replayed; ``fast_bucketed_first_ms`` /
+                       bf16-P budget ``pv_abs``, one bfloat16 GEMM), with the aten operations
+                       its host dispatches (``fast_judge_eager_host_ops``, ``host_ops``: the
+                       host work that sets an eager call's time on a slow host), and
+                       ``fast_judge_ms`` / ``_ratio`` the same call replayed; ``fast_bucketed_first_ms`` /
                        ``_ratio`` time the first call of a new shape whose shape bucket
                        (``reference.attention.fast_buckets``) is already captured, what a matrix case or
                        fuzz draw costs by default (``bench_bucketed_first``); the summary's
@@ -176,6 +178,26 @@ def host_launch_us(device, n: int = 2000) -> float:
     return statistics.median(rounds)
 
 
+def host_ops(fn) -> dict[str, int]:
+    """The aten operations one call of ``fn`` dispatches, ``{name: count}`` (``TorchDispatchMode``;
+    views and allocations included, Triton launches not, being no aten operations), most frequent
+    first: the per-call host work of an eager call, counted rather than timed."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter = Counter()
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return dict(counts.most_common())
+
+
 def flashmla_fn(inp):
     from dsv4_numerics.kernels.flashmla.sparse import flashmla_interface
 
@@ -264,6 +286,7 @@ def bench_attention(configs, batches, warmup, iters, budget_gib, device, log):
                                                   want_abs=True, fused=False)
             rec["fast_judge_eager_ms"], _ = cuda_median_ms(judge, 2, iters)
             rec["fast_judge_eager_vs_ordered"] = fast_vs_ordered(judge(), ordered)
+            rec["fast_judge_eager_host_ops"] = host_ops(judge)
             # the judge's call replayed: the default call with pv_abs (its graph captured on the second call)
             judge_r = lambda: fast_sparse_attention(inp["q"], segs, inp["scale"], sink=inp["sink"],  # noqa: E731
                                                     want_abs=True, fused=False)
@@ -488,6 +511,9 @@ def summarize(att, target_ratio=10.0, target_gib=2.0, writers=None) -> dict:
                                                    "replayed": round(r["fast_ratio"], 2),
                                                    "judge_replayed": round(r["fast_judge_ratio"], 2)
                                                    if "fast_judge_ratio" in r else None} for r in at128},
+        # the aten operations the judge's eager call dispatches on the host (``host_ops``)
+        "judge_eager_host_ops_at_batch_128": {r["config"]: sum(r["fast_judge_eager_host_ops"].values())
+                                              for r in at128 if "fast_judge_eager_host_ops" in r},
         # the fused Triton kernels beside the PyTorch path (fused=False), at the same batch
         "fused_ratios_at_batch_128": {r["config"]: {
             "eager": round(r["fused_eager_ratio"], 2) if "fused_eager_ratio" in r else None,

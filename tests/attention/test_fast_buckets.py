@@ -235,6 +235,30 @@ def test_bench_summary_puts_eager_judge_bucketed_first_and_replayed_side_by_side
     assert old["fast_ratios_at_batch_128"]["h64"]["judge_replayed"] is None
     assert not old["fast_judge_bucketed_first_target_met"] and not old["fast_judge_replayed_target_met"]
     assert not summarize20([rec("h64", 19.6, 20.4, 14.1, 13.3, 20.1)])["fast_judge_bucketed_first_target_met"]
+    # the judge's eager host operations, per configuration, where the record has them
+    counted = rec("h64", 9.6, 9.9, 9.1, 8.3, 9.2)
+    counted["fast_judge_eager_host_ops"] = {"empty": 15, "view": 7, "bmm": 3}
+    assert summarize([counted, rec("h128", 9.6, 9.9, 9.1, 8.3)])["judge_eager_host_ops_at_batch_128"] == {"h64": 25}
+
+
+def test_bench_host_ops_counts_the_aten_operations_a_call_dispatches():
+    """``bench.gpu.host_ops``: every aten operation of one call, views and allocations included,
+    by name, most frequent first; a call that dispatches nothing counts nothing."""
+    from dsv4_numerics.bench.gpu import host_ops
+
+    x, a = torch.zeros(4, 3), torch.ones(3, 2)
+
+    def call():
+        y = x.view(3, 4)
+        x.add_(1.0)
+        x.add_(2.0)
+        return torch.mm(y.t(), torch.empty(3, 2).copy_(a))
+
+    ops = host_ops(call)
+    assert ops == {"add_": 2, "view": 1, "t": 1, "mm": 1, "empty": 1, "copy_": 1}
+    assert list(ops)[0] == "add_"
+    assert host_ops(lambda: None) == {}
+    assert bool((x == 3.0).all())  # the call ran, once
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the bench's host launch cost)")
