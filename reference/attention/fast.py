@@ -479,7 +479,7 @@ def _chunk_ordered(table, vfin, gidx, valid, lonely, qc, scale, d_v, tests, zero
     qc = qc.to(torch.float64)
     s = torch.bmm(qc, g.transpose(1, 2)).mul_(scale)
     x, vk, both = tests
-    exact, fast = both.view(torch.bool).unbind(0)  # uint8 from the kernels
+    exact, fast = both.view(torch.bool).unbind(0)  # uint8 where a kernel computed the tests
     vmax = vfin.index_select(0, gflat).view(c, K).amax(dim=1).to(vk.dtype).view(c, 1, 1)  # finite values
     w = (~fast & valid.unsqueeze(1)).nonzero()
     piece = _redo_piece(c, qc.shape[1], K, qc.shape[2], table.element_size())
@@ -710,13 +710,12 @@ def _issue(q, segments, rules, sink, sc, d_v, nan_policy, spans, pack: bool = Fa
               for t0, t1 in spans]
         heavy, ftests = [f[:4] for f in fz], [f[4] for f in fz]
     elif direct:  # q's rows and the first chunk's slot rows came with the layout; the other chunks' here
-        def gather(gf, c, ab):
+        def gather(gf, c, ab):  # ga is None without |V| (the layout's first chunk takes the same ab)
             nonlocal first
-            if first is not None:
-                (g, ga, st), first = first, None
-            else:
-                g, ga, st = fast_passes.gather_stats(seg_rows, gf, (c, K), d_v, ab, Nrows, scrub)
-            return g, (ga if ab else None), st
+            if first is None:
+                return fast_passes.gather_stats(seg_rows, gf, (c, K), d_v, ab, Nrows, scrub)
+            out, first = first, None
+            return out
 
         pz = [_softmax_pv_passes(gather, tdt, flat(t0, t1), part(valid, t0, t1), part(q64, t0, t1), consts[4], d_v,
                                  (None, None, t0 * H, lims[4]), want_abs, (hv, at + 2 * i), qst)
@@ -815,7 +814,7 @@ def _complete(fn, q, segments, rules, scale, sc, sink, d_v, chunk_tokens, iss: _
         table = iss.table if isinstance(iss.table, torch.Tensor) else iss.table()[0]
         vfin = vmax_finite(table, d_v)
         lonely = iss.lonely if iss.lonely is not None else iss.n_valid.view(T, 1, 1) == 0
-        valid = iss.valid.view(torch.bool)  # uint8 from the layout kernel
+        valid = iss.valid.view(torch.bool)  # uint8 where the layout kernel wrote it
         single = nc == 1
         parts = list(iss.parts)
         for i, (t0, t1) in enumerate(spans):
